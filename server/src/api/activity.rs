@@ -1,0 +1,261 @@
+//! `ActivityService`: submit, wait, inspect and manage activities.
+
+use std::sync::Arc;
+
+use spool_proto::{
+    time::now_millis,
+    v1::{self, activity_service_server::ActivityService},
+};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::{Core, Error, convert, validate};
+use crate::store::{ActivityStatus, ListQuery, NewActivity, Op, Outcome};
+
+pub struct ActivityApi {
+    core: Arc<Core>,
+    /// Cancelled when the server shuts down: parked `Wait`s answer at once.
+    shutdown: CancellationToken,
+}
+
+impl ActivityApi {
+    pub fn new(core: Arc<Core>, shutdown: CancellationToken) -> Self {
+        Self { core, shutdown }
+    }
+
+    async fn submit_all(&self, batch: Vec<NewActivity>) -> Result<Vec<v1::SubmitResponse>, Error> {
+        let requested: Vec<_> = batch.iter().map(|n| (n.key.clone(), n.activity_type.clone())).collect();
+        let mut outcomes = self.core.committer.commit(vec![Op::Submit(batch)]).await?;
+        match outcomes.pop() {
+            Some(Outcome::Submitted(submitted)) => Ok(submitted
+                .into_iter()
+                .map(|s| v1::SubmitResponse {
+                    activity: Some(convert::activity(s.row)),
+                    created: s.created,
+                })
+                .collect()),
+            Some(Outcome::Conflict { index, existing_type }) => {
+                let (key, requested) = requested.into_iter().nth(index).unzip();
+                Err(Error::AlreadyExists {
+                    key: key.ok_or_else(|| unexpected("conflict index out of range"))?,
+                    existing: existing_type,
+                    requested: requested.unwrap_or_default(),
+                })
+            }
+            other => Err(unexpected(&format!("submit answered {other:?}"))),
+        }
+    }
+
+    async fn get_row(&self, key: &crate::store::Key) -> Result<crate::store::ActivityRow, Error> {
+        self.core
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| Error::NotFound(key.clone()))
+    }
+}
+
+/// An outcome the store contract rules out; reported, never panicked on.
+fn unexpected(what: &str) -> Error {
+    Error::Store(Arc::new(crate::store::Error::Corrupt(format!("unexpected store answer: {what}"))))
+}
+
+#[tonic::async_trait]
+impl ActivityService for ActivityApi {
+    async fn submit(&self, request: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+        let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
+        let mut results = self.submit_all(vec![new]).await?;
+        let result = results.pop().ok_or_else(|| unexpected("empty submit result"))?;
+        Ok(Response::new(result))
+    }
+
+    async fn submit_batch(
+        &self,
+        request: Request<v1::SubmitBatchRequest>,
+    ) -> Result<Response<v1::SubmitBatchResponse>, Status> {
+        let activities = request.into_inner().activities;
+        if activities.len() > validate::MAX_BATCH {
+            return Err(Error::InvalidArgument(format!(
+                "a batch holds {} activities; the limit is {}",
+                activities.len(),
+                validate::MAX_BATCH
+            ))
+            .into());
+        }
+        let now = now_millis();
+        let batch = activities
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                validate::submit(a, &self.core.config, now).map_err(|e| match e {
+                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("activities[{i}]: {m}")),
+                    Error::PayloadTooLarge { field, size, limit } => Error::PayloadTooLarge {
+                        field: format!("activities[{i}].{field}"),
+                        size,
+                        limit,
+                    },
+                    other => other,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if batch.is_empty() {
+            return Ok(Response::new(v1::SubmitBatchResponse::default()));
+        }
+        let results = self.submit_all(batch).await?;
+        Ok(Response::new(v1::SubmitBatchResponse { results }))
+    }
+
+    async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Activity>, Status> {
+        let key = validate::key(request.get_ref().key.as_ref())?;
+        let row = self.get_row(&key).await?;
+        Ok(Response::new(convert::activity(row)))
+    }
+
+    async fn wait(&self, request: Request<v1::WaitRequest>) -> Result<Response<v1::Activity>, Status> {
+        let request = request.into_inner();
+        let key = validate::key(request.key.as_ref())?;
+        let timeout = validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let waiter = self.core.pending.watch(key.clone());
+        loop {
+            // Armed before the read: a change committed after it still wakes us.
+            let changed = waiter.changed();
+            let row = self.get_row(&key).await?;
+            if row.is_terminal() {
+                return Ok(Response::new(convert::activity(row)));
+            }
+            let expired = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    // Unbounded: the caller's own deadline or cancellation ends it.
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = changed => {}
+                _ = expired => return Ok(Response::new(convert::activity(self.get_row(&key).await?))),
+                _ = self.shutdown.cancelled() => return Ok(Response::new(convert::activity(row))),
+            }
+        }
+    }
+
+    async fn cancel(&self, request: Request<v1::CancelRequest>) -> Result<Response<v1::Activity>, Status> {
+        let request = request.into_inner();
+        let key = validate::key(request.key.as_ref())?;
+        let reason = validate::truncate(request.reason, validate::MAX_MESSAGE_BYTES);
+        let mut outcomes = self
+            .core
+            .committer
+            .commit(vec![Op::Cancel {
+                key: key.clone(),
+                reason,
+            }])
+            .await
+            .map_err(Error::from)?;
+        match outcomes.pop() {
+            Some(Outcome::Cancelled { row, .. }) => Ok(Response::new(convert::activity(row))),
+            Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
+            Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+                key,
+                status,
+                action: "only SCHEDULED or RUNNING activities can be cancelled",
+            }
+            .into()),
+            other => Err(unexpected(&format!("cancel answered {other:?}")).into()),
+        }
+    }
+
+    async fn retry(&self, request: Request<v1::RetryRequest>) -> Result<Response<v1::Activity>, Status> {
+        let key = validate::key(request.get_ref().key.as_ref())?;
+        let mut outcomes = self
+            .core
+            .committer
+            .commit(vec![Op::Redrive { key: key.clone() }])
+            .await
+            .map_err(Error::from)?;
+        match outcomes.pop() {
+            Some(Outcome::Redriven { row }) => Ok(Response::new(convert::activity(row))),
+            Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
+            Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+                key,
+                status,
+                action: "only FAILED or CANCELLED activities can be retried",
+            }
+            .into()),
+            other => Err(unexpected(&format!("retry answered {other:?}")).into()),
+        }
+    }
+
+    async fn list(&self, request: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {
+        let request = request.into_inner();
+        let namespace = validate::namespace(&request.namespace)?;
+        let status = match ActivityStatus::try_from(request.status) {
+            Ok(ActivityStatus::Unspecified) => None,
+            Ok(status) => Some(status),
+            Err(_) => {
+                return Err(Error::InvalidArgument(format!("status {} is not a known ActivityStatus", request.status)).into());
+            }
+        };
+        let activity_type = if request.activity_type.is_empty() {
+            None
+        } else {
+            validate::name("activity_type", &request.activity_type)?;
+            Some(request.activity_type)
+        };
+        let after_id = if request.page_token.is_empty() {
+            0
+        } else {
+            request
+                .page_token
+                .parse::<i64>()
+                .ok()
+                .filter(|id| *id > 0)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "page_token is not one this server issued: pass next_page_token from the previous page"
+                            .to_owned(),
+                    )
+                })?
+        };
+        let page_size = match request.page_size {
+            0 => validate::DEFAULT_PAGE,
+            n => n.min(validate::MAX_PAGE),
+        };
+        // One extra row tells whether another page follows.
+        let mut rows = self
+            .core
+            .store
+            .list(&ListQuery {
+                namespace,
+                status,
+                activity_type,
+                after_id,
+                limit: page_size + 1,
+            })
+            .await
+            .map_err(Error::from)?;
+        let next_page_token = if rows.len() > page_size as usize {
+            rows.truncate(page_size as usize);
+            rows.last().map(|r| r.id.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(v1::ListResponse {
+            activities: rows.into_iter().map(convert::activity).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn stats(&self, request: Request<v1::StatsRequest>) -> Result<Response<v1::StatsResponse>, Status> {
+        let namespace = validate::namespace(&request.get_ref().namespace)?;
+        let counts = self.core.store.stats(&namespace).await.map_err(Error::from)?;
+        Ok(Response::new(v1::StatsResponse {
+            scheduled: counts.scheduled,
+            running: counts.running,
+            completed: counts.completed,
+            failed: counts.failed,
+            cancelled: counts.cancelled,
+            connected_workers: u32::try_from(self.core.registry.connected(&namespace)).unwrap_or(u32::MAX),
+        }))
+    }
+}

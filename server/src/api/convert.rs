@@ -1,0 +1,28 @@
+//! Stored rows as wire messages.
+
+use spool_proto::{time, v1};
+
+use crate::store::ActivityRow;
+
+pub fn activity(row: ActivityRow) -> v1::Activity {
+    v1::Activity {
+        key: Some(v1::ActivityKey {
+            namespace: row.key.namespace,
+            workflow_id: row.key.workflow_id,
+            activity_id: row.key.activity_id,
+        }),
+        activity_type: row.activity_type,
+        status: row.status as i32,
+        attempt: row.attempt,
+        input: Some(row.input),
+        output: row.output,
+        last_error: row.last_error,
+        created_at: Some(time::to_proto(row.created_at)),
+        next_at: Some(time::to_proto(row.next_at)),
+        started_at: row.started_at.map(time::to_proto),
+        finished_at: row.finished_at.map(time::to_proto),
+        worker_id: row.worker_id.unwrap_or_default(),
+        heartbeat_details: row.heartbeat_details,
+        max_attempts: row.retry.max_attempts,
+    }
+}

@@ -1,0 +1,130 @@
+//! The gRPC surface: thin tonic services that validate, authorize and call the core.
+//!
+//! Every failure a caller can see is an [`Error`] variant, mapped to a
+//! `tonic::Status` in exactly one place (`From<Error> for Status`), with a message a
+//! person can act on.
+
+pub mod activity;
+pub mod admin;
+pub mod auth;
+pub mod convert;
+pub mod validate;
+pub mod worker;
+
+use std::sync::Arc;
+
+use tonic::Status;
+
+use crate::{
+    config::Config,
+    dispatch::{CommitError, Committer, Pending, Registry},
+    store::{self, ActivityStatus, Key, Store},
+};
+
+/// What every service shares.
+pub struct Core {
+    pub store: Arc<dyn Store>,
+    pub committer: Committer,
+    pub registry: Arc<Registry>,
+    pub pending: Arc<Pending>,
+    pub config: Config,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed; the message names the field and the rule.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A payload is over `--max-payload-bytes`; send less, or raise the limit.
+    #[error("{field} is {size} bytes, over the server's limit of {limit} bytes (--max-payload-bytes)")]
+    PayloadTooLarge {
+        field: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error("activity {} not found", display_key(.0))]
+    NotFound(Key),
+    /// The key exists with another activity type.
+    #[error(
+        "activity {} already exists with type {existing:?}, not {requested:?}: use another activity_id",
+        display_key(key)
+    )]
+    AlreadyExists {
+        key: Key,
+        existing: String,
+        requested: String,
+    },
+    /// The activity is not in a state that allows the operation.
+    #[error("activity {} is {}: {action}", display_key(key), status_name(*status))]
+    WrongStatus {
+        key: Key,
+        status: ActivityStatus,
+        action: &'static str,
+    },
+    /// The worker speaks a protocol version this server does not.
+    #[error("protocol version {requested} is not supported; this server speaks {supported:?}")]
+    UnsupportedProtocol { requested: u32, supported: &'static [u32] },
+    /// Not taking this now (shutting down, draining); retry against a live node.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// The store failed; nothing was written.
+    #[error("storage failure: {0}")]
+    Store(Arc<store::Error>),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        let message = e.to_string();
+        match e {
+            Error::InvalidArgument(_) => Status::invalid_argument(message),
+            Error::PayloadTooLarge { .. } => Status::resource_exhausted(message),
+            Error::NotFound(_) => Status::not_found(message),
+            Error::AlreadyExists { .. } => Status::already_exists(message),
+            Error::WrongStatus { .. } => Status::failed_precondition(message),
+            Error::UnsupportedProtocol { .. } => Status::failed_precondition(message),
+            Error::Unavailable(_) => Status::unavailable(message),
+            Error::Unauthenticated(_) => Status::unauthenticated(message),
+            Error::Store(inner) => match &*inner {
+                // Busy, full or failing disk: the write may succeed later.
+                store::Error::Database(_) => Status::unavailable(message),
+                store::Error::Migrate(_)
+                | store::Error::Corrupt(_)
+                | store::Error::Locked(_)
+                | store::Error::UnsupportedUrl(_)
+                | store::Error::Open { .. } => Status::internal(message),
+            },
+        }
+    }
+}
+
+impl From<CommitError> for Error {
+    fn from(e: CommitError) -> Self {
+        match e {
+            CommitError::Closed => Error::Unavailable("the server is shutting down".to_owned()),
+            CommitError::Store(e) => Error::Store(e),
+        }
+    }
+}
+
+impl From<store::Error> for Error {
+    fn from(e: store::Error) -> Self {
+        Error::Store(Arc::new(e))
+    }
+}
+
+fn display_key(key: &Key) -> String {
+    format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id)
+}
+
+pub fn status_name(status: ActivityStatus) -> &'static str {
+    match status {
+        ActivityStatus::Unspecified => "UNSPECIFIED",
+        ActivityStatus::Scheduled => "SCHEDULED",
+        ActivityStatus::Running => "RUNNING",
+        ActivityStatus::Completed => "COMPLETED",
+        ActivityStatus::Failed => "FAILED",
+        ActivityStatus::Cancelled => "CANCELLED",
+    }
+}

@@ -1,0 +1,306 @@
+//! `WorkerService.Session`: one bidirectional stream per worker process.
+//!
+//! The handshake ([`handshake`]) reads the `Hello` and registers the worker; then a
+//! session task reads the worker's messages until its stream ends, while the
+//! registry and the committer write to the worker's outbound channel.
+//!
+//! Invariants:
+//! - the first message is `Hello`, anything else ends the stream with
+//!   `INVALID_ARGUMENT`; `Welcome` is the first message the worker receives;
+//! - every `ActivityResult` gets exactly one `ResultAck`, sent after the outcome is
+//!   committed (accepted) or refused (not accepted);
+//! - at most [`ACK_WINDOW`] results are in flight per session: the session stops
+//!   reading until acks leave for the wire (backpressure on a worker that does not
+//!   read its stream);
+//! - when the stream ends, every attempt the worker still held fails as
+//!   `WORKER_LOST`; when the server shuts down, they are released instead.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use spool_proto::{
+    duration, time::now_millis, v1::{
+        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message, worker_message,
+        worker_service_server::WorkerService,
+    }
+};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Core, Error, validate};
+use crate::{
+    dispatch::registry::{ACK_WINDOW, Answer, Outgoing},
+    lifecycle::{self, Attempt},
+    store::{ActivityError, Op, Outcome, Transition},
+};
+
+/// How long a new stream may take to send its `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct WorkerApi {
+    core: Arc<Core>,
+    /// Every session task is spawned here, so shutdown can wait for their clean-up.
+    tracker: TaskTracker,
+    /// Cancelled when the server shuts down: sessions release their attempts and end.
+    shutdown: CancellationToken,
+}
+
+impl WorkerApi {
+    pub fn new(core: Arc<Core>, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+        Self {
+            core,
+            tracker,
+            shutdown,
+        }
+    }
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    type SessionStream = SessionStream;
+
+    async fn session(&self, request: Request<Streaming<WorkerMessage>>) -> Result<Response<SessionStream>, Status> {
+        if self.shutdown.is_cancelled() {
+            return Err(Error::Unavailable("the server is shutting down: reconnect to another node".to_owned()).into());
+        }
+        let mut inbound = request.into_inner();
+        let hello = handshake(&mut inbound).await?;
+        let registration = validate::hello(hello)?;
+        let heartbeat_interval = self.core.config.heartbeat_interval;
+        let (worker_id, tx, rx) = self.core.registry.register(registration, now_millis(), |id| {
+            server_message::Message::Welcome(v1::Welcome {
+                worker_id: id.to_owned(),
+                heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
+                protocol_version: 1,
+            })
+        });
+        tracing::info!(%worker_id, "worker connected");
+        let session = Session {
+            core: self.core.clone(),
+            worker_id,
+            tx,
+            window: Arc::new(Semaphore::new(ACK_WINDOW)),
+        };
+        self.tracker.spawn(session.run(inbound, self.shutdown.clone()));
+        // Dropping each `Outgoing` as it is sent returns its ack permit.
+        let outbound = ReceiverStream::new(rx).map(|out| out.message);
+        Ok(Response::new(Box::pin(outbound)))
+    }
+}
+
+/// Reads the first message, which must be a `Hello`.
+pub async fn handshake<S>(inbound: &mut S) -> Result<v1::Hello, Error>
+where
+    S: Stream<Item = Result<WorkerMessage, Status>> + Unpin,
+{
+    let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
+        .await
+        .map_err(|_| Error::InvalidArgument(format!("no Hello within {}s of opening the stream", HELLO_TIMEOUT.as_secs())))?;
+    match first {
+        Some(Ok(WorkerMessage {
+            message: Some(worker_message::Message::Hello(hello)),
+        })) => Ok(hello),
+        Some(Ok(_)) => Err(Error::InvalidArgument(
+            "the first message of a Session must be a Hello".to_owned(),
+        )),
+        Some(Err(status)) => Err(Error::InvalidArgument(format!("the stream failed before Hello: {}", status.message()))),
+        None => Err(Error::InvalidArgument("the stream ended before Hello".to_owned())),
+    }
+}
+
+/// How a session ended, which decides the fate of the attempts it held.
+enum End {
+    /// The worker went away (stream ended or broke): its attempts are lost.
+    Lost(String),
+    /// The server is shutting down: its attempts go back to SCHEDULED, uncounted.
+    Shutdown,
+}
+
+struct Session {
+    core: Arc<Core>,
+    worker_id: Arc<str>,
+    /// The worker's outbound channel (the registry holds another sender).
+    tx: mpsc::Sender<Outgoing>,
+    /// Results in flight; see the module invariants.
+    window: Arc<Semaphore>,
+}
+
+impl Session {
+    async fn run(self, mut inbound: Streaming<WorkerMessage>, shutdown: CancellationToken) {
+        let end = loop {
+            let permit = tokio::select! {
+                permit = self.window.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break End::Lost("ack window closed".to_owned()),
+                },
+                _ = shutdown.cancelled() => break End::Shutdown,
+            };
+            let message = tokio::select! {
+                m = inbound.message() => m,
+                _ = shutdown.cancelled() => break End::Shutdown,
+            };
+            match message {
+                Ok(Some(WorkerMessage { message: Some(m) })) => match m {
+                    worker_message::Message::Result(result) => self.on_result(result, permit).await,
+                    worker_message::Message::Heartbeat(_) => self.core.registry.touch(&self.worker_id, now_millis()),
+                    worker_message::Message::Hello(_) => {
+                        let status = Status::invalid_argument("Hello may only be the first message of a Session");
+                        let _ = self.tx.try_send(Outgoing {
+                            message: Err(status),
+                            permit: None,
+                        });
+                        break End::Lost("protocol error: second Hello".to_owned());
+                    }
+                },
+                // A message kind this server does not know (a newer worker): skip it.
+                Ok(Some(WorkerMessage { message: None })) => {}
+                Ok(None) => break End::Lost("the worker closed its stream".to_owned()),
+                Err(status) => break End::Lost(format!("the stream broke: {}", status.message())),
+            }
+        };
+        self.finish(end).await;
+    }
+
+    async fn on_result(&self, result: v1::ActivityResult, permit: tokio::sync::OwnedSemaphorePermit) {
+        self.core.registry.touch(&self.worker_id, now_millis());
+        let ack = v1::ResultAck {
+            workflow_id: result.workflow_id.clone(),
+            activity_id: result.activity_id.clone(),
+            attempt: result.attempt,
+            accepted: false,
+        };
+        let attempt = match self
+            .core
+            .registry
+            .answer(&self.worker_id, &result.workflow_id, &result.activity_id, result.attempt)
+        {
+            Answer::Held(attempt) => attempt,
+            Answer::Ended | Answer::Unknown => {
+                send_ack(&self.tx, ack, false, permit);
+                return;
+            }
+        };
+        let transition = decide(&attempt, result.outcome, self.core.config.max_payload_bytes);
+        let tx = self.tx.clone();
+        let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
+            let accepted = matches!(outcome.as_deref(), Ok([Outcome::Finished { accepted: true }]));
+            send_ack(&tx, ack, accepted, permit);
+        });
+        if self
+            .core
+            .committer
+            .commit_with(vec![Op::Finish { attempt, transition }], reply)
+            .await
+            .is_err()
+        {
+            // The committer is gone (shutdown); the reply, and with it the ack,
+            // is dropped. The row stays RUNNING and is reclaimed at the next start.
+            tracing::warn!(worker_id = %self.worker_id, "result not recorded: shutting down");
+        }
+    }
+
+    async fn finish(self, end: End) {
+        let attempts = self.core.registry.unregister(&self.worker_id);
+        let now = now_millis();
+        let ops: Vec<Op> = attempts
+            .into_iter()
+            .map(|attempt| {
+                let transition = match &end {
+                    End::Shutdown => Transition::Release,
+                    End::Lost(why) => lifecycle::on_failure(
+                        &attempt,
+                        lifecycle::server_error(
+                            ErrorKind::WorkerLost,
+                            "WorkerLost",
+                            format!("worker {} was lost: {why}", self.worker_id),
+                        ),
+                        now,
+                        rand::random(),
+                    ),
+                };
+                Op::Finish { attempt, transition }
+            })
+            .collect();
+        match &end {
+            End::Lost(why) => tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}"),
+            End::Shutdown => tracing::info!(worker_id = %self.worker_id, released = ops.len(), "session closed by shutdown"),
+        }
+        if !ops.is_empty() && self.core.committer.send(ops).await.is_err() {
+            tracing::warn!(worker_id = %self.worker_id, "attempts not ended: shutting down; reclaimed at the next start");
+        }
+    }
+}
+
+fn send_ack(tx: &mpsc::Sender<Outgoing>, mut ack: v1::ResultAck, accepted: bool, permit: tokio::sync::OwnedSemaphorePermit) {
+    ack.accepted = accepted;
+    // Room is guaranteed by the ack window; closed means the worker is gone.
+    let _ = tx.try_send(Outgoing {
+        message: Ok(ServerMessage {
+            message: Some(server_message::Message::Ack(ack)),
+        }),
+        permit: Some(permit),
+    });
+}
+
+/// The transition a worker's result asks for, after checking what it carries.
+fn decide(attempt: &Attempt, outcome: Option<activity_result::Outcome>, max_payload: usize) -> Transition {
+    let now = now_millis();
+    match outcome {
+        Some(activity_result::Outcome::Output(output)) => match validate::check_payload("output", &output, max_payload) {
+            Ok(()) => Transition::Complete { output },
+            // Retrying would most likely produce the same output again.
+            Err(e) => Transition::Fail {
+                error: lifecycle::server_error(ErrorKind::Terminal, "PayloadTooLarge", e.to_string()),
+            },
+        },
+        Some(activity_result::Outcome::Error(error)) => {
+            let error = worker_error(error, max_payload);
+            lifecycle::on_failure(attempt, error, now, rand::random())
+        }
+        Some(activity_result::Outcome::Snooze(snooze)) => {
+            let delay = duration::from_proto(Some(&snooze)).ok().flatten().unwrap_or_default();
+            Transition::Snooze {
+                next_at: now.saturating_add(validate::millis(delay)),
+            }
+        }
+        None => lifecycle::on_failure(
+            attempt,
+            lifecycle::server_error(
+                ErrorKind::Retryable,
+                "InvalidResult",
+                "the worker's result carried no output, error or snooze".to_owned(),
+            ),
+            now,
+            rand::random(),
+        ),
+    }
+}
+
+/// A worker's error as it will be stored: workers may only send RETRYABLE or
+/// TERMINAL (anything else counts as RETRYABLE), messages are cut to size, and
+/// oversized details are dropped with a note.
+fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
+    let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
+    if kind != ErrorKind::Terminal {
+        error.kind = ErrorKind::Retryable as i32;
+    }
+    error.r#type = validate::truncate(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
+    error.message = validate::truncate(std::mem::take(&mut error.message), validate::MAX_MESSAGE_BYTES);
+    if let Some(details) = &error.details
+        && validate::check_payload("error.details", details, max_payload).is_err()
+    {
+        error.message.push_str(" [error details dropped: over the payload limit]");
+        error.details = None;
+    }
+    if error
+        .next_retry_delay
+        .as_ref()
+        .is_some_and(|d| duration::from_proto(Some(d)).is_err())
+    {
+        error.next_retry_delay = None;
+    }
+    error
+}

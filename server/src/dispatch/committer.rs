@@ -1,0 +1,368 @@
+//! The single writer: group commit, and the claim-and-route loop that rides on it.
+//!
+//! Every write of the server is a request to the committer. Its loop takes whatever
+//! requests are queued (up to [`MAX_BATCH_OPS`]), adds the claims the registry plans
+//! for workers with free slots, runs all of it in one transaction, then applies the
+//! effects (hand claimed rows to workers, wake waiters, tell workers to stop, arm the
+//! timer) and answers each request. While one transaction commits, the next batch
+//! queues up, so one fsync serves many rows.
+//!
+//! The loop is woken by requests, by the registry (a slot freed, a worker joined, a
+//! row came due) and by the timer of delayed rows; it never polls.
+//!
+//! Invariants:
+//! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
+//! - a request is answered only after its transaction committed (or failed);
+//! - effects are applied in op order, after the commit and before the next batch,
+//!   so a cancel committed after a claim always finds the claimed attempt in the
+//!   registry;
+//! - a batch that fails is retried request by request, so one bad request cannot
+//!   fail its neighbours.
+
+use std::{ops::Range, sync::Arc, time::Duration};
+
+use spool_proto::time::{UnixMillis, now_millis};
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::Instant,
+};
+
+use super::{Pending, Registry, timer::Timer};
+use crate::store::{self, ActivityStatus, Op, Outcome, Store, Transition};
+
+/// The most ops one transaction takes (a larger single request still goes whole).
+pub const MAX_BATCH_OPS: usize = 2048;
+
+/// How many requests may queue before submitters wait: backpressure on clients.
+const QUEUE: usize = 8192;
+
+/// Why a write did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommitError {
+    /// The committer has stopped: the server is shutting down. Retry elsewhere.
+    #[error("the server is shutting down")]
+    Closed,
+    /// The store failed the transaction; nothing of the request was written.
+    #[error("{0}")]
+    Store(Arc<store::Error>),
+}
+
+/// Called once with the request's outcomes (in op order), after the commit.
+pub type Reply = Box<dyn FnOnce(Result<Vec<Outcome>, CommitError>) + Send>;
+
+enum Message {
+    Request { ops: Vec<Op>, reply: Option<Reply> },
+    /// Finish what is queued, then stop.
+    Stop(oneshot::Sender<()>),
+}
+
+/// A cheap handle to the committer.
+#[derive(Clone)]
+pub struct Committer {
+    tx: mpsc::Sender<Message>,
+}
+
+pub struct Options {
+    /// How long a claimed attempt's lease lasts before another node may reclaim it.
+    pub lease: Duration,
+}
+
+impl Committer {
+    /// Starts the loop. `next_due` arms the timer for rows already delayed in the store.
+    pub fn spawn(
+        store: Arc<dyn Store>,
+        registry: Arc<Registry>,
+        pending: Arc<Pending>,
+        options: Options,
+        next_due: Option<UnixMillis>,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut timer = Timer::default();
+        if let Some(at) = next_due {
+            timer.insert(at, None);
+        }
+        let event_loop = Loop {
+            store,
+            registry,
+            pending,
+            lease_ms: i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX),
+            rx,
+            timer,
+            carry: Vec::new(),
+        };
+        (Self { tx }, tokio::spawn(event_loop.run()))
+    }
+
+    /// Commits `ops` in one transaction and returns their outcomes.
+    pub async fn commit(&self, ops: Vec<Op>) -> Result<Vec<Outcome>, CommitError> {
+        let (tx, rx) = oneshot::channel();
+        self.commit_with(
+            ops,
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        )
+        .await?;
+        rx.await.map_err(|_| CommitError::Closed)?
+    }
+
+    /// Queues `ops`; `reply` runs on the committer's task after the commit, so it
+    /// must be quick (a channel send).
+    pub async fn commit_with(&self, ops: Vec<Op>, reply: Reply) -> Result<(), CommitError> {
+        self.tx
+            .send(Message::Request {
+                ops,
+                reply: Some(reply),
+            })
+            .await
+            .map_err(|_| CommitError::Closed)
+    }
+
+    /// Queues `ops` without waiting for the outcome.
+    pub async fn send(&self, ops: Vec<Op>) -> Result<(), CommitError> {
+        self.tx
+            .send(Message::Request { ops, reply: None })
+            .await
+            .map_err(|_| CommitError::Closed)
+    }
+
+    /// Commits everything queued so far, then stops the loop.
+    pub async fn stop(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Message::Stop(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+struct Request {
+    range: Range<usize>,
+    reply: Option<Reply>,
+}
+
+struct Loop {
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    pending: Arc<Pending>,
+    lease_ms: i64,
+    /// Requests from every handle; closed when all handles are gone.
+    rx: mpsc::Receiver<Message>,
+    timer: Timer,
+    /// Writes the loop owes itself (releases of rows whose worker vanished
+    /// mid-claim); they go into the next batch.
+    carry: Vec<Op>,
+}
+
+impl Loop {
+    async fn run(mut self) {
+        let mut stop: Option<oneshot::Sender<()>> = None;
+        let mut closed = false;
+        loop {
+            let mut ops: Vec<Op> = std::mem::take(&mut self.carry);
+            let mut requests: Vec<Request> = Vec::new();
+            if ops.is_empty() && stop.is_none() && !closed {
+                let deadline = self.timer.next().map(instant_for);
+                tokio::select! {
+                    biased;
+                    message = self.rx.recv() => match message {
+                        Some(m) => self.take(m, &mut ops, &mut requests, &mut stop),
+                        None => closed = true,
+                    },
+                    _ = self.registry.woken() => {}
+                    _ = sleep_until(deadline), if deadline.is_some() => {}
+                }
+            }
+            while ops.len() < MAX_BATCH_OPS && stop.is_none() {
+                match self.rx.try_recv() {
+                    Ok(m) => self.take(m, &mut ops, &mut requests, &mut stop),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+
+            let now = now_millis();
+            self.fire_timer(now).await;
+            // Rows submitted in this very batch can be claimed in it too: one commit
+            // from submit to dispatch.
+            for op in &ops {
+                if let Op::Submit(batch) = op {
+                    for new in batch.iter().filter(|new| new.next_at <= now) {
+                        self.registry.mark_due(&new.key.namespace, &new.activity_type);
+                    }
+                }
+            }
+            let first_claim = ops.len();
+            if stop.is_none() && !closed {
+                let claims = self.registry.plan_claims(now.saturating_add(self.lease_ms));
+                ops.extend(claims.into_iter().map(Op::Claim));
+            }
+            if !ops.is_empty() {
+                self.write(ops, requests, first_claim, now).await;
+            }
+            if stop.is_some() || closed {
+                // Everything queued before the stop is in; later senders see Closed.
+                if self.carry.is_empty() {
+                    break;
+                }
+            }
+        }
+        if let Some(stop) = stop {
+            let _ = stop.send(());
+        }
+    }
+
+    fn take(
+        &self,
+        message: Message,
+        ops: &mut Vec<Op>,
+        requests: &mut Vec<Request>,
+        stop: &mut Option<oneshot::Sender<()>>,
+    ) {
+        match message {
+            Message::Request { ops: mine, reply } => {
+                let start = ops.len();
+                ops.extend(mine);
+                requests.push(Request {
+                    range: start..ops.len(),
+                    reply,
+                });
+            }
+            Message::Stop(tx) => *stop = Some(tx),
+        }
+    }
+
+    async fn fire_timer(&mut self, now: UnixMillis) {
+        for due in self.timer.take_due(now) {
+            match due {
+                Some((namespace, activity_type)) => self.registry.mark_due(&namespace, &activity_type),
+                None => self.registry.mark_all_due(),
+            }
+        }
+        if self.timer.needs_refill() {
+            match self.store.next_due(now).await {
+                Ok(next) => {
+                    self.timer.refilled();
+                    if let Some(at) = next {
+                        self.timer.insert(at, None);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot read the next due time; retrying"),
+            }
+        }
+    }
+
+    /// Writes `ops` (the requests' ops, then the loop's own from `first_claim` on:
+    /// carried releases precede requests, claims come last), applies effects, answers.
+    async fn write(&mut self, ops: Vec<Op>, requests: Vec<Request>, first_claim: usize, now: UnixMillis) {
+        match self.store.apply(&ops, now).await {
+            Ok(mut outcomes) => {
+                self.apply_effects(&ops, &mut outcomes, now);
+                answer(requests, outcomes);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ops = ops.len(), "batch failed; retrying its requests one by one");
+                for op in &ops[first_claim..] {
+                    if let Op::Claim(claim) = op {
+                        self.registry.unreserve(claim);
+                    }
+                }
+                // Ops outside any request (carried releases) are retried on their own.
+                let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
+                if owned_end > 0 {
+                    let mine = &ops[..owned_end];
+                    match self.store.apply(mine, now).await {
+                        Ok(mut outcomes) => self.apply_effects(mine, &mut outcomes, now),
+                        Err(e) => tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed"),
+                    }
+                }
+                for request in requests {
+                    let mine = &ops[request.range.clone()];
+                    let result = match self.store.apply(mine, now).await {
+                        Ok(mut outcomes) => {
+                            self.apply_effects(mine, &mut outcomes, now);
+                            Ok(outcomes)
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "request failed");
+                            Err(CommitError::Store(Arc::new(e)))
+                        }
+                    };
+                    if let Some(reply) = request.reply {
+                        reply(result);
+                    }
+                }
+            }
+        }
+    }
+
+    /// What committed writes mean for the rest of the server, in op order.
+    /// Claimed rows are moved out of `outcomes` (nobody is answered with them).
+    fn apply_effects(&mut self, ops: &[Op], outcomes: &mut [Outcome], now: UnixMillis) {
+        for (op, outcome) in ops.iter().zip(outcomes.iter_mut()) {
+            match (op, outcome) {
+                (Op::Submit(_), Outcome::Submitted(submitted)) => {
+                    for s in submitted.iter().filter(|s| s.created) {
+                        self.due(&s.row.key.namespace, &s.row.activity_type, s.row.next_at, now);
+                    }
+                }
+                (Op::Claim(claim), Outcome::Claimed(rows)) => {
+                    let released = self.registry.assign(claim, std::mem::take(rows));
+                    self.carry.extend(released);
+                }
+                (Op::Finish { attempt, transition }, Outcome::Finished { accepted: true }) => match transition {
+                    Transition::Complete { .. } | Transition::Fail { .. } => self.pending.notify(&attempt.key),
+                    Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
+                        self.due(&attempt.key.namespace, &attempt.activity_type, *next_at, now);
+                    }
+                    Transition::Release => self.due(&attempt.key.namespace, &attempt.activity_type, now, now),
+                },
+                (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
+                    self.pending.notify(&row.key);
+                    if *prior == ActivityStatus::Running
+                        && let Some(worker_id) = &row.worker_id
+                    {
+                        self.registry.cancel_running(worker_id, &row.key, row.attempt, reason);
+                    }
+                }
+                (Op::Redrive { .. }, Outcome::Redriven { row }) => {
+                    self.due(&row.key.namespace, &row.activity_type, row.next_at, now);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis, now: UnixMillis) {
+        if at <= now {
+            self.registry.mark_due(namespace, activity_type);
+        } else {
+            self.timer.insert(at, Some((namespace.into(), activity_type.into())));
+        }
+    }
+}
+
+fn answer(requests: Vec<Request>, mut outcomes: Vec<Outcome>) {
+    // Split from the back so each request takes its own range without copying.
+    for request in requests.into_iter().rev() {
+        let mine = outcomes.split_off(request.range.start);
+        outcomes.truncate(request.range.start);
+        if let Some(reply) = request.reply {
+            reply(Ok(mine.into_iter().take(request.range.len()).collect()));
+        }
+    }
+}
+
+fn instant_for(at: UnixMillis) -> Instant {
+    let wait = at.saturating_sub(now_millis()).max(0);
+    Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0))
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,12 @@
+//! Getting work to workers: who is connected and what they hold ([`Registry`]), the
+//! single writer that commits and claims ([`Committer`]), waiters on outcomes
+//! ([`Pending`]) and the timer of delayed rows.
+
+pub mod committer;
+pub mod pending;
+pub mod registry;
+pub mod timer;
+
+pub use committer::{CommitError, Committer};
+pub use pending::Pending;
+pub use registry::Registry;

@@ -1,0 +1,433 @@
+//! Connected workers and their slots; the authority for what each worker holds.
+//!
+//! Workers with the same namespace and the same set of activity types form a
+//! *group*; a claim is planned per worker with free slots, so a row is only ever
+//! claimed for a worker that can take it, and the claimed row goes to that worker.
+//!
+//! Invariants:
+//! - a worker never holds more attempts (sent or reserved) than its
+//!   `max_concurrency`: `inflight + reserved <= max_concurrency`;
+//! - an attempt stays in `inflight` until the worker answers for it, even after the
+//!   server ended it (cancel, timeout): its slot stays taken while the worker may
+//!   still be running it;
+//! - a worker's outbound channel never overflows: it holds at most
+//!   `max_concurrency` tasks, one cancel per held attempt, the welcome, a drain,
+//!   and [`ACK_WINDOW`] acks (each carries a permit of the session's ack window).
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use spool_proto::{
+    time::{self, UnixMillis},
+    v1::{self, ServerMessage, server_message},
+};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+use tonic::Status;
+
+use crate::{
+    lifecycle::Attempt,
+    store::{ActivityRow, Claim, Key, Op, Transition},
+};
+
+/// Results a session may have in flight (being committed, or acked but not yet
+/// sent): the bound on acks queued in a worker's outbound channel.
+pub const ACK_WINDOW: usize = 256;
+
+/// One message to a worker. An ack carries the session's ack-window permit, which is
+/// released when the message leaves the channel for the wire.
+pub struct Outgoing {
+    pub message: Result<ServerMessage, Status>,
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Outgoing {
+    pub fn message(message: server_message::Message) -> Self {
+        Self {
+            message: Ok(ServerMessage {
+                message: Some(message),
+            }),
+            permit: None,
+        }
+    }
+}
+
+/// A worker's validated `Hello`.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub namespace: Arc<str>,
+    pub identity: String,
+    /// Sorted, without duplicates.
+    pub activity_types: Vec<Arc<str>>,
+    pub max_concurrency: u32,
+}
+
+/// Whether a worker's result answers an attempt it holds.
+#[derive(Debug)]
+pub enum Answer {
+    /// The attempt is the worker's and still running: the result decides it.
+    Held(Arc<Attempt>),
+    /// The attempt was the worker's, but the server already ended it (cancel,
+    /// timeout): the result only frees the slot.
+    Ended,
+    /// Not an attempt this worker holds.
+    Unknown,
+}
+
+type GroupKey = (Arc<str>, Vec<Arc<str>>);
+
+struct Inflight {
+    attempt: Arc<Attempt>,
+    /// The server ended the attempt and told the worker to stop.
+    cancel_sent: bool,
+}
+
+struct Worker {
+    id: Arc<str>,
+    group: GroupKey,
+    identity: String,
+    max_concurrency: u32,
+    connected_at: UnixMillis,
+    last_seen: UnixMillis,
+    /// Attempts sent to the worker and not yet answered, by `(workflow_id, activity_id)`.
+    inflight: HashMap<(String, String), Inflight>,
+    /// Slots promised to claims the committer is running now.
+    reserved: u32,
+    /// Everything sent to the worker, in order. The session owns the receiver;
+    /// closed means the session is ending.
+    outbound: mpsc::Sender<Outgoing>,
+}
+
+impl Worker {
+    fn free(&self) -> u32 {
+        self.max_concurrency
+            .saturating_sub(self.reserved)
+            .saturating_sub(u32::try_from(self.inflight.len()).unwrap_or(u32::MAX))
+    }
+}
+
+#[derive(Default)]
+struct Group {
+    workers: Vec<Arc<str>>,
+    /// The last claim found fewer due rows than it asked for; no claim is planned
+    /// until one of the group's types is marked due.
+    exhausted: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    workers: HashMap<Arc<str>, Worker>,
+    groups: BTreeMap<GroupKey, Group>,
+    /// Types that may have due rows since the last plan.
+    due: HashSet<(Arc<str>, Arc<str>)>,
+    all_due: bool,
+    /// Turns the order in which a group's types are claimed.
+    rotation: usize,
+    /// Set by a drain: nothing more is dispatched.
+    paused: bool,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    inner: Mutex<Inner>,
+    /// Wakes the committer when a claim may now succeed: a slot freed, a worker
+    /// joined, a row came due.
+    wake: Notify,
+}
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way
+        // worse than losing the process, so keep serving with what is there.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The committer parks here when it has nothing to write.
+    pub fn woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.wake.notified()
+    }
+
+    /// Adds a worker; returns its id and the receiving end of its outbound channel,
+    /// which starts with `welcome(worker_id)`, ahead of any task.
+    pub fn register(
+        &self,
+        reg: Registration,
+        now: UnixMillis,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> (Arc<str>, mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>) {
+        let id: Arc<str> = uuid::Uuid::now_v7().to_string().into();
+        let max = reg.max_concurrency.max(1);
+        let capacity = 2 * max as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(&id)));
+        let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
+        let mut inner = self.lock();
+        inner.groups.entry(group.clone()).or_default().workers.push(id.clone());
+        // A new worker may be able to take rows that were waiting for one.
+        if let Some(g) = inner.groups.get_mut(&group) {
+            g.exhausted = false;
+        }
+        inner.workers.insert(
+            id.clone(),
+            Worker {
+                id: id.clone(),
+                group,
+                identity: reg.identity,
+                max_concurrency: max,
+                connected_at: now,
+                last_seen: now,
+                inflight: HashMap::new(),
+                reserved: 0,
+                outbound: tx.clone(),
+            },
+        );
+        drop(inner);
+        self.wake.notify_one();
+        (id, tx, rx)
+    }
+
+    /// Removes a worker; returns the attempts it still ran that the server had not
+    /// already ended, for the caller to fail or release.
+    pub fn unregister(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
+        let mut inner = self.lock();
+        let Some(worker) = inner.workers.remove(worker_id) else {
+            return Vec::new();
+        };
+        if let Some(group) = inner.groups.get_mut(&worker.group) {
+            group.workers.retain(|w| **w != *worker_id);
+            if group.workers.is_empty() {
+                inner.groups.remove(&worker.group);
+            }
+        }
+        worker
+            .inflight
+            .into_values()
+            .filter(|i| !i.cancel_sent)
+            .map(|i| i.attempt)
+            .collect()
+    }
+
+    /// Records that the worker was heard from.
+    pub fn touch(&self, worker_id: &str, now: UnixMillis) {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.last_seen = now;
+        }
+    }
+
+    /// Marks a type as possibly having due rows, and wakes the committer.
+    pub fn mark_due(&self, namespace: &str, activity_type: &str) {
+        let mut inner = self.lock();
+        if !inner.all_due {
+            inner.due.insert((namespace.into(), activity_type.into()));
+        }
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// Marks every type as possibly having due rows.
+    pub fn mark_all_due(&self) {
+        let mut inner = self.lock();
+        inner.all_due = true;
+        inner.due.clear();
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// Stops (or resumes) planning claims.
+    pub fn set_paused(&self, paused: bool) {
+        self.lock().paused = paused;
+        self.wake.notify_one();
+    }
+
+    /// Plans the claims worth running now: one per worker with free slots in a group
+    /// that may have due rows, the least-loaded workers first. Each claim reserves
+    /// its slots until [`Registry::assign`] or [`Registry::unreserve`].
+    pub fn plan_claims(&self, lease_expires_at: UnixMillis) -> Vec<Claim> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.paused {
+            return Vec::new();
+        }
+        let all_due = std::mem::take(&mut inner.all_due);
+        let due = std::mem::take(&mut inner.due);
+        inner.rotation = inner.rotation.wrapping_add(1);
+        let mut claims = Vec::new();
+        for ((namespace, types), group) in inner.groups.iter_mut() {
+            if all_due || types.iter().any(|t| due.contains(&(namespace.clone(), t.clone()))) {
+                group.exhausted = false;
+            }
+            if group.exhausted {
+                continue;
+            }
+            let mut free: Vec<(u32, Arc<str>)> = group
+                .workers
+                .iter()
+                .filter_map(|id| inner.workers.get(id).map(|w| (w.free(), id.clone())))
+                .filter(|(free, _)| *free > 0)
+                .collect();
+            free.sort_by(|a, b| b.0.cmp(&a.0));
+            let mut rotated = types.clone();
+            if !rotated.is_empty() {
+                let by = inner.rotation % rotated.len();
+                rotated.rotate_left(by);
+            }
+            for (limit, worker_id) in free {
+                if let Some(w) = inner.workers.get_mut(&worker_id) {
+                    w.reserved += limit;
+                }
+                claims.push(Claim {
+                    namespace: namespace.clone(),
+                    activity_types: rotated.clone(),
+                    worker_id,
+                    limit,
+                    lease_expires_at,
+                });
+            }
+        }
+        claims
+    }
+
+    /// Gives back the slots of a claim that did not run.
+    pub fn unreserve(&self, claim: &Claim) {
+        if let Some(w) = self.lock().workers.get_mut(&claim.worker_id) {
+            w.reserved = w.reserved.saturating_sub(claim.limit);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Hands the rows a claim took to its worker. Rows whose worker has gone are
+    /// returned as releases for the caller to write.
+    pub fn assign(&self, claim: &Claim, rows: Vec<ActivityRow>) -> Vec<Op> {
+        let mut inner = self.lock();
+        let short = rows.len() < claim.limit as usize;
+        let Some(worker) = inner.workers.get_mut(&claim.worker_id) else {
+            return rows
+                .into_iter()
+                .map(|row| Op::Finish {
+                    attempt: Arc::new(Attempt::from_row(&row)),
+                    transition: Transition::Release,
+                })
+                .collect();
+        };
+        worker.reserved = worker.reserved.saturating_sub(claim.limit);
+        for row in rows {
+            let attempt = Arc::new(Attempt::from_row(&row));
+            let task = task_for(row, &attempt);
+            if let Err(e) = worker.outbound.try_send(Outgoing::message(server_message::Message::Task(task))) {
+                // Closed: the session is ending and its clean-up, which has not run
+                // yet (the worker is still registered), will end this attempt too.
+                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
+                }
+            }
+            worker.inflight.insert(
+                (attempt.key.workflow_id.clone(), attempt.key.activity_id.clone()),
+                Inflight {
+                    attempt,
+                    cancel_sent: false,
+                },
+            );
+        }
+        let group = worker.group.clone();
+        if short && let Some(g) = inner.groups.get_mut(&group) {
+            g.exhausted = true;
+        }
+        Vec::new()
+    }
+
+    /// Takes the attempt a worker's result answers, freeing its slot.
+    pub fn answer(&self, worker_id: &str, workflow_id: &str, activity_id: &str, attempt: u32) -> Answer {
+        let mut inner = self.lock();
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return Answer::Unknown;
+        };
+        let key = (workflow_id.to_owned(), activity_id.to_owned());
+        match worker.inflight.get(&key) {
+            Some(i) if i.attempt.attempt == attempt => {}
+            _ => return Answer::Unknown,
+        }
+        let Some(inflight) = worker.inflight.remove(&key) else {
+            return Answer::Unknown;
+        };
+        drop(inner);
+        self.wake.notify_one();
+        if inflight.cancel_sent {
+            Answer::Ended
+        } else {
+            Answer::Held(inflight.attempt)
+        }
+    }
+
+    /// Tells the worker running attempt `attempt` of `key` to stop; its slot stays
+    /// taken until it answers. Does nothing if no worker holds that attempt.
+    pub fn cancel_running(&self, worker_id: &str, key: &Key, attempt: u32, reason: &str) {
+        let mut inner = self.lock();
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return;
+        };
+        let slot = (key.workflow_id.clone(), key.activity_id.clone());
+        let Some(inflight) = worker.inflight.get_mut(&slot) else {
+            return;
+        };
+        if inflight.attempt.attempt != attempt || inflight.cancel_sent {
+            return;
+        }
+        inflight.cancel_sent = true;
+        let cancel = v1::CancelActivity {
+            workflow_id: key.workflow_id.clone(),
+            activity_id: key.activity_id.clone(),
+            attempt,
+            reason: reason.to_owned(),
+        };
+        // Full cannot happen (one cancel per held attempt is budgeted); closed means
+        // the session is ending and will not count this attempt anyway.
+        let _ = worker
+            .outbound
+            .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+    }
+
+    /// Connected workers, optionally of one namespace.
+    pub fn workers(&self, namespace: Option<&str>) -> Vec<v1::WorkerInfo> {
+        let inner = self.lock();
+        let mut out: Vec<v1::WorkerInfo> = inner
+            .workers
+            .values()
+            .filter(|w| namespace.is_none_or(|ns| *w.group.0 == *ns))
+            .map(|w| v1::WorkerInfo {
+                worker_id: w.id.to_string(),
+                identity: w.identity.clone(),
+                namespace: w.group.0.to_string(),
+                activity_types: w.group.1.iter().map(|t| t.to_string()).collect(),
+                max_concurrency: w.max_concurrency,
+                in_flight: u32::try_from(w.inflight.len()).unwrap_or(u32::MAX),
+                connected_at: Some(time::to_proto(w.connected_at)),
+                last_seen_at: Some(time::to_proto(w.last_seen)),
+            })
+            .collect();
+        out.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        out
+    }
+
+    pub fn connected(&self, namespace: &str) -> usize {
+        self.lock().workers.values().filter(|w| *w.group.0 == *namespace).count()
+    }
+}
+
+fn task_for(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
+    v1::ActivityTask {
+        namespace: row.key.namespace,
+        workflow_id: row.key.workflow_id,
+        activity_id: row.key.activity_id,
+        activity_type: row.activity_type,
+        input: Some(row.input),
+        attempt: row.attempt,
+        scheduled_at: Some(time::to_proto(row.next_at)),
+        heartbeat_timeout: row
+            .timeouts
+            .heartbeat_ms
+            .map(|ms| spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))),
+        deadline: attempt.deadline().map(time::to_proto),
+    }
+}

@@ -1,0 +1,12 @@
+//! The Spool server: activities submitted over gRPC are stored durably and pushed
+//! to workers holding a bidirectional stream open. See ARCHITECTURE.md for the map.
+
+pub mod api;
+pub mod config;
+pub mod dispatch;
+pub mod lifecycle;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use server::run;

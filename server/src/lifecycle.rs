@@ -1,0 +1,203 @@
+//! What happens to an attempt when it ends: the retry policy, backoff with jitter,
+//! the dead letter and snoozes, as pure functions of the attempt and the clock.
+//!
+//! Invariants:
+//! - only attempts that count (`attempt - uncounted`) are compared with
+//!   `max_attempts`; snoozes and releases never use up the budget;
+//! - a terminal error, or an error whose type is listed as non-retryable, fails the
+//!   activity at once, whatever the budget;
+//! - a retry that would start after the schedule-to-close deadline fails now.
+
+use spool_proto::time::UnixMillis;
+
+use crate::store::{ActivityError, ActivityRow, ErrorKind, Key, RetrySpec, Timeouts, Transition};
+
+/// What the server remembers of an attempt it handed to a worker: enough to decide
+/// the attempt's fate without reading the row again.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub id: i64,
+    pub key: Key,
+    pub activity_type: String,
+    pub attempt: u32,
+    pub uncounted: u32,
+    pub retry: RetrySpec,
+    pub timeouts: Timeouts,
+    pub created_at: UnixMillis,
+    pub started_at: UnixMillis,
+}
+
+impl Attempt {
+    pub fn from_row(row: &ActivityRow) -> Self {
+        Self {
+            id: row.id,
+            key: row.key.clone(),
+            activity_type: row.activity_type.clone(),
+            attempt: row.attempt,
+            uncounted: row.uncounted,
+            retry: row.retry.clone(),
+            timeouts: row.timeouts,
+            created_at: row.created_at,
+            started_at: row.started_at.unwrap_or(row.created_at),
+        }
+    }
+
+    /// When the whole activity must be finished, if the submitter bounded it.
+    pub fn schedule_to_close_deadline(&self) -> Option<UnixMillis> {
+        self.timeouts
+            .schedule_to_close_ms
+            .map(|ms| self.created_at.saturating_add(ms))
+    }
+
+    /// When this attempt must be finished: the earlier of start-to-close and
+    /// schedule-to-close.
+    pub fn deadline(&self) -> Option<UnixMillis> {
+        let start_to_close = self
+            .timeouts
+            .start_to_close_ms
+            .map(|ms| self.started_at.saturating_add(ms));
+        match (start_to_close, self.schedule_to_close_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The fate of a failed attempt. `jitter` is a random number in `[0, 1)`.
+pub fn on_failure(attempt: &Attempt, error: ActivityError, now: UnixMillis, jitter: f64) -> Transition {
+    let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
+    if kind == ErrorKind::Terminal || attempt.retry.non_retryable.contains(&error.r#type) {
+        return Transition::Fail { error };
+    }
+    let counted = attempt.attempt.saturating_sub(attempt.uncounted);
+    if counted >= attempt.retry.max_attempts {
+        return Transition::Fail { error };
+    }
+    let delay_ms = match (&error.next_retry_delay, kind) {
+        (Some(d), _) => spool_proto::duration::from_proto(Some(d))
+            .ok()
+            .flatten()
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        // A lost worker is no fault of the activity's: run it again at once.
+        (None, ErrorKind::WorkerLost) => 0,
+        (None, _) => backoff_ms(&attempt.retry, counted, jitter),
+    };
+    let next_at = now.saturating_add(delay_ms);
+    if attempt
+        .schedule_to_close_deadline()
+        .is_some_and(|deadline| next_at >= deadline)
+    {
+        return Transition::Fail { error };
+    }
+    Transition::Retry { next_at, error }
+}
+
+/// The delay before the attempt after `counted` counted attempts: `initial ×
+/// coefficient^(counted-1)`, capped at `max_interval`, then spread by ±10 % so that
+/// activities failing together do not retry together.
+pub fn backoff_ms(retry: &RetrySpec, counted: u32, jitter: f64) -> i64 {
+    let exponent = i32::try_from(counted.saturating_sub(1)).unwrap_or(i32::MAX);
+    let base = retry.initial_interval_ms as f64 * retry.backoff_coefficient.powi(exponent);
+    let capped = base.min(retry.max_interval_ms as f64);
+    let spread = capped * (0.9 + 0.2 * jitter.clamp(0.0, 1.0));
+    // Never past the cap, never negative; `as` saturates on the float-to-int edge.
+    spread.clamp(0.0, retry.max_interval_ms as f64) as i64
+}
+
+/// An error the server records on its own behalf (lost worker, timeouts).
+pub fn server_error(kind: ErrorKind, error_type: &str, message: String) -> ActivityError {
+    ActivityError {
+        kind: kind as i32,
+        r#type: error_type.to_owned(),
+        message,
+        details: None,
+        next_retry_delay: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(n: u32, max: u32) -> Attempt {
+        Attempt {
+            id: 1,
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: "w".into(),
+                activity_id: "a".into(),
+            },
+            activity_type: "t".into(),
+            attempt: n,
+            uncounted: 0,
+            retry: RetrySpec {
+                max_attempts: max,
+                initial_interval_ms: 1_000,
+                backoff_coefficient: 2.0,
+                max_interval_ms: 300_000,
+                non_retryable: vec!["Fatal".into()],
+            },
+            timeouts: Timeouts::default(),
+            created_at: 0,
+            started_at: 0,
+        }
+    }
+
+    fn error(kind: ErrorKind, ty: &str) -> ActivityError {
+        server_error(kind, ty, "boom".into())
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let spec = attempt(1, 10).retry;
+        assert_eq!(backoff_ms(&spec, 1, 0.5), 1_000);
+        assert_eq!(backoff_ms(&spec, 2, 0.5), 2_000);
+        assert_eq!(backoff_ms(&spec, 4, 0.5), 8_000);
+        assert_eq!(backoff_ms(&spec, 40, 0.5), 300_000);
+        assert_eq!(backoff_ms(&spec, 40, 0.999), 300_000);
+        assert_eq!(backoff_ms(&spec, 1, 0.0), 900);
+        assert_eq!(backoff_ms(&spec, 1, 1.0), 1_100);
+    }
+
+    #[test]
+    fn retryable_error_retries_until_the_budget_is_spent() {
+        let t = on_failure(&attempt(1, 3), error(ErrorKind::Retryable, "X"), 10_000, 0.5);
+        assert!(matches!(t, Transition::Retry { next_at: 11_000, .. }), "{t:?}");
+        let t = on_failure(&attempt(3, 3), error(ErrorKind::Retryable, "X"), 10_000, 0.5);
+        assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
+    }
+
+    #[test]
+    fn uncounted_attempts_do_not_spend_the_budget() {
+        let mut a = attempt(3, 3);
+        a.uncounted = 1;
+        let t = on_failure(&a, error(ErrorKind::Retryable, "X"), 0, 0.5);
+        assert!(matches!(t, Transition::Retry { .. }), "{t:?}");
+    }
+
+    #[test]
+    fn terminal_and_non_retryable_fail_at_once() {
+        let t = on_failure(&attempt(1, 10), error(ErrorKind::Terminal, "X"), 0, 0.5);
+        assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
+        let t = on_failure(&attempt(1, 10), error(ErrorKind::Retryable, "Fatal"), 0, 0.5);
+        assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
+    }
+
+    #[test]
+    fn worker_lost_retries_immediately_and_next_retry_delay_overrides() {
+        let t = on_failure(&attempt(1, 10), error(ErrorKind::WorkerLost, "WorkerLost"), 500, 0.5);
+        assert!(matches!(t, Transition::Retry { next_at: 500, .. }), "{t:?}");
+        let mut e = error(ErrorKind::Retryable, "X");
+        e.next_retry_delay = Some(prost_types::Duration { seconds: 7, nanos: 0 });
+        let t = on_failure(&attempt(1, 10), e, 500, 0.5);
+        assert!(matches!(t, Transition::Retry { next_at: 7_500, .. }), "{t:?}");
+    }
+
+    #[test]
+    fn a_retry_past_schedule_to_close_fails_now() {
+        let mut a = attempt(1, 10);
+        a.timeouts.schedule_to_close_ms = Some(1_500);
+        let t = on_failure(&a, error(ErrorKind::Retryable, "X"), 1_000, 0.5);
+        assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
+    }
+}

@@ -1,0 +1,260 @@
+//! Durable state: one row per activity, behind the [`Store`] trait.
+//!
+//! The store is the authority for an activity's status, attempt and outcome. Every
+//! write goes through [`Store::apply`], which runs a batch of [`Op`]s in one
+//! transaction and returns one [`Outcome`] per op, in order; the caller (the group
+//! committer) owns batching. Reads ([`Store::get`], [`Store::list`], [`Store::stats`])
+//! see only committed state.
+//!
+//! Invariants every implementation keeps:
+//! - a result counts only for the RUNNING row with the same attempt ([`Op::Finish`]
+//!   is fenced by `status = RUNNING AND attempt = ?`);
+//! - `attempt` only ever grows, so a fence can never match an older attempt;
+//! - `(namespace, workflow_id, activity_id)` is unique; a second submit of a key
+//!   never changes the stored row.
+
+pub mod sqlite;
+
+use std::sync::Arc;
+
+pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
+use spool_proto::time::UnixMillis;
+
+use crate::lifecycle::Attempt;
+
+pub use sqlite::SqliteStore;
+
+/// A storage failure. None of these are the caller's fault; the API maps them to
+/// `UNAVAILABLE` or `INTERNAL`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database refused or failed a statement. Retrying may help (disk full,
+    /// I/O error); the transaction was rolled back.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The embedded schema migrations could not be applied; the server cannot start.
+    #[error("schema migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored row holds a value this version cannot read.
+    #[error("stored row is unreadable: {0}")]
+    Corrupt(String),
+    /// Another process holds the database; only one `spool serve` may use a SQLite file.
+    #[error("database {0} is in use by another spool process")]
+    Locked(String),
+    /// The database URL names nothing this build can open.
+    #[error("unsupported database URL {0:?}: expected sqlite://PATH")]
+    UnsupportedUrl(String),
+    /// Opening or locking the database file failed.
+    #[error("cannot open database {path}: {source}")]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The identity of an activity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub namespace: String,
+    pub workflow_id: String,
+    pub activity_id: String,
+}
+
+/// A retry policy with every default already resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySpec {
+    pub max_attempts: u32,
+    pub initial_interval_ms: i64,
+    pub backoff_coefficient: f64,
+    pub max_interval_ms: i64,
+    pub non_retryable: Vec<String>,
+}
+
+/// Per-activity timeouts, in milliseconds; `None` means unbounded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    pub heartbeat_ms: Option<i64>,
+    pub start_to_close_ms: Option<i64>,
+    pub schedule_to_close_ms: Option<i64>,
+}
+
+/// A validated submit, defaults resolved.
+#[derive(Debug, Clone)]
+pub struct NewActivity {
+    pub key: Key,
+    pub activity_type: String,
+    pub input: Payload,
+    /// When it first becomes due (submit time plus delay).
+    pub next_at: UnixMillis,
+    pub retry: RetrySpec,
+    pub timeouts: Timeouts,
+    pub priority: i32,
+}
+
+/// An activity as stored.
+#[derive(Debug, Clone)]
+pub struct ActivityRow {
+    pub id: i64,
+    pub key: Key,
+    pub activity_type: String,
+    pub status: ActivityStatus,
+    pub attempt: u32,
+    pub uncounted: u32,
+    pub retry: RetrySpec,
+    pub timeouts: Timeouts,
+    pub priority: i32,
+    pub input: Payload,
+    pub output: Option<Payload>,
+    pub last_error: Option<ActivityError>,
+    pub heartbeat_details: Option<Payload>,
+    pub created_at: UnixMillis,
+    pub next_at: UnixMillis,
+    pub started_at: Option<UnixMillis>,
+    pub finished_at: Option<UnixMillis>,
+    pub lease_expires_at: Option<UnixMillis>,
+    pub worker_id: Option<String>,
+}
+
+impl ActivityRow {
+    pub fn is_terminal(&self) -> bool {
+        is_terminal(self.status)
+    }
+}
+
+pub fn is_terminal(status: ActivityStatus) -> bool {
+    matches!(
+        status,
+        ActivityStatus::Completed | ActivityStatus::Failed | ActivityStatus::Cancelled
+    )
+}
+
+/// Claim due rows of a namespace's types for one worker.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub namespace: Arc<str>,
+    /// Tried in order, each up to what is left of `limit`; the caller rotates the
+    /// order between claims so no type starves the others.
+    pub activity_types: Vec<Arc<str>>,
+    pub worker_id: Arc<str>,
+    pub limit: u32,
+    pub lease_expires_at: UnixMillis,
+}
+
+/// How an attempt ends, decided by the caller (see `lifecycle`).
+#[derive(Debug, Clone)]
+pub enum Transition {
+    /// COMPLETED with this output.
+    Complete { output: Payload },
+    /// Back to SCHEDULED at `next_at`; the attempt counts against max_attempts.
+    Retry {
+        next_at: UnixMillis,
+        error: ActivityError,
+    },
+    /// Back to SCHEDULED at `next_at`; the attempt does not count.
+    Snooze { next_at: UnixMillis },
+    /// FAILED (the dead letter).
+    Fail { error: ActivityError },
+    /// Back to SCHEDULED now, not counted: the server gave the attempt up (drain).
+    Release,
+}
+
+/// One write. Ops of a batch run in order, in one transaction.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Insert each activity unless its key exists, all or nothing: if any key exists
+    /// with another type, none is inserted. Outcome: `Submitted` (one entry per
+    /// activity, in order) or `Conflict`.
+    Submit(Vec<NewActivity>),
+    /// Outcome: `Claimed`.
+    Claim(Claim),
+    /// End the attempt, fenced by its row id and attempt number. Outcome: `Finished`.
+    Finish {
+        attempt: Arc<Attempt>,
+        transition: Transition,
+    },
+    /// SCHEDULED or RUNNING → CANCELLED. Outcome: `Cancelled`, `NotFound` or `WrongStatus`.
+    Cancel { key: Key, reason: String },
+    /// FAILED or CANCELLED → SCHEDULED with a fresh attempt budget.
+    /// Outcome: `Redriven`, `NotFound` or `WrongStatus`.
+    Redrive { key: Key },
+    /// Delete up to `limit` rows finished before `before`. Outcome: `Pruned`.
+    Prune { before: UnixMillis, limit: u32 },
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Submitted(Vec<Submitted>),
+    /// Activity `index` of the submit names a key that exists with another type.
+    Conflict { index: usize, existing_type: String },
+    Claimed(Vec<ActivityRow>),
+    Finished { accepted: bool },
+    Cancelled {
+        /// RUNNING or SCHEDULED: whether a worker must be told to stop.
+        prior: ActivityStatus,
+        row: ActivityRow,
+    },
+    Redriven { row: ActivityRow },
+    NotFound,
+    WrongStatus(ActivityStatus),
+    Pruned(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub row: ActivityRow,
+    /// False when the key existed (with the same type): nothing was written.
+    pub created: bool,
+}
+
+/// A page of `List`.
+#[derive(Debug, Clone)]
+pub struct ListQuery {
+    pub namespace: String,
+    pub status: Option<ActivityStatus>,
+    pub activity_type: Option<String>,
+    /// Rows with a larger id only: the page token.
+    pub after_id: i64,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusCounts {
+    pub scheduled: u64,
+    pub running: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+}
+
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Runs `ops` in order in one transaction, committed durably before it returns.
+    /// An `Err` means nothing of the batch was written.
+    async fn apply(&self, ops: &[Op], now: UnixMillis) -> Result<Vec<Outcome>, Error>;
+
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
+
+    /// Rows in id order (submission order).
+    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error>;
+
+    async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;
+
+    /// Every RUNNING row, for reclaiming attempts whose process is gone.
+    async fn running(&self) -> Result<Vec<ActivityRow>, Error>;
+
+    /// The earliest `next_at` after `after` of any SCHEDULED row, to arm the
+    /// dispatch timer.
+    async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error>;
+}
+
+/// Opens the store a database URL names, running migrations.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, Error> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else {
+        Err(Error::UnsupportedUrl(url.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod conformance;

@@ -1,0 +1,620 @@
+//! The embedded default: one SQLite file in WAL mode.
+//!
+//! Writes go through one dedicated connection (SQLite has one writer anyway), each
+//! batch in a `BEGIN IMMEDIATE` transaction committed with `synchronous=FULL`, so a
+//! commit is on disk before any caller hears of it. Reads use a small pool of other
+//! connections, which WAL lets run beside the writer.
+//!
+//! Statuses appear in SQL as the wire enum's numbers: 1 SCHEDULED, 2 RUNNING,
+//! 3 COMPLETED, 4 FAILED, 5 CANCELLED.
+//!
+//! The process holds an exclusive `flock` on the database file for its lifetime:
+//! two servers on one file would both reclaim each other's RUNNING rows at start-up.
+
+use std::{fs::File, str::FromStr, time::Duration};
+
+use sqlx::{
+    Connection, Row, SqliteConnection,
+    migrate::{Migration, MigrationType, Migrator},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous},
+};
+use tokio::sync::Mutex;
+
+use super::{
+    ActivityError, ActivityRow, ActivityStatus, Claim, Error, Key, ListQuery, NewActivity, Op,
+    Outcome, Payload, RetrySpec, StatusCounts, Store, Submitted, Timeouts, Transition,
+};
+use spool_proto::time::UnixMillis;
+
+/// The columns [`decode`] reads, in one place so every query returns the same shape.
+macro_rules! columns {
+    () => {
+        "id, namespace, workflow_id, activity_id, activity_type, status, attempt, uncounted, \
+         max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+         heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
+         input, output_type, output, error_kind, error_type, error_message, error_details_type, \
+         error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
+         finished_at, lease_expires_at, worker_id"
+    };
+}
+
+fn migrator() -> Migrator {
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "activities".into(),
+        MigrationType::Simple,
+        sqlx::SqlSafeStr::into_sql_str(include_str!("migrations/sqlite/0001_activities.sql")),
+        false,
+    )])
+}
+
+pub struct SqliteStore {
+    /// The one connection that writes; held only by `apply` (the committer).
+    writer: Mutex<SqliteConnection>,
+    readers: SqlitePool,
+    /// Holds the process-wide `flock` until the store is dropped.
+    _lock: File,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite://PATH`), takes the
+    /// file lock and runs migrations.
+    pub async fn open(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .statement_cache_capacity(64);
+        let path = options.get_filename().to_path_buf();
+        if path.as_os_str().is_empty() || path.to_string_lossy().contains(":memory:") {
+            // Each pooled connection would get its own empty in-memory database.
+            return Err(Error::UnsupportedUrl(url.to_owned()));
+        }
+        let mut writer = SqliteConnection::connect_with(&options).await?;
+        let lock = File::open(&path).map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        if lock.try_lock().is_err() {
+            return Err(Error::Locked(path.display().to_string()));
+        }
+        migrator().run(&mut writer).await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(4)
+            .min_connections(1)
+            .connect_with(options)
+            .await?;
+        Ok(Self {
+            writer: Mutex::new(writer),
+            readers,
+            _lock: lock,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn apply(&self, ops: &[Op], now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+        let mut conn = self.writer.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut outcomes = Vec::with_capacity(ops.len());
+        for op in ops {
+            outcomes.push(apply_one(&mut tx, op, now).await?);
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
+        let mut conn = self.readers.acquire().await?;
+        select_by_key(&mut conn, key).await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error> {
+        let status = query.status.map(|s| s as i64);
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = ?1 AND id > ?2 \
+              AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+              ORDER BY id LIMIT ?5"
+        ))
+        .bind(&query.namespace)
+        .bind(query.after_id)
+        .bind(status)
+        .bind(query.activity_type.as_deref())
+        .bind(i64::from(query.limit))
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
+        let rows = sqlx::query(
+            "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status",
+        )
+        .bind(namespace)
+        .fetch_all(&self.readers)
+        .await?;
+        let mut counts = StatusCounts::default();
+        for row in rows {
+            let status: i64 = row.try_get(0)?;
+            let n = u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0);
+            match status_from(status)? {
+                ActivityStatus::Scheduled => counts.scheduled = n,
+                ActivityStatus::Running => counts.running = n,
+                ActivityStatus::Completed => counts.completed = n,
+                ActivityStatus::Failed => counts.failed = n,
+                ActivityStatus::Cancelled => counts.cancelled = n,
+                ActivityStatus::Unspecified => {}
+            }
+        }
+        Ok(counts)
+    }
+
+    async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE status = 2 ORDER BY id"
+        ))
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error> {
+        let row = sqlx::query("SELECT MIN(next_at) FROM activities WHERE status = 1 AND next_at > ?1")
+            .bind(after)
+            .fetch_one(&self.readers)
+            .await?;
+        Ok(row.try_get::<Option<i64>, _>(0)?)
+    }
+}
+
+async fn apply_one(
+    conn: &mut SqliteConnection,
+    op: &Op,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    match op {
+        Op::Submit(batch) => submit_all(conn, batch, now).await,
+        Op::Claim(claim) => claim_rows(conn, claim, now).await.map(Outcome::Claimed),
+        Op::Finish {
+            attempt,
+            transition,
+        } => finish(conn, attempt.id, attempt.attempt, transition, now).await,
+        Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
+        Op::Redrive { key } => redrive(conn, key, now).await,
+        Op::Prune { before, limit } => {
+            let done = sqlx::query(
+                "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
+                 WHERE status >= 3 AND finished_at < ?1 LIMIT ?2)",
+            )
+            .bind(before)
+            .bind(i64::from(*limit))
+            .execute(&mut *conn)
+            .await?;
+            Ok(Outcome::Pruned(done.rows_affected()))
+        }
+    }
+}
+
+async fn submit_all(
+    conn: &mut SqliteConnection,
+    batch: &[NewActivity],
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    // A savepoint makes a multi-activity submit all or nothing inside the larger
+    // group-commit transaction.
+    let atomic = batch.len() > 1;
+    if atomic {
+        sqlx::query("SAVEPOINT submit").execute(&mut *conn).await?;
+    }
+    let mut submitted = Vec::with_capacity(batch.len());
+    for (index, new) in batch.iter().enumerate() {
+        match submit(conn, new, now).await? {
+            Ok(s) => submitted.push(s),
+            Err(existing_type) => {
+                if atomic {
+                    sqlx::query("ROLLBACK TO submit").execute(&mut *conn).await?;
+                    sqlx::query("RELEASE submit").execute(&mut *conn).await?;
+                }
+                return Ok(Outcome::Conflict {
+                    index,
+                    existing_type,
+                });
+            }
+        }
+    }
+    if atomic {
+        sqlx::query("RELEASE submit").execute(&mut *conn).await?;
+    }
+    Ok(Outcome::Submitted(submitted))
+}
+
+/// Inserts one activity; `Err(existing_type)` when its key exists with another type.
+async fn submit(
+    conn: &mut SqliteConnection,
+    new: &NewActivity,
+    now: UnixMillis,
+) -> Result<Result<Submitted, String>, Error> {
+    let non_retryable = encode_list(&new.retry.non_retryable);
+    let inserted = sqlx::query(
+        "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
+         max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+         heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
+         input, created_at, next_at) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+         ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
+    )
+    .bind(&new.key.namespace)
+    .bind(&new.key.workflow_id)
+    .bind(&new.key.activity_id)
+    .bind(&new.activity_type)
+    .bind(i64::from(new.retry.max_attempts))
+    .bind(new.retry.initial_interval_ms)
+    .bind(new.retry.backoff_coefficient)
+    .bind(new.retry.max_interval_ms)
+    .bind(non_retryable)
+    .bind(new.timeouts.heartbeat_ms)
+    .bind(new.timeouts.start_to_close_ms)
+    .bind(new.timeouts.schedule_to_close_ms)
+    .bind(i64::from(new.priority))
+    .bind(&new.input.content_type)
+    .bind(&new.input.data)
+    .bind(now)
+    .bind(new.next_at)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(inserted) = inserted {
+        let row = ActivityRow {
+            id: inserted.try_get(0)?,
+            key: new.key.clone(),
+            activity_type: new.activity_type.clone(),
+            status: ActivityStatus::Scheduled,
+            attempt: 0,
+            uncounted: 0,
+            retry: new.retry.clone(),
+            timeouts: new.timeouts,
+            priority: new.priority,
+            input: new.input.clone(),
+            output: None,
+            last_error: None,
+            heartbeat_details: None,
+            created_at: now,
+            next_at: new.next_at,
+            started_at: None,
+            finished_at: None,
+            lease_expires_at: None,
+            worker_id: None,
+        };
+        return Ok(Ok(Submitted { row, created: true }));
+    }
+    let existing = select_by_key(conn, &new.key).await?.ok_or_else(|| {
+        Error::Corrupt(format!("{:?} conflicted on insert but cannot be read", new.key))
+    })?;
+    if existing.activity_type == new.activity_type {
+        Ok(Ok(Submitted {
+            row: existing,
+            created: false,
+        }))
+    } else {
+        Ok(Err(existing.activity_type))
+    }
+}
+
+async fn claim_rows(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+    now: UnixMillis,
+) -> Result<Vec<ActivityRow>, Error> {
+    let mut claimed = Vec::new();
+    for activity_type in &claim.activity_types {
+        let left = i64::from(claim.limit) - claimed.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let rows = sqlx::query(concat!(
+            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+             worker_id = ?2, lease_expires_at = ?3 \
+             WHERE id IN (SELECT id FROM activities \
+               WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
+               ORDER BY priority DESC, next_at, id LIMIT ?6) \
+             RETURNING ",
+            columns!()
+        ))
+        .bind(now)
+        .bind(&*claim.worker_id)
+        .bind(claim.lease_expires_at)
+        .bind(&*claim.namespace)
+        .bind(&**activity_type)
+        .bind(left)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in &rows {
+            claimed.push(decode(row)?);
+        }
+    }
+    Ok(claimed)
+}
+
+async fn finish(
+    conn: &mut SqliteConnection,
+    id: i64,
+    attempt: u32,
+    transition: &Transition,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let attempt = i64::from(attempt);
+    let done = match transition {
+        Transition::Complete { output } => {
+            sqlx::query(
+                "UPDATE activities SET status = 3, output_type = ?3, output = ?4, \
+                 finished_at = ?5, lease_expires_at = NULL \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+            )
+            .bind(id)
+            .bind(attempt)
+            .bind(&output.content_type)
+            .bind(&output.data)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?
+        }
+        Transition::Retry { next_at, error } => {
+            let e = ErrorColumns::from(error);
+            sqlx::query(
+                "UPDATE activities SET status = 1, next_at = ?3, lease_expires_at = NULL, \
+                 error_kind = ?4, error_type = ?5, error_message = ?6, \
+                 error_details_type = ?7, error_details = ?8 \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+            )
+            .bind(id)
+            .bind(attempt)
+            .bind(next_at)
+            .bind(e.kind)
+            .bind(e.error_type)
+            .bind(e.message)
+            .bind(e.details_type)
+            .bind(e.details)
+            .execute(&mut *conn)
+            .await?
+        }
+        Transition::Snooze { .. } | Transition::Release => {
+            let next_at = match transition {
+                Transition::Snooze { next_at } => *next_at,
+                _ => now,
+            };
+            sqlx::query(
+                "UPDATE activities SET status = 1, next_at = ?3, uncounted = uncounted + 1, \
+                 lease_expires_at = NULL WHERE id = ?1 AND attempt = ?2 AND status = 2",
+            )
+            .bind(id)
+            .bind(attempt)
+            .bind(next_at)
+            .execute(&mut *conn)
+            .await?
+        }
+        Transition::Fail { error } => {
+            let e = ErrorColumns::from(error);
+            sqlx::query(
+                "UPDATE activities SET status = 4, finished_at = ?3, lease_expires_at = NULL, \
+                 error_kind = ?4, error_type = ?5, error_message = ?6, \
+                 error_details_type = ?7, error_details = ?8 \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+            )
+            .bind(id)
+            .bind(attempt)
+            .bind(now)
+            .bind(e.kind)
+            .bind(e.error_type)
+            .bind(e.message)
+            .bind(e.details_type)
+            .bind(e.details)
+            .execute(&mut *conn)
+            .await?
+        }
+    };
+    Ok(Outcome::Finished {
+        accepted: done.rows_affected() == 1,
+    })
+}
+
+async fn cancel(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    reason: &str,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key).await? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(row.status, ActivityStatus::Scheduled | ActivityStatus::Running) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    let error = cancelled_error(reason);
+    let e = ErrorColumns::from(&error);
+    sqlx::query(
+        "UPDATE activities SET status = 5, finished_at = ?2, lease_expires_at = NULL, \
+         error_kind = ?3, error_type = ?4, error_message = ?5, \
+         error_details_type = NULL, error_details = NULL WHERE id = ?1",
+    )
+    .bind(row.id)
+    .bind(now)
+    .bind(e.kind)
+    .bind(e.error_type)
+    .bind(e.message)
+    .execute(&mut *conn)
+    .await?;
+    let prior = row.status;
+    row.status = ActivityStatus::Cancelled;
+    row.finished_at = Some(now);
+    row.lease_expires_at = None;
+    row.last_error = Some(error);
+    Ok(Outcome::Cancelled { prior, row })
+}
+
+/// What a cancelled activity shows as its last error: who stopped it and why.
+pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
+    ActivityError {
+        kind: spool_proto::v1::ErrorKind::Terminal as i32,
+        r#type: "Cancelled".to_owned(),
+        message: if reason.is_empty() {
+            "cancelled by request".to_owned()
+        } else {
+            reason.to_owned()
+        },
+        details: None,
+        next_retry_delay: None,
+    }
+}
+
+async fn redrive(conn: &mut SqliteConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key).await? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(row.status, ActivityStatus::Failed | ActivityStatus::Cancelled) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
+    // growing so late results of old attempts stay fenced out.
+    sqlx::query(
+        "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
+         finished_at = NULL, output_type = NULL, output = NULL WHERE id = ?1",
+    )
+    .bind(row.id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    row.status = ActivityStatus::Scheduled;
+    row.next_at = now;
+    row.uncounted = row.attempt;
+    row.finished_at = None;
+    row.output = None;
+    Ok(Outcome::Redriven { row })
+}
+
+async fn select_by_key(conn: &mut SqliteConnection, key: &Key) -> Result<Option<ActivityRow>, Error> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
+    ))
+    .bind(&key.namespace)
+    .bind(&key.workflow_id)
+    .bind(&key.activity_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(decode).transpose()
+}
+
+/// The error columns of a row, flattened for binding.
+struct ErrorColumns<'a> {
+    kind: i64,
+    error_type: &'a str,
+    message: &'a str,
+    details_type: Option<&'a str>,
+    details: Option<&'a [u8]>,
+}
+
+impl<'a> From<&'a ActivityError> for ErrorColumns<'a> {
+    fn from(e: &'a ActivityError) -> Self {
+        Self {
+            kind: i64::from(e.kind),
+            error_type: &e.r#type,
+            message: &e.message,
+            details_type: e.details.as_ref().map(|d| d.content_type.as_str()),
+            details: e.details.as_ref().map(|d| d.data.as_slice()),
+        }
+    }
+}
+
+fn encode_list(items: &[String]) -> Option<String> {
+    if items.is_empty() {
+        None
+    } else {
+        serde_json::to_string(items).ok()
+    }
+}
+
+fn status_from(value: i64) -> Result<ActivityStatus, Error> {
+    i32::try_from(value)
+        .ok()
+        .and_then(|v| ActivityStatus::try_from(v).ok())
+        .filter(|s| *s != ActivityStatus::Unspecified)
+        .ok_or_else(|| Error::Corrupt(format!("unknown status {value}")))
+}
+
+fn u32_from(value: i64, column: &str) -> Result<u32, Error> {
+    u32::try_from(value).map_err(|_| Error::Corrupt(format!("{column} out of range: {value}")))
+}
+
+fn payload(content_type: Option<String>, data: Option<Vec<u8>>) -> Option<Payload> {
+    data.map(|data| Payload {
+        content_type: content_type.unwrap_or_default(),
+        data,
+    })
+}
+
+fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
+    let non_retryable: Option<String> = row.try_get("non_retryable")?;
+    let non_retryable = match non_retryable {
+        Some(json) => serde_json::from_str(&json)
+            .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
+        None => Vec::new(),
+    };
+    let error_kind: Option<i64> = row.try_get("error_kind")?;
+    let last_error = match error_kind {
+        Some(kind) => Some(ActivityError {
+            kind: i32::try_from(kind).unwrap_or_default(),
+            r#type: row.try_get::<Option<String>, _>("error_type")?.unwrap_or_default(),
+            message: row
+                .try_get::<Option<String>, _>("error_message")?
+                .unwrap_or_default(),
+            details: payload(row.try_get("error_details_type")?, row.try_get("error_details")?),
+            next_retry_delay: None,
+        }),
+        None => None,
+    };
+    Ok(ActivityRow {
+        id: row.try_get("id")?,
+        key: Key {
+            namespace: row.try_get("namespace")?,
+            workflow_id: row.try_get("workflow_id")?,
+            activity_id: row.try_get("activity_id")?,
+        },
+        activity_type: row.try_get("activity_type")?,
+        status: status_from(row.try_get("status")?)?,
+        attempt: u32_from(row.try_get("attempt")?, "attempt")?,
+        uncounted: u32_from(row.try_get("uncounted")?, "uncounted")?,
+        retry: RetrySpec {
+            max_attempts: u32_from(row.try_get("max_attempts")?, "max_attempts")?,
+            initial_interval_ms: row.try_get("initial_interval_ms")?,
+            backoff_coefficient: row.try_get("backoff_coefficient")?,
+            max_interval_ms: row.try_get("max_interval_ms")?,
+            non_retryable,
+        },
+        timeouts: Timeouts {
+            heartbeat_ms: row.try_get("heartbeat_timeout_ms")?,
+            start_to_close_ms: row.try_get("start_to_close_ms")?,
+            schedule_to_close_ms: row.try_get("schedule_to_close_ms")?,
+        },
+        priority: i32::try_from(row.try_get::<i64, _>("priority")?)
+            .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
+        input: Payload {
+            content_type: row.try_get("input_type")?,
+            data: row.try_get("input")?,
+        },
+        output: payload(row.try_get("output_type")?, row.try_get("output")?),
+        last_error,
+        heartbeat_details: payload(row.try_get("heartbeat_type")?, row.try_get("heartbeat_details")?),
+        created_at: row.try_get("created_at")?,
+        next_at: row.try_get("next_at")?,
+        started_at: row.try_get("started_at")?,
+        finished_at: row.try_get("finished_at")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        worker_id: row.try_get("worker_id")?,
+    })
+}

@@ -1,0 +1,146 @@
+//! What a handler can fail with, and what can stop a worker.
+
+use std::time::Duration;
+
+use spool_proto::v1::{self, ErrorKind, Payload};
+
+/// How an activity attempt did not succeed.
+#[derive(Debug, Clone)]
+pub enum ActivityError {
+    /// Try again (after the retry policy's backoff, or `next_retry_delay`), unless
+    /// the policy says otherwise.
+    Retryable {
+        error_type: String,
+        message: String,
+        details: Option<Payload>,
+        next_retry_delay: Option<Duration>,
+    },
+    /// Fail the activity now; no more attempts.
+    Terminal {
+        error_type: String,
+        message: String,
+        details: Option<Payload>,
+    },
+    /// Not a failure: run this activity again after the delay, without using up an
+    /// attempt (waiting on something outside, rate limits).
+    Snooze(Duration),
+}
+
+impl ActivityError {
+    pub fn retryable(error_type: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Retryable {
+            error_type: error_type.into(),
+            message: message.into(),
+            details: None,
+            next_retry_delay: None,
+        }
+    }
+
+    pub fn terminal(error_type: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Terminal {
+            error_type: error_type.into(),
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    pub fn snooze(delay: Duration) -> Self {
+        Self::Snooze(delay)
+    }
+
+    /// Overrides the retry policy's backoff for this failure (retryable only).
+    pub fn with_next_retry_delay(mut self, delay: Duration) -> Self {
+        if let Self::Retryable { next_retry_delay, .. } = &mut self {
+            *next_retry_delay = Some(delay);
+        }
+        self
+    }
+
+    pub fn with_details(mut self, payload: Payload) -> Self {
+        match &mut self {
+            Self::Retryable { details, .. } | Self::Terminal { details, .. } => *details = Some(payload),
+            Self::Snooze(_) => {}
+        }
+        self
+    }
+
+    pub(crate) fn into_outcome(self) -> v1::activity_result::Outcome {
+        use v1::activity_result::Outcome;
+        match self {
+            Self::Retryable {
+                error_type,
+                message,
+                details,
+                next_retry_delay,
+            } => Outcome::Error(v1::ActivityError {
+                kind: ErrorKind::Retryable as i32,
+                r#type: error_type,
+                message,
+                details,
+                next_retry_delay: next_retry_delay.map(spool_proto::duration::to_proto),
+            }),
+            Self::Terminal {
+                error_type,
+                message,
+                details,
+            } => Outcome::Error(v1::ActivityError {
+                kind: ErrorKind::Terminal as i32,
+                r#type: error_type,
+                message,
+                details,
+                next_retry_delay: None,
+            }),
+            Self::Snooze(delay) => Outcome::Snooze(spool_proto::duration::to_proto(delay)),
+        }
+    }
+}
+
+impl std::fmt::Display for ActivityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Retryable { error_type, message, .. } => write!(f, "{error_type}: {message} (retryable)"),
+            Self::Terminal { error_type, message, .. } => write!(f, "{error_type}: {message} (terminal)"),
+            Self::Snooze(d) => write!(f, "snoozed for {d:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ActivityError {}
+
+/// Why a worker stopped, or a session failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `run` was called without any handler registered.
+    #[error("no activity handlers are registered")]
+    NoHandlers,
+    /// The endpoint is not a valid URI.
+    #[error("invalid endpoint {0:?}")]
+    InvalidEndpoint(String),
+    /// The server could not be reached; the worker retries.
+    #[error("cannot connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    /// The server refused or ended the session.
+    #[error("the server refused the session: {} ({:?})", .0.message(), .0.code())]
+    Rejected(tonic::Status),
+    /// The server broke the protocol (for instance, no `Welcome` first).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// True when reconnecting cannot help: the configuration must change.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Error::NoHandlers | Error::InvalidEndpoint(_) => true,
+            Error::Rejected(status) => matches!(
+                status.code(),
+                tonic::Code::InvalidArgument
+                    | tonic::Code::FailedPrecondition
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::Unimplemented
+            ),
+            Error::Connect(_) | Error::Protocol(_) => false,
+        }
+    }
+}

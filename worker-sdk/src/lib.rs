@@ -1,0 +1,159 @@
+//! The Spool worker SDK: register handlers for activity types, connect, and the
+//! server pushes tasks over one bidirectional stream; each handler's outcome goes
+//! back on the same stream.
+//!
+//! ```no_run
+//! use spool_worker::{ActivityError, Payload, Worker};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), spool_worker::Error> {
+//! let worker = Worker::new("http://127.0.0.1:7070")
+//!     .max_concurrency(8)
+//!     .activity("greet", |_ctx, input: Payload| async move {
+//!         let name = String::from_utf8_lossy(&input.data).into_owned();
+//!         Ok::<_, ActivityError>(spool_worker::json(&format!("hello {name}")))
+//!     });
+//! worker.run(CancellationToken::new()).await
+//! # }
+//! ```
+//!
+//! Invariants the SDK keeps:
+//! - every task received gets exactly one result, even if its handler panics;
+//! - results are sent on the session that received the task (the server fences
+//!   results to the attempt and the session that ran it);
+//! - on shutdown it stops sending first, then reads until the server closes, so no
+//!   ack still in flight is lost.
+
+mod context;
+mod error;
+mod session;
+
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+pub use context::{ActivityContext, ActivityInfo};
+pub use error::{ActivityError, Error};
+pub use spool_proto::v1::Payload;
+use tokio_util::sync::CancellationToken;
+
+/// What a handler returns.
+pub type HandlerResult = Result<Payload, ActivityError>;
+
+type BoxFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
+type Handler = Arc<dyn Fn(ActivityContext, Payload) -> BoxFuture + Send + Sync>;
+
+/// A worker process's connection to Spool, and the handlers it runs.
+#[derive(Clone)]
+pub struct Worker {
+    endpoint: String,
+    namespace: String,
+    identity: String,
+    max_concurrency: u32,
+    token: Option<String>,
+    handlers: HashMap<String, Handler>,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
+}
+
+impl Worker {
+    /// A worker for the server at `endpoint` (`http://host:port`), in the default
+    /// namespace, running up to 10 activities at once.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            namespace: String::new(),
+            identity: default_identity(),
+            max_concurrency: 10,
+            token: None,
+            handlers: HashMap::new(),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(5),
+        }
+    }
+
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// A name for this worker in `spool workers` (default: host and process id).
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = identity.into();
+        self
+    }
+
+    /// How many activities run at once; the server never sends more.
+    pub fn max_concurrency(mut self, n: u32) -> Self {
+        self.max_concurrency = n.max(1);
+        self
+    }
+
+    /// The bearer token, when the server requires one.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Bounds of the reconnect backoff (default 100 ms to 5 s).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max.max(min);
+        self
+    }
+
+    /// Runs `handler` for every task of `activity_type`.
+    pub fn activity<F, Fut>(mut self, activity_type: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(ActivityContext, Payload) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        let handler: Handler = Arc::new(move |ctx, input| Box::pin(handler(ctx, input)));
+        self.handlers.insert(activity_type.into(), handler);
+        self
+    }
+
+    /// Connects and runs tasks until `shutdown` is cancelled, reconnecting with
+    /// backoff whenever the stream ends. Returns an error only for what retrying
+    /// cannot fix: no handlers, or the server refusing the `Hello` (bad namespace,
+    /// unsupported protocol, wrong token).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        if self.handlers.is_empty() {
+            return Err(Error::NoHandlers);
+        }
+        let mut delay = self.reconnect_min;
+        while !shutdown.is_cancelled() {
+            match session::run(&self, &shutdown).await {
+                Ok(session::Ended { welcomed }) => {
+                    if welcomed {
+                        delay = self.reconnect_min;
+                    }
+                }
+                Err(e) if e.is_permanent() => return Err(e),
+                Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
+            }
+            let jittered = delay.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+            tokio::select! {
+                _ = tokio::time::sleep(jittered) => {}
+                _ = shutdown.cancelled() => break,
+            }
+            delay = (delay * 2).min(self.reconnect_max);
+        }
+        Ok(())
+    }
+}
+
+/// A JSON payload of `value`.
+pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Payload {
+    Payload {
+        content_type: "application/json".to_owned(),
+        data: serde_json::to_vec(value).unwrap_or_default(),
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!("{host}:{}", std::process::id())
+}

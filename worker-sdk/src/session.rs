@@ -1,0 +1,239 @@
+//! One connection's life: `Hello`, `Welcome`, then tasks in and results out until
+//! the stream ends.
+//!
+//! The loop owns the only sender of the outbound stream; handlers report through
+//! channels the loop drains, so closing the stream is dropping that one sender.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use spool_proto::{
+    duration,
+    v1::{
+        self, ServerMessage, WorkerMessage, activity_result, server_message, worker_message,
+        worker_service_client::WorkerServiceClient,
+    },
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Status, metadata::MetadataValue, transport::Endpoint};
+
+use crate::{
+    ActivityContext, ActivityError, ActivityInfo, Error, Worker,
+    context::system_time,
+};
+
+/// How a session ended without an error.
+pub(crate) struct Ended {
+    /// The server welcomed this session (so reconnect backoff starts over).
+    pub welcomed: bool,
+}
+
+type AttemptKey = (String, String, u32);
+
+pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result<Ended, Error> {
+    let endpoint = Endpoint::from_shared(worker.endpoint.clone())
+        .map_err(|_| Error::InvalidEndpoint(worker.endpoint.clone()))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    let channel = tokio::select! {
+        c = endpoint.connect() => c?,
+        _ = shutdown.cancelled() => return Ok(Ended { welcomed: false }),
+    };
+    let token: Option<MetadataValue<_>> = match &worker.token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .map_err(|_| Error::Protocol("the token is not a valid header value".to_owned()))?,
+        ),
+        None => None,
+    };
+    let mut client = WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
+        if let Some(token) = &token {
+            request.metadata_mut().insert("authorization", token.clone());
+        }
+        Ok::<_, Status>(request)
+    })
+    .max_decoding_message_size(usize::MAX)
+    .max_encoding_message_size(usize::MAX);
+
+    let capacity = 2 * worker.max_concurrency as usize + 64;
+    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity);
+    let mut activity_types: Vec<String> = worker.handlers.keys().cloned().collect();
+    activity_types.sort();
+    let hello = worker_message::Message::Hello(v1::Hello {
+        namespace: worker.namespace.clone(),
+        identity: worker.identity.clone(),
+        activity_types,
+        max_concurrency: worker.max_concurrency,
+        protocol_version: 1,
+    });
+    out_tx
+        .send(WorkerMessage { message: Some(hello) })
+        .await
+        .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
+    let mut inbound = client
+        .session(ReceiverStream::new(out_rx))
+        .await
+        .map_err(Error::Rejected)?
+        .into_inner();
+    let welcome = match inbound.message().await {
+        Ok(Some(ServerMessage {
+            message: Some(server_message::Message::Welcome(w)),
+        })) => w,
+        Ok(Some(_)) => return Err(Error::Protocol("the server did not start with Welcome".to_owned())),
+        Ok(None) => return Err(Error::Protocol("the server closed the stream before Welcome".to_owned())),
+        Err(status) => return Err(Error::Rejected(status)),
+    };
+    tracing::info!(worker_id = %welcome.worker_id, "connected");
+    let interval = duration::from_proto(welcome.heartbeat_interval.as_ref())
+        .ok()
+        .flatten()
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs(5));
+
+    let mut session = Loop {
+        worker,
+        out: Some(out_tx),
+        running: HashMap::new(),
+        cancel: shutdown.child_token(),
+        results: mpsc::channel(capacity),
+        heartbeats: mpsc::channel(256),
+    };
+    session.serve(&mut inbound, interval, shutdown).await
+}
+
+struct Loop<'a> {
+    worker: &'a Worker,
+    /// The only sender of the outbound stream; `None` once we stopped sending.
+    out: Option<mpsc::Sender<WorkerMessage>>,
+    /// Attempts running now, with the token their handler watches.
+    running: HashMap<AttemptKey, CancellationToken>,
+    /// Parent of every handler's token: cancelled when this session is done for.
+    cancel: CancellationToken,
+    /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
+    results: (mpsc::Sender<v1::ActivityResult>, mpsc::Receiver<v1::ActivityResult>),
+    /// Handlers' heartbeats; full means the newest ones are dropped.
+    heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
+}
+
+impl Loop<'_> {
+    async fn serve(
+        &mut self,
+        inbound: &mut tonic::Streaming<ServerMessage>,
+        interval: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<Ended, Error> {
+        // Keep-alives at twice the rate asked for, so one late tick is not fatal.
+        let mut keepalive = tokio::time::interval(interval / 2);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping = false;
+        let ended = loop {
+            if stopping && self.running.is_empty() && self.out.is_some() {
+                // Everything answered: stop sending, then read until the server
+                // closes so acks still in flight are not lost.
+                self.out = None;
+            }
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(ServerMessage { message: Some(m) })) => self.on_message(m),
+                    Ok(Some(ServerMessage { message: None })) => {}
+                    Ok(None) => break Ok(Ended { welcomed: true }),
+                    Err(status) => break Err(Error::Rejected(status)),
+                },
+                Some(result) = self.results.1.recv() => {
+                    self.running.remove(&(result.workflow_id.clone(), result.activity_id.clone(), result.attempt));
+                    self.send(worker_message::Message::Result(result)).await;
+                }
+                Some(heartbeat) = self.heartbeats.1.recv() => {
+                    self.send(worker_message::Message::Heartbeat(heartbeat)).await;
+                }
+                _ = keepalive.tick() => {
+                    self.send(worker_message::Message::Heartbeat(v1::Heartbeat::default())).await;
+                }
+                _ = shutdown.cancelled(), if !stopping => {
+                    stopping = true;
+                }
+            }
+        };
+        // Handlers whose results can no longer be delivered are told to stop.
+        self.cancel.cancel();
+        ended
+    }
+
+    async fn send(&mut self, message: worker_message::Message) {
+        if let Some(out) = &self.out {
+            // Closed means the server ended the stream; the read side will see it.
+            let _ = out.send(WorkerMessage { message: Some(message) }).await;
+        }
+    }
+
+    fn on_message(&mut self, message: server_message::Message) {
+        match message {
+            server_message::Message::Task(task) => self.start(task),
+            server_message::Message::Cancel(cancel) => {
+                if let Some(token) = self
+                    .running
+                    .get(&(cancel.workflow_id, cancel.activity_id, cancel.attempt))
+                {
+                    token.cancel();
+                }
+            }
+            server_message::Message::Ack(ack) => {
+                if !ack.accepted {
+                    tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
+                }
+            }
+            server_message::Message::Drain(_) | server_message::Message::Welcome(_) => {}
+        }
+    }
+
+    fn start(&mut self, task: v1::ActivityTask) {
+        let key: AttemptKey = (task.workflow_id.clone(), task.activity_id.clone(), task.attempt);
+        let token = self.cancel.child_token();
+        self.running.insert(key, token.clone());
+        let handler = self.worker.handlers.get(&task.activity_type).cloned();
+        let info = Arc::new(ActivityInfo {
+            namespace: task.namespace,
+            workflow_id: task.workflow_id.clone(),
+            activity_id: task.activity_id.clone(),
+            activity_type: task.activity_type.clone(),
+            attempt: task.attempt,
+            scheduled_at: task.scheduled_at.as_ref().and_then(system_time),
+            deadline: task.deadline.as_ref().and_then(system_time),
+            heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref()).ok().flatten(),
+        });
+        let ctx = ActivityContext::new(info, token, self.heartbeats.0.clone());
+        let results = self.results.0.clone();
+        let input = task.input.unwrap_or_default();
+        tokio::spawn(async move {
+            let outcome = match handler {
+                Some(handler) => {
+                    // A second task, so a panicking handler still yields a result.
+                    match tokio::spawn(handler(ctx, input)).await {
+                        Ok(outcome) => outcome,
+                        Err(e) => Err(ActivityError::retryable("Panic", e.to_string())),
+                    }
+                }
+                None => Err(ActivityError::retryable(
+                    "NoHandler",
+                    format!("this worker has no handler for {:?}", task.activity_type),
+                )),
+            };
+            let outcome = match outcome {
+                Ok(output) => activity_result::Outcome::Output(output),
+                Err(e) => e.into_outcome(),
+            };
+            let _ = results
+                .send(v1::ActivityResult {
+                    workflow_id: task.workflow_id,
+                    activity_id: task.activity_id,
+                    attempt: task.attempt,
+                    outcome: Some(outcome),
+                })
+                .await;
+        });
+    }
+}
