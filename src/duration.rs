@@ -6,7 +6,9 @@ use std::time::Duration;
 
 /// A duration string that could not be understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {input:?}: expected a number with a unit such as 500ms, 30s, 5m, 2h or 7d")]
+#[error(
+    "invalid duration {input:?}: expected a number with a unit such as 500ms, 30s, 5m, 2h or 7d"
+)]
 pub struct ParseDurationError {
     input: String,
 }
@@ -60,7 +62,13 @@ pub fn format(d: Duration) -> String {
         return "0s".to_owned();
     }
     let mut out = String::new();
-    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+        ("ms", 1),
+    ] {
         if ms >= size {
             out.push_str(&format!("{}{unit}", ms / size));
             ms %= size;
@@ -111,7 +119,16 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_read() {
-        for bad in ["", "30", "s", "-5s", "5x", "1.5s", "5 s", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "30",
+            "s",
+            "-5s",
+            "5x",
+            "1.5s",
+            "5 s",
+            "99999999999999999999d",
+        ] {
             assert!(parse(bad).is_err(), "{bad:?} should be refused");
         }
     }
@@ -126,9 +143,15 @@ mod tests {
 
     #[test]
     fn negative_proto_durations_are_refused() {
-        let neg = prost_types::Duration { seconds: -1, nanos: 0 };
+        let neg = prost_types::Duration {
+            seconds: -1,
+            nanos: 0,
+        };
         assert_eq!(from_proto(Some(&neg)), Err(NegativeDuration));
-        let pos = prost_types::Duration { seconds: 2, nanos: 5 };
+        let pos = prost_types::Duration {
+            seconds: 2,
+            nanos: 5,
+        };
         assert_eq!(from_proto(Some(&pos)), Ok(Some(Duration::new(2, 5))));
         assert_eq!(from_proto(None), Ok(None));
     }

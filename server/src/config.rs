@@ -59,6 +59,9 @@ impl Config {
     /// The transport's own decode limit: above any single payload we would accept,
     /// so an oversized payload gets our clear `RESOURCE_EXHAUSTED`, not the codec's.
     pub fn max_message_bytes(&self) -> usize {
-        self.max_payload_bytes.saturating_mul(4).saturating_add(1024 * 1024).max(16 * 1024 * 1024)
+        self.max_payload_bytes
+            .saturating_mul(4)
+            .saturating_add(1024 * 1024)
+            .max(16 * 1024 * 1024)
     }
 }

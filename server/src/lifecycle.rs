@@ -64,7 +64,12 @@ impl Attempt {
 }
 
 /// The fate of a failed attempt. `jitter` is a random number in `[0, 1)`.
-pub fn on_failure(attempt: &Attempt, error: ActivityError, now: UnixMillis, jitter: f64) -> Transition {
+pub fn on_failure(
+    attempt: &Attempt,
+    error: ActivityError,
+    now: UnixMillis,
+    jitter: f64,
+) -> Transition {
     let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
     if kind == ErrorKind::Terminal || attempt.retry.non_retryable.contains(&error.r#type) {
         return Transition::Fail { error };
@@ -161,9 +166,28 @@ mod tests {
 
     #[test]
     fn retryable_error_retries_until_the_budget_is_spent() {
-        let t = on_failure(&attempt(1, 3), error(ErrorKind::Retryable, "X"), 10_000, 0.5);
-        assert!(matches!(t, Transition::Retry { next_at: 11_000, .. }), "{t:?}");
-        let t = on_failure(&attempt(3, 3), error(ErrorKind::Retryable, "X"), 10_000, 0.5);
+        let t = on_failure(
+            &attempt(1, 3),
+            error(ErrorKind::Retryable, "X"),
+            10_000,
+            0.5,
+        );
+        assert!(
+            matches!(
+                t,
+                Transition::Retry {
+                    next_at: 11_000,
+                    ..
+                }
+            ),
+            "{t:?}"
+        );
+        let t = on_failure(
+            &attempt(3, 3),
+            error(ErrorKind::Retryable, "X"),
+            10_000,
+            0.5,
+        );
         assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
     }
 
@@ -179,18 +203,34 @@ mod tests {
     fn terminal_and_non_retryable_fail_at_once() {
         let t = on_failure(&attempt(1, 10), error(ErrorKind::Terminal, "X"), 0, 0.5);
         assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
-        let t = on_failure(&attempt(1, 10), error(ErrorKind::Retryable, "Fatal"), 0, 0.5);
+        let t = on_failure(
+            &attempt(1, 10),
+            error(ErrorKind::Retryable, "Fatal"),
+            0,
+            0.5,
+        );
         assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
     }
 
     #[test]
     fn worker_lost_retries_immediately_and_next_retry_delay_overrides() {
-        let t = on_failure(&attempt(1, 10), error(ErrorKind::WorkerLost, "WorkerLost"), 500, 0.5);
+        let t = on_failure(
+            &attempt(1, 10),
+            error(ErrorKind::WorkerLost, "WorkerLost"),
+            500,
+            0.5,
+        );
         assert!(matches!(t, Transition::Retry { next_at: 500, .. }), "{t:?}");
         let mut e = error(ErrorKind::Retryable, "X");
-        e.next_retry_delay = Some(prost_types::Duration { seconds: 7, nanos: 0 });
+        e.next_retry_delay = Some(prost_types::Duration {
+            seconds: 7,
+            nanos: 0,
+        });
         let t = on_failure(&attempt(1, 10), e, 500, 0.5);
-        assert!(matches!(t, Transition::Retry { next_at: 7_500, .. }), "{t:?}");
+        assert!(
+            matches!(t, Transition::Retry { next_at: 7_500, .. }),
+            "{t:?}"
+        );
     }
 
     #[test]

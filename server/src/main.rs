@@ -5,11 +5,29 @@ use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use spool_server::Config;
+use spool_proto::v1;
+use spool_server::{
+    Config,
+    cli::{self, Client, Target},
+};
 
 #[derive(Parser)]
 #[command(name = "spool", version, about = "Spool: a durable activity server")]
 struct Cli {
+    /// The server a client command talks to.
+    #[arg(
+        long,
+        global = true,
+        env = "SPOOL_SERVER",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    server: String,
+    /// Bearer token for a server started with --auth-token.
+    #[arg(long, global = true, env = "SPOOL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -18,6 +36,102 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Submit an activity.
+    Submit(SubmitArgs),
+    /// Show an activity.
+    Get(KeyArgs),
+    /// Wait until an activity is finished (exit 3 if it FAILED or was CANCELLED).
+    Wait {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Give up after this long and show the current state.
+        #[arg(long, value_parser = duration)]
+        timeout: Option<Duration>,
+    },
+    /// Cancel a scheduled or running activity.
+    Cancel {
+        #[command(flatten)]
+        key: KeyArgs,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Re-drive a FAILED or CANCELLED activity with a fresh attempt budget.
+    Retry(KeyArgs),
+    /// List activities.
+    Ls {
+        #[arg(long, default_value = "")]
+        namespace: String,
+        /// scheduled, running, completed, failed or cancelled.
+        #[arg(long, value_parser = cli::parse_status)]
+        status: Option<v1::ActivityStatus>,
+        #[arg(long = "type")]
+        activity_type: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Count activities by status.
+    Stats {
+        #[arg(long, default_value = "")]
+        namespace: String,
+    },
+    /// List connected workers.
+    Workers {
+        #[arg(long, default_value = "")]
+        namespace: String,
+    },
+    /// Drain the server: stop dispatching, let running activities finish.
+    Drain {
+        #[arg(long, value_parser = duration)]
+        timeout: Option<Duration>,
+    },
+}
+
+#[derive(clap::Args)]
+struct KeyArgs {
+    workflow_id: String,
+    activity_id: String,
+    #[arg(long, default_value = "")]
+    namespace: String,
+}
+
+impl KeyArgs {
+    fn key(self) -> v1::ActivityKey {
+        v1::ActivityKey {
+            namespace: self.namespace,
+            workflow_id: self.workflow_id,
+            activity_id: self.activity_id,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct SubmitArgs {
+    /// The activity type a worker registered.
+    activity_type: String,
+    /// Input as inline JSON, or @FILE.
+    #[arg(long)]
+    input: Option<String>,
+    /// Generated (UUIDv7) when empty.
+    #[arg(long, default_value = "")]
+    workflow_id: String,
+    /// Generated (UUIDv7) when empty.
+    #[arg(long, default_value = "")]
+    activity_id: String,
+    #[arg(long, default_value = "")]
+    namespace: String,
+    /// Run no earlier than this from now.
+    #[arg(long, value_parser = duration)]
+    delay: Option<Duration>,
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    priority: i32,
+    /// Wait for the outcome (exit 3 if it FAILED or was CANCELLED).
+    #[arg(long)]
+    wait: bool,
+    /// With --wait: give up after this long.
+    #[arg(long, value_parser = duration, requires = "wait")]
+    timeout: Option<Duration>,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -58,7 +172,9 @@ struct ServeArgs {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -108,10 +224,68 @@ async fn shutdown_signal() {
     }
 }
 
+async fn client_command(target: Target, command: Command) -> Result<i32, cli::Error> {
+    let client = Client::connect(target).await?;
+    match command {
+        Command::Serve(_) => Ok(0),
+        Command::Submit(a) => {
+            let request = v1::SubmitRequest {
+                namespace: a.namespace,
+                workflow_id: a.workflow_id,
+                activity_id: a.activity_id,
+                activity_type: a.activity_type,
+                input: cli::input(a.input.as_deref())?,
+                delay: a.delay.map(spool_proto::duration::to_proto),
+                retry_policy: a.max_attempts.map(|max_attempts| v1::RetryPolicy {
+                    max_attempts,
+                    ..Default::default()
+                }),
+                priority: a.priority,
+                ..Default::default()
+            };
+            client.submit(request, a.wait.then_some(a.timeout)).await
+        }
+        Command::Get(key) => client.get(key.key()).await,
+        Command::Wait { key, timeout } => client.wait(key.key(), timeout).await,
+        Command::Cancel { key, reason } => client.cancel(key.key(), reason).await,
+        Command::Retry(key) => client.retry(key.key()).await,
+        Command::Ls {
+            namespace,
+            status,
+            activity_type,
+            limit,
+        } => {
+            let request = v1::ListRequest {
+                namespace,
+                status: status.map_or(0, |s| s as i32),
+                activity_type: activity_type.unwrap_or_default(),
+                ..Default::default()
+            };
+            client.list(request, limit).await
+        }
+        Command::Stats { namespace } => client.stats(namespace).await,
+        Command::Workers { namespace } => client.workers(namespace).await,
+        Command::Drain { timeout } => client.drain(timeout).await,
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Serve(args) => serve(args).await,
+    if let Command::Serve(args) = cli.command {
+        return serve(args).await;
     }
+    let target = Target {
+        server: cli.server,
+        token: cli.token.filter(|t| !t.is_empty()),
+        json: cli.json,
+    };
+    let code = match client_command(target, cli.command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    };
+    std::process::exit(code);
 }

@@ -51,7 +51,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let store = store::open(&config.database).await?;
-    reclaim(store.as_ref()).await?;
+    reclaim(&store).await?;
     let next_due = store.next_due(now_millis()).await?;
 
     let registry = Arc::new(Registry::default());
@@ -79,7 +79,9 @@ pub async fn run(
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<ActivityServiceServer<ActivityApi>>().await;
+    health
+        .set_serving::<ActivityServiceServer<ActivityApi>>()
+        .await;
     health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
     health.set_serving::<AdminServiceServer<AdminApi>>().await;
     health.set_service_status("", ServingStatus::Serving).await;
@@ -92,11 +94,17 @@ pub async fn run(
     let max_message = config.max_message_bytes();
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message);
-    let worker = WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
-        .max_decoding_message_size(max_message);
-    let admin = AdminServiceServer::new(AdminApi::new(core.clone())).max_decoding_message_size(max_message);
+    let worker =
+        WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
+            .max_decoding_message_size(max_message);
+    let admin =
+        AdminServiceServer::new(AdminApi::new(core.clone())).max_decoding_message_size(max_message);
 
-    let prune = tokio::spawn(prune_loop(committer.clone(), config.retention, root.clone()));
+    let prune = tokio::spawn(prune_loop(
+        committer.clone(),
+        config.retention,
+        root.clone(),
+    ));
     {
         let root = root.clone();
         let health = health.clone();
@@ -106,10 +114,18 @@ pub async fn run(
                 _ = root.cancelled() => {}
             }
             tracing::info!("shutting down");
-            health.set_not_serving::<ActivityServiceServer<ActivityApi>>().await;
-            health.set_not_serving::<WorkerServiceServer<WorkerApi>>().await;
-            health.set_not_serving::<AdminServiceServer<AdminApi>>().await;
-            health.set_service_status("", ServingStatus::NotServing).await;
+            health
+                .set_not_serving::<ActivityServiceServer<ActivityApi>>()
+                .await;
+            health
+                .set_not_serving::<WorkerServiceServer<WorkerApi>>()
+                .await;
+            health
+                .set_not_serving::<AdminServiceServer<AdminApi>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
             root.cancel();
         });
     }
@@ -123,7 +139,10 @@ pub async fn run(
         .add_service(InterceptedService::new(activity, auth.clone()))
         .add_service(InterceptedService::new(worker, auth.clone()))
         .add_service(InterceptedService::new(admin, auth))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), root.clone().cancelled_owned())
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            root.clone().cancelled_owned(),
+        )
         .await;
     root.cancel();
     sessions.close();
@@ -140,7 +159,7 @@ pub async fn run(
 
 /// Ends every attempt a previous process left RUNNING: with one SQLite node, the
 /// process that ran them is gone, so they count as lost workers.
-async fn reclaim(store: &dyn Store) -> Result<(), Error> {
+async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
     let running = store.running().await?;
     if running.is_empty() {
         return Ok(());
@@ -156,11 +175,17 @@ async fn reclaim(store: &dyn Store) -> Result<(), Error> {
                 "the server stopped while the attempt ran".to_owned(),
             );
             let transition = lifecycle::on_failure(&attempt, error, now, rand::random());
-            Op::Finish { attempt, transition }
+            Op::Finish {
+                attempt,
+                transition,
+            }
         })
         .collect();
     store.apply(&ops, now).await?;
-    tracing::info!(count = ops.len(), "reclaimed attempts left running by the previous process");
+    tracing::info!(
+        count = ops.len(),
+        "reclaimed attempts left running by the previous process"
+    );
     Ok(())
 }
 
@@ -170,7 +195,13 @@ async fn prune_loop(committer: Committer, retention: Duration, shutdown: Cancell
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     loop {
         let before = now_millis().saturating_sub(retention_ms);
-        let pruned = match committer.commit(vec![Op::Prune { before, limit: LIMIT }]).await {
+        let pruned = match committer
+            .commit(vec![Op::Prune {
+                before,
+                limit: LIMIT,
+            }])
+            .await
+        {
             Ok(outcomes) => match outcomes.first() {
                 Some(Outcome::Pruned(n)) => *n,
                 _ => 0,

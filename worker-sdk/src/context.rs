@@ -1,7 +1,10 @@
 //! What a handler knows about the attempt it runs, and how it talks back while
 //! running (cancellation, heartbeats).
 
-use std::{sync::Arc, time::{Duration, SystemTime}};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use spool_proto::v1::{self, Payload};
 use tokio::sync::mpsc;
@@ -35,7 +38,11 @@ pub struct ActivityContext {
 }
 
 impl ActivityContext {
-    pub(crate) fn new(info: Arc<ActivityInfo>, cancel: CancellationToken, heartbeats: mpsc::Sender<v1::Heartbeat>) -> Self {
+    pub(crate) fn new(
+        info: Arc<ActivityInfo>,
+        cancel: CancellationToken,
+        heartbeats: mpsc::Sender<v1::Heartbeat>,
+    ) -> Self {
         Self {
             info,
             cancel,

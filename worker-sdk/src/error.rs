@@ -50,7 +50,10 @@ impl ActivityError {
 
     /// Overrides the retry policy's backoff for this failure (retryable only).
     pub fn with_next_retry_delay(mut self, delay: Duration) -> Self {
-        if let Self::Retryable { next_retry_delay, .. } = &mut self {
+        if let Self::Retryable {
+            next_retry_delay, ..
+        } = &mut self
+        {
             *next_retry_delay = Some(delay);
         }
         self
@@ -58,7 +61,9 @@ impl ActivityError {
 
     pub fn with_details(mut self, payload: Payload) -> Self {
         match &mut self {
-            Self::Retryable { details, .. } | Self::Terminal { details, .. } => *details = Some(payload),
+            Self::Retryable { details, .. } | Self::Terminal { details, .. } => {
+                *details = Some(payload)
+            }
             Self::Snooze(_) => {}
         }
         self
@@ -98,8 +103,16 @@ impl ActivityError {
 impl std::fmt::Display for ActivityError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Retryable { error_type, message, .. } => write!(f, "{error_type}: {message} (retryable)"),
-            Self::Terminal { error_type, message, .. } => write!(f, "{error_type}: {message} (terminal)"),
+            Self::Retryable {
+                error_type,
+                message,
+                ..
+            } => write!(f, "{error_type}: {message} (retryable)"),
+            Self::Terminal {
+                error_type,
+                message,
+                ..
+            } => write!(f, "{error_type}: {message} (terminal)"),
             Self::Snooze(d) => write!(f, "snoozed for {d:?}"),
         }
     }

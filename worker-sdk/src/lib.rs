@@ -152,7 +152,11 @@ pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Payload {
 fn default_identity() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_owned()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "worker".to_owned());
     format!("{host}:{}", std::process::id())

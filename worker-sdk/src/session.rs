@@ -18,10 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status, metadata::MetadataValue, transport::Endpoint};
 
-use crate::{
-    ActivityContext, ActivityError, ActivityInfo, Error, Worker,
-    context::system_time,
-};
+use crate::{ActivityContext, ActivityError, ActivityInfo, Error, Worker, context::system_time};
 
 /// How a session ended without an error.
 pub(crate) struct Ended {
@@ -42,22 +39,24 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         c = endpoint.connect() => c?,
         _ = shutdown.cancelled() => return Ok(Ended { welcomed: false }),
     };
-    let token: Option<MetadataValue<_>> = match &worker.token {
-        Some(t) => Some(
-            format!("Bearer {t}")
-                .parse()
-                .map_err(|_| Error::Protocol("the token is not a valid header value".to_owned()))?,
-        ),
-        None => None,
-    };
-    let mut client = WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
-        if let Some(token) = &token {
-            request.metadata_mut().insert("authorization", token.clone());
-        }
-        Ok::<_, Status>(request)
-    })
-    .max_decoding_message_size(usize::MAX)
-    .max_encoding_message_size(usize::MAX);
+    let token: Option<MetadataValue<_>> =
+        match &worker.token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
+                Error::Protocol("the token is not a valid header value".to_owned())
+            })?),
+            None => None,
+        };
+    let mut client =
+        WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
+            if let Some(token) = &token {
+                request
+                    .metadata_mut()
+                    .insert("authorization", token.clone());
+            }
+            Ok::<_, Status>(request)
+        })
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
 
     let capacity = 2 * worker.max_concurrency as usize + 64;
     let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity);
@@ -71,7 +70,9 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         protocol_version: 1,
     });
     out_tx
-        .send(WorkerMessage { message: Some(hello) })
+        .send(WorkerMessage {
+            message: Some(hello),
+        })
         .await
         .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
     let mut inbound = client
@@ -83,8 +84,16 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         Ok(Some(ServerMessage {
             message: Some(server_message::Message::Welcome(w)),
         })) => w,
-        Ok(Some(_)) => return Err(Error::Protocol("the server did not start with Welcome".to_owned())),
-        Ok(None) => return Err(Error::Protocol("the server closed the stream before Welcome".to_owned())),
+        Ok(Some(_)) => {
+            return Err(Error::Protocol(
+                "the server did not start with Welcome".to_owned(),
+            ));
+        }
+        Ok(None) => {
+            return Err(Error::Protocol(
+                "the server closed the stream before Welcome".to_owned(),
+            ));
+        }
         Err(status) => return Err(Error::Rejected(status)),
     };
     tracing::info!(worker_id = %welcome.worker_id, "connected");
@@ -114,7 +123,10 @@ struct Loop<'a> {
     /// Parent of every handler's token: cancelled when this session is done for.
     cancel: CancellationToken,
     /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
-    results: (mpsc::Sender<v1::ActivityResult>, mpsc::Receiver<v1::ActivityResult>),
+    results: (
+        mpsc::Sender<v1::ActivityResult>,
+        mpsc::Receiver<v1::ActivityResult>,
+    ),
     /// Handlers' heartbeats; full means the newest ones are dropped.
     heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
 }
@@ -166,7 +178,11 @@ impl Loop<'_> {
     async fn send(&mut self, message: worker_message::Message) {
         if let Some(out) = &self.out {
             // Closed means the server ended the stream; the read side will see it.
-            let _ = out.send(WorkerMessage { message: Some(message) }).await;
+            let _ = out
+                .send(WorkerMessage {
+                    message: Some(message),
+                })
+                .await;
         }
     }
 
@@ -174,9 +190,9 @@ impl Loop<'_> {
         match message {
             server_message::Message::Task(task) => self.start(task),
             server_message::Message::Cancel(cancel) => {
-                if let Some(token) = self
-                    .running
-                    .get(&(cancel.workflow_id, cancel.activity_id, cancel.attempt))
+                if let Some(token) =
+                    self.running
+                        .get(&(cancel.workflow_id, cancel.activity_id, cancel.attempt))
                 {
                     token.cancel();
                 }
@@ -191,7 +207,11 @@ impl Loop<'_> {
     }
 
     fn start(&mut self, task: v1::ActivityTask) {
-        let key: AttemptKey = (task.workflow_id.clone(), task.activity_id.clone(), task.attempt);
+        let key: AttemptKey = (
+            task.workflow_id.clone(),
+            task.activity_id.clone(),
+            task.attempt,
+        );
         let token = self.cancel.child_token();
         self.running.insert(key, token.clone());
         let handler = self.worker.handlers.get(&task.activity_type).cloned();
@@ -203,7 +223,9 @@ impl Loop<'_> {
             attempt: task.attempt,
             scheduled_at: task.scheduled_at.as_ref().and_then(system_time),
             deadline: task.deadline.as_ref().and_then(system_time),
-            heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref()).ok().flatten(),
+            heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref())
+                .ok()
+                .flatten(),
         });
         let ctx = ActivityContext::new(info, token, self.heartbeats.0.clone());
         let results = self.results.0.clone();

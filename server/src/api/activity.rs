@@ -24,7 +24,10 @@ impl ActivityApi {
     }
 
     async fn submit_all(&self, batch: Vec<NewActivity>) -> Result<Vec<v1::SubmitResponse>, Error> {
-        let requested: Vec<_> = batch.iter().map(|n| (n.key.clone(), n.activity_type.clone())).collect();
+        let requested: Vec<_> = batch
+            .iter()
+            .map(|n| (n.key.clone(), n.activity_type.clone()))
+            .collect();
         let mut outcomes = self.core.committer.commit(vec![Op::Submit(batch)]).await?;
         match outcomes.pop() {
             Some(Outcome::Submitted(submitted)) => Ok(submitted
@@ -34,7 +37,10 @@ impl ActivityApi {
                     created: s.created,
                 })
                 .collect()),
-            Some(Outcome::Conflict { index, existing_type }) => {
+            Some(Outcome::Conflict {
+                index,
+                existing_type,
+            }) => {
                 let (key, requested) = requested.into_iter().nth(index).unzip();
                 Err(Error::AlreadyExists {
                     key: key.ok_or_else(|| unexpected("conflict index out of range"))?,
@@ -57,15 +63,22 @@ impl ActivityApi {
 
 /// An outcome the store contract rules out; reported, never panicked on.
 fn unexpected(what: &str) -> Error {
-    Error::Store(Arc::new(crate::store::Error::Corrupt(format!("unexpected store answer: {what}"))))
+    Error::Store(Arc::new(crate::store::Error::Corrupt(format!(
+        "unexpected store answer: {what}"
+    ))))
 }
 
 #[tonic::async_trait]
 impl ActivityService for ActivityApi {
-    async fn submit(&self, request: Request<v1::SubmitRequest>) -> Result<Response<v1::SubmitResponse>, Status> {
+    async fn submit(
+        &self,
+        request: Request<v1::SubmitRequest>,
+    ) -> Result<Response<v1::SubmitResponse>, Status> {
         let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
         let mut results = self.submit_all(vec![new]).await?;
-        let result = results.pop().ok_or_else(|| unexpected("empty submit result"))?;
+        let result = results
+            .pop()
+            .ok_or_else(|| unexpected("empty submit result"))?;
         Ok(Response::new(result))
     }
 
@@ -88,7 +101,9 @@ impl ActivityService for ActivityApi {
             .enumerate()
             .map(|(i, a)| {
                 validate::submit(a, &self.core.config, now).map_err(|e| match e {
-                    Error::InvalidArgument(m) => Error::InvalidArgument(format!("activities[{i}]: {m}")),
+                    Error::InvalidArgument(m) => {
+                        Error::InvalidArgument(format!("activities[{i}]: {m}"))
+                    }
                     Error::PayloadTooLarge { field, size, limit } => Error::PayloadTooLarge {
                         field: format!("activities[{i}].{field}"),
                         size,
@@ -105,16 +120,23 @@ impl ActivityService for ActivityApi {
         Ok(Response::new(v1::SubmitBatchResponse { results }))
     }
 
-    async fn get(&self, request: Request<v1::GetRequest>) -> Result<Response<v1::Activity>, Status> {
+    async fn get(
+        &self,
+        request: Request<v1::GetRequest>,
+    ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
         let row = self.get_row(&key).await?;
         Ok(Response::new(convert::activity(row)))
     }
 
-    async fn wait(&self, request: Request<v1::WaitRequest>) -> Result<Response<v1::Activity>, Status> {
+    async fn wait(
+        &self,
+        request: Request<v1::WaitRequest>,
+    ) -> Result<Response<v1::Activity>, Status> {
         let request = request.into_inner();
         let key = validate::key(request.key.as_ref())?;
-        let timeout = validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
+        let timeout =
+            validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let waiter = self.core.pending.watch(key.clone());
         loop {
@@ -139,7 +161,10 @@ impl ActivityService for ActivityApi {
         }
     }
 
-    async fn cancel(&self, request: Request<v1::CancelRequest>) -> Result<Response<v1::Activity>, Status> {
+    async fn cancel(
+        &self,
+        request: Request<v1::CancelRequest>,
+    ) -> Result<Response<v1::Activity>, Status> {
         let request = request.into_inner();
         let key = validate::key(request.key.as_ref())?;
         let reason = validate::truncate(request.reason, validate::MAX_MESSAGE_BYTES);
@@ -165,7 +190,10 @@ impl ActivityService for ActivityApi {
         }
     }
 
-    async fn retry(&self, request: Request<v1::RetryRequest>) -> Result<Response<v1::Activity>, Status> {
+    async fn retry(
+        &self,
+        request: Request<v1::RetryRequest>,
+    ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
         let mut outcomes = self
             .core
@@ -186,14 +214,21 @@ impl ActivityService for ActivityApi {
         }
     }
 
-    async fn list(&self, request: Request<v1::ListRequest>) -> Result<Response<v1::ListResponse>, Status> {
+    async fn list(
+        &self,
+        request: Request<v1::ListRequest>,
+    ) -> Result<Response<v1::ListResponse>, Status> {
         let request = request.into_inner();
         let namespace = validate::namespace(&request.namespace)?;
         let status = match ActivityStatus::try_from(request.status) {
             Ok(ActivityStatus::Unspecified) => None,
             Ok(status) => Some(status),
             Err(_) => {
-                return Err(Error::InvalidArgument(format!("status {} is not a known ActivityStatus", request.status)).into());
+                return Err(Error::InvalidArgument(format!(
+                    "status {} is not a known ActivityStatus",
+                    request.status
+                ))
+                .into());
             }
         };
         let activity_type = if request.activity_type.is_empty() {
@@ -246,16 +281,25 @@ impl ActivityService for ActivityApi {
         }))
     }
 
-    async fn stats(&self, request: Request<v1::StatsRequest>) -> Result<Response<v1::StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
         let namespace = validate::namespace(&request.get_ref().namespace)?;
-        let counts = self.core.store.stats(&namespace).await.map_err(Error::from)?;
+        let counts = self
+            .core
+            .store
+            .stats(&namespace)
+            .await
+            .map_err(Error::from)?;
         Ok(Response::new(v1::StatsResponse {
             scheduled: counts.scheduled,
             running: counts.running,
             completed: counts.completed,
             failed: counts.failed,
             cancelled: counts.cancelled,
-            connected_workers: u32::try_from(self.core.registry.connected(&namespace)).unwrap_or(u32::MAX),
+            connected_workers: u32::try_from(self.core.registry.connected(&namespace))
+                .unwrap_or(u32::MAX),
         }))
     }
 }

@@ -19,7 +19,10 @@ impl AdminApi {
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
-    async fn drain(&self, _request: Request<v1::DrainRequest>) -> Result<Response<v1::DrainResponse>, Status> {
+    async fn drain(
+        &self,
+        _request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
         Err(Status::unimplemented(
             "AdminService.Drain is not available in this version; stop the server with SIGTERM",
         ))

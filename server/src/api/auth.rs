@@ -57,9 +57,10 @@ mod tests {
     fn call(auth: &mut Auth, header: Option<&str>) -> Result<(), tonic::Code> {
         let mut request = Request::new(());
         if let Some(h) = header {
-            request
-                .metadata_mut()
-                .insert("authorization", h.parse().map_err(|_| tonic::Code::Internal)?);
+            request.metadata_mut().insert(
+                "authorization",
+                h.parse().map_err(|_| tonic::Code::Internal)?,
+            );
         }
         auth.call(request).map(|_| ()).map_err(|s| s.code())
     }
@@ -68,7 +69,10 @@ mod tests {
     fn checks_the_bearer_token() {
         let mut auth = Auth::new(Some("s3cret".into()));
         assert_eq!(call(&mut auth, Some("Bearer s3cret")), Ok(()));
-        assert_eq!(call(&mut auth, Some("Bearer nope")), Err(tonic::Code::Unauthenticated));
+        assert_eq!(
+            call(&mut auth, Some("Bearer nope")),
+            Err(tonic::Code::Unauthenticated)
+        );
         assert_eq!(call(&mut auth, None), Err(tonic::Code::Unauthenticated));
         let mut open = Auth::new(None);
         assert_eq!(call(&mut open, None), Ok(()));

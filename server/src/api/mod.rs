@@ -36,7 +36,9 @@ pub enum Error {
     #[error("{0}")]
     InvalidArgument(String),
     /// A payload is over `--max-payload-bytes`; send less, or raise the limit.
-    #[error("{field} is {size} bytes, over the server's limit of {limit} bytes (--max-payload-bytes)")]
+    #[error(
+        "{field} is {size} bytes, over the server's limit of {limit} bytes (--max-payload-bytes)"
+    )]
     PayloadTooLarge {
         field: String,
         size: usize,
@@ -63,7 +65,10 @@ pub enum Error {
     },
     /// The worker speaks a protocol version this server does not.
     #[error("protocol version {requested} is not supported; this server speaks {supported:?}")]
-    UnsupportedProtocol { requested: u32, supported: &'static [u32] },
+    UnsupportedProtocol {
+        requested: u32,
+        supported: &'static [u32],
+    },
     /// Not taking this now (shutting down, draining); retry against a live node.
     #[error("{0}")]
     Unavailable(String),

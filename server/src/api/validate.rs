@@ -58,7 +58,9 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
         )));
     }
     if value.chars().any(char::is_control) {
-        return Err(invalid(format!("{field} {value:?} contains a control character")));
+        return Err(invalid(format!(
+            "{field} {value:?} contains a control character"
+        )));
     }
     Ok(())
 }
@@ -99,7 +101,8 @@ pub fn check_payload(field: &str, value: &Payload, limit: usize) -> Result<(), E
             limit,
         });
     }
-    if value.content_type.len() > MAX_NAME_BYTES || value.content_type.chars().any(char::is_control) {
+    if value.content_type.len() > MAX_NAME_BYTES || value.content_type.chars().any(char::is_control)
+    {
         return Err(invalid(format!(
             "{field}.content_type must be at most {MAX_NAME_BYTES} bytes without control characters"
         )));
@@ -108,24 +111,26 @@ pub fn check_payload(field: &str, value: &Payload, limit: usize) -> Result<(), E
 }
 
 /// A non-negative duration; unset stays unset.
-pub fn duration(field: &str, value: Option<&prost_types::Duration>) -> Result<Option<Duration>, Error> {
-    duration::from_proto(value).map_err(|_| {
-        invalid(format!("{field} must not be negative"))
-    })
+pub fn duration(
+    field: &str,
+    value: Option<&prost_types::Duration>,
+) -> Result<Option<Duration>, Error> {
+    duration::from_proto(value).map_err(|_| invalid(format!("{field} must not be negative")))
 }
 
 /// A duration in milliseconds where zero or unset means "none".
 fn optional_ms(field: &str, value: Option<&prost_types::Duration>) -> Result<Option<i64>, Error> {
-    Ok(duration(field, value)?
-        .filter(|d| !d.is_zero())
-        .map(millis))
+    Ok(duration(field, value)?.filter(|d| !d.is_zero()).map(millis))
 }
 
 pub fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub fn retry_policy(policy: Option<&v1::RetryPolicy>, defaults: &RetryDefaults) -> Result<RetrySpec, Error> {
+pub fn retry_policy(
+    policy: Option<&v1::RetryPolicy>,
+    defaults: &RetryDefaults,
+) -> Result<RetrySpec, Error> {
     let policy = policy.cloned().unwrap_or_default();
     if policy.max_attempts > MAX_ATTEMPTS {
         return Err(invalid(format!(
@@ -139,9 +144,12 @@ pub fn retry_policy(policy: Option<&v1::RetryPolicy>, defaults: &RetryDefaults) 
             "retry_policy.backoff_coefficient is {coefficient}; it must be at least 1 (or 0 for the default)"
         )));
     }
-    let initial = duration("retry_policy.initial_interval", policy.initial_interval.as_ref())?
-        .filter(|d| !d.is_zero())
-        .unwrap_or(defaults.initial_interval);
+    let initial = duration(
+        "retry_policy.initial_interval",
+        policy.initial_interval.as_ref(),
+    )?
+    .filter(|d| !d.is_zero())
+    .unwrap_or(defaults.initial_interval);
     let max = duration("retry_policy.max_interval", policy.max_interval.as_ref())?
         .filter(|d| !d.is_zero());
     if let Some(max) = max
@@ -173,7 +181,11 @@ pub fn retry_policy(policy: Option<&v1::RetryPolicy>, defaults: &RetryDefaults) 
     })
 }
 
-pub fn submit(request: v1::SubmitRequest, config: &Config, now: UnixMillis) -> Result<NewActivity, Error> {
+pub fn submit(
+    request: v1::SubmitRequest,
+    config: &Config,
+    now: UnixMillis,
+) -> Result<NewActivity, Error> {
     let namespace = namespace(&request.namespace)?;
     name("activity_type", &request.activity_type)?;
     let workflow_id = id_or_new("workflow_id", &request.workflow_id)?;
@@ -183,7 +195,10 @@ pub fn submit(request: v1::SubmitRequest, config: &Config, now: UnixMillis) -> R
     let retry = retry_policy(request.retry_policy.as_ref(), &config.retry_defaults)?;
     let timeouts = Timeouts {
         heartbeat_ms: optional_ms("heartbeat_timeout", request.heartbeat_timeout.as_ref())?,
-        start_to_close_ms: optional_ms("start_to_close_timeout", request.start_to_close_timeout.as_ref())?,
+        start_to_close_ms: optional_ms(
+            "start_to_close_timeout",
+            request.start_to_close_timeout.as_ref(),
+        )?,
         schedule_to_close_ms: optional_ms(
             "schedule_to_close_timeout",
             request.schedule_to_close_timeout.as_ref(),
@@ -205,7 +220,11 @@ pub fn submit(request: v1::SubmitRequest, config: &Config, now: UnixMillis) -> R
 }
 
 pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
-    let version = if hello.protocol_version == 0 { 1 } else { hello.protocol_version };
+    let version = if hello.protocol_version == 0 {
+        1
+    } else {
+        hello.protocol_version
+    };
     if !PROTOCOL_VERSIONS.contains(&version) {
         return Err(Error::UnsupportedProtocol {
             requested: version,
@@ -215,7 +234,8 @@ pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
     let namespace = namespace(&hello.namespace)?;
     if hello.activity_types.is_empty() {
         return Err(invalid(
-            "hello.activity_types is empty: a worker must register at least one activity type".to_owned(),
+            "hello.activity_types is empty: a worker must register at least one activity type"
+                .to_owned(),
         ));
     }
     for (i, t) in hello.activity_types.iter().enumerate() {
@@ -226,7 +246,11 @@ pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
             "hello.identity must be at most {MAX_NAME_BYTES} bytes without control characters"
         )));
     }
-    let mut types: Vec<std::sync::Arc<str>> = hello.activity_types.iter().map(|t| t.as_str().into()).collect();
+    let mut types: Vec<std::sync::Arc<str>> = hello
+        .activity_types
+        .iter()
+        .map(|t| t.as_str().into())
+        .collect();
     types.sort();
     types.dedup();
     Ok(Registration {
@@ -287,7 +311,10 @@ mod tests {
         };
         assert!(retry_policy(Some(&bad_coefficient), &d).is_err());
         let negative = v1::RetryPolicy {
-            initial_interval: Some(prost_types::Duration { seconds: -1, nanos: 0 }),
+            initial_interval: Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
             ..Default::default()
         };
         assert!(retry_policy(Some(&negative), &d).is_err());

@@ -18,10 +18,12 @@
 use std::{pin::Pin, sync::Arc, time::Duration};
 
 use spool_proto::{
-    duration, time::now_millis, v1::{
-        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message, worker_message,
-        worker_service_server::WorkerService,
-    }
+    duration,
+    time::now_millis,
+    v1::{
+        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message,
+        worker_message, worker_service_server::WorkerService,
+    },
 };
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
@@ -62,21 +64,30 @@ type SessionStream = Pin<Box<dyn Stream<Item = Result<ServerMessage, Status>> + 
 impl WorkerService for WorkerApi {
     type SessionStream = SessionStream;
 
-    async fn session(&self, request: Request<Streaming<WorkerMessage>>) -> Result<Response<SessionStream>, Status> {
+    async fn session(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
         if self.shutdown.is_cancelled() {
-            return Err(Error::Unavailable("the server is shutting down: reconnect to another node".to_owned()).into());
+            return Err(Error::Unavailable(
+                "the server is shutting down: reconnect to another node".to_owned(),
+            )
+            .into());
         }
         let mut inbound = request.into_inner();
         let hello = handshake(&mut inbound).await?;
         let registration = validate::hello(hello)?;
         let heartbeat_interval = self.core.config.heartbeat_interval;
-        let (worker_id, tx, rx) = self.core.registry.register(registration, now_millis(), |id| {
-            server_message::Message::Welcome(v1::Welcome {
-                worker_id: id.to_owned(),
-                heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
-                protocol_version: 1,
-            })
-        });
+        let (worker_id, tx, rx) = self
+            .core
+            .registry
+            .register(registration, now_millis(), |id| {
+                server_message::Message::Welcome(v1::Welcome {
+                    worker_id: id.to_owned(),
+                    heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
+                    protocol_version: 1,
+                })
+            });
         tracing::info!(%worker_id, "worker connected");
         let session = Session {
             core: self.core.clone(),
@@ -84,7 +95,8 @@ impl WorkerService for WorkerApi {
             tx,
             window: Arc::new(Semaphore::new(ACK_WINDOW)),
         };
-        self.tracker.spawn(session.run(inbound, self.shutdown.clone()));
+        self.tracker
+            .spawn(session.run(inbound, self.shutdown.clone()));
         // Dropping each `Outgoing` as it is sent returns its ack permit.
         let outbound = ReceiverStream::new(rx).map(|out| out.message);
         Ok(Response::new(Box::pin(outbound)))
@@ -98,7 +110,12 @@ where
 {
     let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
         .await
-        .map_err(|_| Error::InvalidArgument(format!("no Hello within {}s of opening the stream", HELLO_TIMEOUT.as_secs())))?;
+        .map_err(|_| {
+            Error::InvalidArgument(format!(
+                "no Hello within {}s of opening the stream",
+                HELLO_TIMEOUT.as_secs()
+            ))
+        })?;
     match first {
         Some(Ok(WorkerMessage {
             message: Some(worker_message::Message::Hello(hello)),
@@ -106,8 +123,13 @@ where
         Some(Ok(_)) => Err(Error::InvalidArgument(
             "the first message of a Session must be a Hello".to_owned(),
         )),
-        Some(Err(status)) => Err(Error::InvalidArgument(format!("the stream failed before Hello: {}", status.message()))),
-        None => Err(Error::InvalidArgument("the stream ended before Hello".to_owned())),
+        Some(Err(status)) => Err(Error::InvalidArgument(format!(
+            "the stream failed before Hello: {}",
+            status.message()
+        ))),
+        None => Err(Error::InvalidArgument(
+            "the stream ended before Hello".to_owned(),
+        )),
     }
 }
 
@@ -145,9 +167,13 @@ impl Session {
             match message {
                 Ok(Some(WorkerMessage { message: Some(m) })) => match m {
                     worker_message::Message::Result(result) => self.on_result(result, permit).await,
-                    worker_message::Message::Heartbeat(_) => self.core.registry.touch(&self.worker_id, now_millis()),
+                    worker_message::Message::Heartbeat(_) => {
+                        self.core.registry.touch(&self.worker_id, now_millis())
+                    }
                     worker_message::Message::Hello(_) => {
-                        let status = Status::invalid_argument("Hello may only be the first message of a Session");
+                        let status = Status::invalid_argument(
+                            "Hello may only be the first message of a Session",
+                        );
                         let _ = self.tx.try_send(Outgoing {
                             message: Err(status),
                             permit: None,
@@ -164,7 +190,11 @@ impl Session {
         self.finish(end).await;
     }
 
-    async fn on_result(&self, result: v1::ActivityResult, permit: tokio::sync::OwnedSemaphorePermit) {
+    async fn on_result(
+        &self,
+        result: v1::ActivityResult,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
         self.core.registry.touch(&self.worker_id, now_millis());
         let ack = v1::ResultAck {
             workflow_id: result.workflow_id.clone(),
@@ -172,11 +202,12 @@ impl Session {
             attempt: result.attempt,
             accepted: false,
         };
-        let attempt = match self
-            .core
-            .registry
-            .answer(&self.worker_id, &result.workflow_id, &result.activity_id, result.attempt)
-        {
+        let attempt = match self.core.registry.answer(
+            &self.worker_id,
+            &result.workflow_id,
+            &result.activity_id,
+            result.attempt,
+        ) {
             Answer::Held(attempt) => attempt,
             Answer::Ended | Answer::Unknown => {
                 send_ack(&self.tx, ack, false, permit);
@@ -186,13 +217,22 @@ impl Session {
         let transition = decide(&attempt, result.outcome, self.core.config.max_payload_bytes);
         let tx = self.tx.clone();
         let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
-            let accepted = matches!(outcome.as_deref(), Ok([Outcome::Finished { accepted: true }]));
+            let accepted = matches!(
+                outcome.as_deref(),
+                Ok([Outcome::Finished { accepted: true }])
+            );
             send_ack(&tx, ack, accepted, permit);
         });
         if self
             .core
             .committer
-            .commit_with(vec![Op::Finish { attempt, transition }], reply)
+            .commit_with(
+                vec![Op::Finish {
+                    attempt,
+                    transition,
+                }],
+                reply,
+            )
             .await
             .is_err()
         {
@@ -221,12 +261,19 @@ impl Session {
                         rand::random(),
                     ),
                 };
-                Op::Finish { attempt, transition }
+                Op::Finish {
+                    attempt,
+                    transition,
+                }
             })
             .collect();
         match &end {
-            End::Lost(why) => tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}"),
-            End::Shutdown => tracing::info!(worker_id = %self.worker_id, released = ops.len(), "session closed by shutdown"),
+            End::Lost(why) => {
+                tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}")
+            }
+            End::Shutdown => {
+                tracing::info!(worker_id = %self.worker_id, released = ops.len(), "session closed by shutdown")
+            }
         }
         if !ops.is_empty() && self.core.committer.send(ops).await.is_err() {
             tracing::warn!(worker_id = %self.worker_id, "attempts not ended: shutting down; reclaimed at the next start");
@@ -234,7 +281,12 @@ impl Session {
     }
 }
 
-fn send_ack(tx: &mpsc::Sender<Outgoing>, mut ack: v1::ResultAck, accepted: bool, permit: tokio::sync::OwnedSemaphorePermit) {
+fn send_ack(
+    tx: &mpsc::Sender<Outgoing>,
+    mut ack: v1::ResultAck,
+    accepted: bool,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
     ack.accepted = accepted;
     // Room is guaranteed by the ack window; closed means the worker is gone.
     let _ = tx.try_send(Outgoing {
@@ -246,22 +298,35 @@ fn send_ack(tx: &mpsc::Sender<Outgoing>, mut ack: v1::ResultAck, accepted: bool,
 }
 
 /// The transition a worker's result asks for, after checking what it carries.
-fn decide(attempt: &Attempt, outcome: Option<activity_result::Outcome>, max_payload: usize) -> Transition {
+fn decide(
+    attempt: &Attempt,
+    outcome: Option<activity_result::Outcome>,
+    max_payload: usize,
+) -> Transition {
     let now = now_millis();
     match outcome {
-        Some(activity_result::Outcome::Output(output)) => match validate::check_payload("output", &output, max_payload) {
-            Ok(()) => Transition::Complete { output },
-            // Retrying would most likely produce the same output again.
-            Err(e) => Transition::Fail {
-                error: lifecycle::server_error(ErrorKind::Terminal, "PayloadTooLarge", e.to_string()),
-            },
-        },
+        Some(activity_result::Outcome::Output(output)) => {
+            match validate::check_payload("output", &output, max_payload) {
+                Ok(()) => Transition::Complete { output },
+                // Retrying would most likely produce the same output again.
+                Err(e) => Transition::Fail {
+                    error: lifecycle::server_error(
+                        ErrorKind::Terminal,
+                        "PayloadTooLarge",
+                        e.to_string(),
+                    ),
+                },
+            }
+        }
         Some(activity_result::Outcome::Error(error)) => {
             let error = worker_error(error, max_payload);
             lifecycle::on_failure(attempt, error, now, rand::random())
         }
         Some(activity_result::Outcome::Snooze(snooze)) => {
-            let delay = duration::from_proto(Some(&snooze)).ok().flatten().unwrap_or_default();
+            let delay = duration::from_proto(Some(&snooze))
+                .ok()
+                .flatten()
+                .unwrap_or_default();
             Transition::Snooze {
                 next_at: now.saturating_add(validate::millis(delay)),
             }
@@ -288,11 +353,16 @@ fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
         error.kind = ErrorKind::Retryable as i32;
     }
     error.r#type = validate::truncate(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
-    error.message = validate::truncate(std::mem::take(&mut error.message), validate::MAX_MESSAGE_BYTES);
+    error.message = validate::truncate(
+        std::mem::take(&mut error.message),
+        validate::MAX_MESSAGE_BYTES,
+    );
     if let Some(details) = &error.details
         && validate::check_payload("error.details", details, max_payload).is_err()
     {
-        error.message.push_str(" [error details dropped: over the payload limit]");
+        error
+            .message
+            .push_str(" [error details dropped: over the payload limit]");
         error.details = None;
     }
     if error

@@ -51,7 +51,10 @@ pub enum CommitError {
 pub type Reply = Box<dyn FnOnce(Result<Vec<Outcome>, CommitError>) + Send>;
 
 enum Message {
-    Request { ops: Vec<Op>, reply: Option<Reply> },
+    Request {
+        ops: Vec<Op>,
+        reply: Option<Reply>,
+    },
     /// Finish what is queued, then stop.
     Stop(oneshot::Sender<()>),
 }
@@ -190,7 +193,8 @@ impl Loop {
             for op in &ops {
                 if let Op::Submit(batch) = op {
                     for new in batch.iter().filter(|new| new.next_at <= now) {
-                        self.registry.mark_due(&new.key.namespace, &new.activity_type);
+                        self.registry
+                            .mark_due(&new.key.namespace, &new.activity_type);
                     }
                 }
             }
@@ -237,7 +241,9 @@ impl Loop {
     async fn fire_timer(&mut self, now: UnixMillis) {
         for due in self.timer.take_due(now) {
             match due {
-                Some((namespace, activity_type)) => self.registry.mark_due(&namespace, &activity_type),
+                Some((namespace, activity_type)) => {
+                    self.registry.mark_due(&namespace, &activity_type)
+                }
                 None => self.registry.mark_all_due(),
             }
         }
@@ -256,7 +262,13 @@ impl Loop {
 
     /// Writes `ops` (the requests' ops, then the loop's own from `first_claim` on:
     /// carried releases precede requests, claims come last), applies effects, answers.
-    async fn write(&mut self, ops: Vec<Op>, requests: Vec<Request>, first_claim: usize, now: UnixMillis) {
+    async fn write(
+        &mut self,
+        ops: Vec<Op>,
+        requests: Vec<Request>,
+        first_claim: usize,
+        now: UnixMillis,
+    ) {
         match self.store.apply(&ops, now).await {
             Ok(mut outcomes) => {
                 self.apply_effects(&ops, &mut outcomes, now);
@@ -275,7 +287,9 @@ impl Loop {
                     let mine = &ops[..owned_end];
                     match self.store.apply(mine, now).await {
                         Ok(mut outcomes) => self.apply_effects(mine, &mut outcomes, now),
-                        Err(e) => tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
+                        }
                     }
                 }
                 for request in requests {
@@ -305,26 +319,47 @@ impl Loop {
             match (op, outcome) {
                 (Op::Submit(_), Outcome::Submitted(submitted)) => {
                     for s in submitted.iter().filter(|s| s.created) {
-                        self.due(&s.row.key.namespace, &s.row.activity_type, s.row.next_at, now);
+                        self.due(
+                            &s.row.key.namespace,
+                            &s.row.activity_type,
+                            s.row.next_at,
+                            now,
+                        );
                     }
                 }
                 (Op::Claim(claim), Outcome::Claimed(rows)) => {
                     let released = self.registry.assign(claim, std::mem::take(rows));
                     self.carry.extend(released);
                 }
-                (Op::Finish { attempt, transition }, Outcome::Finished { accepted: true }) => match transition {
-                    Transition::Complete { .. } | Transition::Fail { .. } => self.pending.notify(&attempt.key),
-                    Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
-                        self.due(&attempt.key.namespace, &attempt.activity_type, *next_at, now);
+                (
+                    Op::Finish {
+                        attempt,
+                        transition,
+                    },
+                    Outcome::Finished { accepted: true },
+                ) => match transition {
+                    Transition::Complete { .. } | Transition::Fail { .. } => {
+                        self.pending.notify(&attempt.key)
                     }
-                    Transition::Release => self.due(&attempt.key.namespace, &attempt.activity_type, now, now),
+                    Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
+                        self.due(
+                            &attempt.key.namespace,
+                            &attempt.activity_type,
+                            *next_at,
+                            now,
+                        );
+                    }
+                    Transition::Release => {
+                        self.due(&attempt.key.namespace, &attempt.activity_type, now, now)
+                    }
                 },
                 (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
                     self.pending.notify(&row.key);
                     if *prior == ActivityStatus::Running
                         && let Some(worker_id) = &row.worker_id
                     {
-                        self.registry.cancel_running(worker_id, &row.key, row.attempt, reason);
+                        self.registry
+                            .cancel_running(worker_id, &row.key, row.attempt, reason);
                     }
                 }
                 (Op::Redrive { .. }, Outcome::Redriven { row }) => {
@@ -339,7 +374,8 @@ impl Loop {
         if at <= now {
             self.registry.mark_due(namespace, activity_type);
         } else {
-            self.timer.insert(at, Some((namespace.into(), activity_type.into())));
+            self.timer
+                .insert(at, Some((namespace.into(), activity_type.into())));
         }
     }
 }

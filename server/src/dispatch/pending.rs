@@ -25,7 +25,9 @@ impl Pending {
     pub fn watch(self: &Arc<Self>, key: Key) -> Waiter {
         let notify = {
             let mut map = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = map.entry(key.clone()).or_insert_with(|| (0, Arc::new(Notify::new())));
+            let entry = map
+                .entry(key.clone())
+                .or_insert_with(|| (0, Arc::new(Notify::new())));
             entry.0 += 1;
             entry.1.clone()
         };
@@ -69,7 +71,11 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let mut map = self.pending.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self
+            .pending
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = map.get_mut(&self.key) {
             entry.0 -= 1;
             if entry.0 == 0 {

@@ -164,7 +164,12 @@ impl Registry {
         let _ = tx.try_send(Outgoing::message(welcome(&id)));
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let mut inner = self.lock();
-        inner.groups.entry(group.clone()).or_default().workers.push(id.clone());
+        inner
+            .groups
+            .entry(group.clone())
+            .or_default()
+            .workers
+            .push(id.clone());
         // A new worker may be able to take rows that were waiting for one.
         if let Some(g) = inner.groups.get_mut(&group) {
             g.exhausted = false;
@@ -255,7 +260,11 @@ impl Registry {
         inner.rotation = inner.rotation.wrapping_add(1);
         let mut claims = Vec::new();
         for ((namespace, types), group) in inner.groups.iter_mut() {
-            if all_due || types.iter().any(|t| due.contains(&(namespace.clone(), t.clone()))) {
+            if all_due
+                || types
+                    .iter()
+                    .any(|t| due.contains(&(namespace.clone(), t.clone())))
+            {
                 group.exhausted = false;
             }
             if group.exhausted {
@@ -267,7 +276,7 @@ impl Registry {
                 .filter_map(|id| inner.workers.get(id).map(|w| (w.free(), id.clone())))
                 .filter(|(free, _)| *free > 0)
                 .collect();
-            free.sort_by(|a, b| b.0.cmp(&a.0));
+            free.sort_by_key(|f| std::cmp::Reverse(f.0));
             let mut rotated = types.clone();
             if !rotated.is_empty() {
                 let by = inner.rotation % rotated.len();
@@ -315,7 +324,10 @@ impl Registry {
         for row in rows {
             let attempt = Arc::new(Attempt::from_row(&row));
             let task = task_for(row, &attempt);
-            if let Err(e) = worker.outbound.try_send(Outgoing::message(server_message::Message::Task(task))) {
+            if let Err(e) = worker
+                .outbound
+                .try_send(Outgoing::message(server_message::Message::Task(task)))
+            {
                 // Closed: the session is ending and its clean-up, which has not run
                 // yet (the worker is still registered), will end this attempt too.
                 if matches!(e, mpsc::error::TrySendError::Full(_)) {
@@ -323,7 +335,10 @@ impl Registry {
                 }
             }
             worker.inflight.insert(
-                (attempt.key.workflow_id.clone(), attempt.key.activity_id.clone()),
+                (
+                    attempt.key.workflow_id.clone(),
+                    attempt.key.activity_id.clone(),
+                ),
                 Inflight {
                     attempt,
                     cancel_sent: false,
@@ -338,7 +353,13 @@ impl Registry {
     }
 
     /// Takes the attempt a worker's result answers, freeing its slot.
-    pub fn answer(&self, worker_id: &str, workflow_id: &str, activity_id: &str, attempt: u32) -> Answer {
+    pub fn answer(
+        &self,
+        worker_id: &str,
+        workflow_id: &str,
+        activity_id: &str,
+        attempt: u32,
+    ) -> Answer {
         let mut inner = self.lock();
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Answer::Unknown;
@@ -411,7 +432,11 @@ impl Registry {
     }
 
     pub fn connected(&self, namespace: &str) -> usize {
-        self.lock().workers.values().filter(|w| *w.group.0 == *namespace).count()
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| *w.group.0 == *namespace)
+            .count()
     }
 }
 
@@ -424,10 +449,9 @@ fn task_for(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
         input: Some(row.input),
         attempt: row.attempt,
         scheduled_at: Some(time::to_proto(row.next_at)),
-        heartbeat_timeout: row
-            .timeouts
-            .heartbeat_ms
-            .map(|ms| spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))),
+        heartbeat_timeout: row.timeouts.heartbeat_ms.map(|ms| {
+            spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
+        }),
         deadline: attempt.deadline().map(time::to_proto),
     }
 }

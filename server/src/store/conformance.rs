@@ -161,13 +161,19 @@ async fn submit_is_idempotent_per_key(store: &dyn Store) {
     let second = submit(store, again).await;
     assert!(!second[0].created);
     assert_eq!(second[0].row.id, first[0].row.id);
-    assert_eq!(second[0].row.input.data, b"\"a\"", "the stored row is unchanged");
+    assert_eq!(
+        second[0].row.input.data, b"\"a\"",
+        "the stored row is unchanged"
+    );
 }
 
 async fn submit_conflicts_on_another_type(store: &dyn Store) {
     submit(store, new("a", "t")).await;
     match one(store, Op::Submit(vec![new("a", "other")]), T0).await {
-        Outcome::Conflict { index, existing_type } => {
+        Outcome::Conflict {
+            index,
+            existing_type,
+        } => {
             assert_eq!(index, 0);
             assert_eq!(existing_type, "t");
         }
@@ -183,7 +189,10 @@ async fn submit_batch_is_all_or_nothing(store: &dyn Store) {
         Outcome::Conflict { index, .. } => assert_eq!(index, 1),
         other => panic!("expected Conflict, got {other:?}"),
     }
-    assert!(store.get(&key("b1")).await.ok().flatten().is_none(), "b1 must be rolled back");
+    assert!(
+        store.get(&key("b1")).await.ok().flatten().is_none(),
+        "b1 must be rolled back"
+    );
     // A batch naming one key twice inserts it once.
     match one(store, Op::Submit(vec![new("d", "t"), new("d", "t")]), T0).await {
         Outcome::Submitted(s) => {
@@ -256,7 +265,10 @@ async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store) {
     stale.attempt = 0;
     assert!(!finish(store, &stale, output("stale"), T0).await);
     assert!(finish(store, &row, output("done"), T0 + 5).await);
-    assert!(!finish(store, &row, output("twice"), T0 + 6).await, "a second result is refused");
+    assert!(
+        !finish(store, &row, output("twice"), T0 + 6).await,
+        "a second result is refused"
+    );
     let done = get(store, "a").await;
     assert_eq!(done.status, ActivityStatus::Completed);
     assert_eq!(done.output.map(|o| o.data), Some(b"done".to_vec()));
@@ -275,18 +287,39 @@ async fn retry_and_snooze_reschedule(store: &dyn Store) {
     let row = get(store, "a").await;
     assert_eq!(row.status, ActivityStatus::Scheduled);
     assert_eq!(row.next_at, T0 + 500);
-    assert_eq!(row.last_error.as_ref().map(|e| e.r#type.as_str()), Some("Boom"));
+    assert_eq!(
+        row.last_error.as_ref().map(|e| e.r#type.as_str()),
+        Some("Boom")
+    );
     assert!(claim(store, &["t"], 1, T0 + 499).await.is_empty());
     let row = claim(store, &["t"], 1, T0 + 500).await.remove(0);
     assert_eq!(row.attempt, 2);
-    assert!(finish(store, &row, Transition::Snooze { next_at: T0 + 900 }, T0 + 600).await);
+    assert!(
+        finish(
+            store,
+            &row,
+            Transition::Snooze { next_at: T0 + 900 },
+            T0 + 600
+        )
+        .await
+    );
     let row = get(store, "a").await;
-    assert_eq!((row.status, row.uncounted, row.next_at), (ActivityStatus::Scheduled, 1, T0 + 900));
-    assert_eq!(row.last_error.map(|e| e.message), Some("first".into()), "a snooze keeps the last error");
+    assert_eq!(
+        (row.status, row.uncounted, row.next_at),
+        (ActivityStatus::Scheduled, 1, T0 + 900)
+    );
+    assert_eq!(
+        row.last_error.map(|e| e.message),
+        Some("first".into()),
+        "a snooze keeps the last error"
+    );
     let row = claim(store, &["t"], 1, T0 + 900).await.remove(0);
     assert!(finish(store, &row, Transition::Release, T0 + 950).await);
     let row = get(store, "a").await;
-    assert_eq!((row.status, row.uncounted, row.attempt, row.next_at), (ActivityStatus::Scheduled, 2, 3, T0 + 950));
+    assert_eq!(
+        (row.status, row.uncounted, row.attempt, row.next_at),
+        (ActivityStatus::Scheduled, 2, 3, T0 + 950)
+    );
     let row = claim(store, &["t"], 1, T0 + 950).await.remove(0);
     let error = lifecycle::server_error(ErrorKind::Terminal, "Fatal", "no".into());
     assert!(finish(store, &row, Transition::Fail { error }, T0 + 1_000).await);
@@ -297,22 +330,55 @@ async fn retry_and_snooze_reschedule(store: &dyn Store) {
 
 async fn cancel_and_redrive(store: &dyn Store) {
     submit(store, new("s", "t")).await;
-    match one(store, Op::Cancel { key: key("s"), reason: "changed my mind".into() }, T0 + 1).await {
+    match one(
+        store,
+        Op::Cancel {
+            key: key("s"),
+            reason: "changed my mind".into(),
+        },
+        T0 + 1,
+    )
+    .await
+    {
         Outcome::Cancelled { prior, row } => {
             assert_eq!(prior, ActivityStatus::Scheduled);
             assert_eq!(row.status, ActivityStatus::Cancelled);
-            assert_eq!(row.last_error.map(|e| e.message), Some("changed my mind".into()));
+            assert_eq!(
+                row.last_error.map(|e| e.message),
+                Some("changed my mind".into())
+            );
         }
         other => panic!("expected Cancelled, got {other:?}"),
     }
-    assert!(claim(store, &["t"], 10, T0 + 2).await.is_empty(), "a cancelled row is never claimed");
-    match one(store, Op::Cancel { key: key("s"), reason: String::new() }, T0 + 3).await {
+    assert!(
+        claim(store, &["t"], 10, T0 + 2).await.is_empty(),
+        "a cancelled row is never claimed"
+    );
+    match one(
+        store,
+        Op::Cancel {
+            key: key("s"),
+            reason: String::new(),
+        },
+        T0 + 3,
+    )
+    .await
+    {
         Outcome::WrongStatus(ActivityStatus::Cancelled) => {}
         other => panic!("expected WrongStatus, got {other:?}"),
     }
     submit(store, new("r", "t")).await;
     let running = claim(store, &["t"], 1, T0).await.remove(0);
-    match one(store, Op::Cancel { key: key("r"), reason: String::new() }, T0 + 4).await {
+    match one(
+        store,
+        Op::Cancel {
+            key: key("r"),
+            reason: String::new(),
+        },
+        T0 + 4,
+    )
+    .await
+    {
         Outcome::Cancelled { prior, row } => {
             assert_eq!(prior, ActivityStatus::Running);
             assert_eq!(row.worker_id.as_deref(), Some("w1"));
@@ -320,7 +386,10 @@ async fn cancel_and_redrive(store: &dyn Store) {
         }
         other => panic!("expected Cancelled, got {other:?}"),
     }
-    assert!(!finish(store, &running, output("late"), T0 + 5).await, "a result after cancel is refused");
+    assert!(
+        !finish(store, &running, output("late"), T0 + 5).await,
+        "a result after cancel is refused"
+    );
     match one(store, Op::Redrive { key: key("r") }, T0 + 6).await {
         Outcome::Redriven { row } => {
             assert_eq!(row.status, ActivityStatus::Scheduled);
@@ -335,7 +404,15 @@ async fn cancel_and_redrive(store: &dyn Store) {
         Outcome::WrongStatus(ActivityStatus::Running) => {}
         other => panic!("expected WrongStatus, got {other:?}"),
     }
-    match one(store, Op::Redrive { key: key("missing") }, T0).await {
+    match one(
+        store,
+        Op::Redrive {
+            key: key("missing"),
+        },
+        T0,
+    )
+    .await
+    {
         Outcome::NotFound => {}
         other => panic!("expected NotFound, got {other:?}"),
     }
@@ -343,7 +420,11 @@ async fn cancel_and_redrive(store: &dyn Store) {
 
 async fn list_pages_and_filters(store: &dyn Store) {
     for i in 0..7 {
-        submit(store, new(&format!("a{i}"), if i % 2 == 0 { "even" } else { "odd" })).await;
+        submit(
+            store,
+            new(&format!("a{i}"), if i % 2 == 0 { "even" } else { "odd" }),
+        )
+        .await;
     }
     claim(store, &["odd"], 1, T0).await;
     let page = |after_id, status, ty: Option<&str>| ListQuery {
@@ -356,10 +437,16 @@ async fn list_pages_and_filters(store: &dyn Store) {
     let first = store.list(&page(0, None, None)).await.unwrap_or_default();
     assert_eq!(first.len(), 3);
     let last_id = first.last().map_or(0, |r| r.id);
-    let second = store.list(&page(last_id, None, None)).await.unwrap_or_default();
+    let second = store
+        .list(&page(last_id, None, None))
+        .await
+        .unwrap_or_default();
     assert_eq!(second.len(), 3);
     assert!(second.iter().all(|r| r.id > last_id));
-    let evens = store.list(&page(0, None, Some("even"))).await.unwrap_or_default();
+    let evens = store
+        .list(&page(0, None, Some("even")))
+        .await
+        .unwrap_or_default();
     assert!(evens.iter().all(|r| r.activity_type == "even"));
     let running = store
         .list(&page(0, Some(ActivityStatus::Running), None))
@@ -379,7 +466,15 @@ async fn stats_count_by_status(store: &dyn Store) {
     }
     let rows = claim(store, &["t"], 2, T0).await;
     finish(store, &rows[0], output("ok"), T0).await;
-    one(store, Op::Cancel { key: key("a4"), reason: String::new() }, T0).await;
+    one(
+        store,
+        Op::Cancel {
+            key: key("a4"),
+            reason: String::new(),
+        },
+        T0,
+    )
+    .await;
     let counts = store.stats("default").await.unwrap_or_default();
     assert_eq!(
         counts,
@@ -391,16 +486,44 @@ async fn stats_count_by_status(store: &dyn Store) {
             cancelled: 1,
         }
     );
-    assert_eq!(store.stats("other").await.unwrap_or_default(), StatusCounts::default());
+    assert_eq!(
+        store.stats("other").await.unwrap_or_default(),
+        StatusCounts::default()
+    );
 }
 
 async fn prune_deletes_only_old_finished_rows(store: &dyn Store) {
     for id in ["old", "new", "open"] {
         submit(store, new(id, "t")).await;
     }
-    one(store, Op::Cancel { key: key("old"), reason: String::new() }, T0).await;
-    one(store, Op::Cancel { key: key("new"), reason: String::new() }, T0 + 100).await;
-    match one(store, Op::Prune { before: T0 + 50, limit: 10 }, T0 + 200).await {
+    one(
+        store,
+        Op::Cancel {
+            key: key("old"),
+            reason: String::new(),
+        },
+        T0,
+    )
+    .await;
+    one(
+        store,
+        Op::Cancel {
+            key: key("new"),
+            reason: String::new(),
+        },
+        T0 + 100,
+    )
+    .await;
+    match one(
+        store,
+        Op::Prune {
+            before: T0 + 50,
+            limit: 10,
+        },
+        T0 + 200,
+    )
+    .await
+    {
         Outcome::Pruned(n) => assert_eq!(n, 1),
         other => panic!("expected Pruned, got {other:?}"),
     }

@@ -17,8 +17,8 @@ pub mod sqlite;
 
 use std::sync::Arc;
 
-pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
 use spool_proto::time::UnixMillis;
+pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
 
 use crate::lifecycle::Attempt;
 
@@ -185,15 +185,22 @@ pub enum Op {
 pub enum Outcome {
     Submitted(Vec<Submitted>),
     /// Activity `index` of the submit names a key that exists with another type.
-    Conflict { index: usize, existing_type: String },
+    Conflict {
+        index: usize,
+        existing_type: String,
+    },
     Claimed(Vec<ActivityRow>),
-    Finished { accepted: bool },
+    Finished {
+        accepted: bool,
+    },
     Cancelled {
         /// RUNNING or SCHEDULED: whether a worker must be told to stop.
         prior: ActivityStatus,
         row: ActivityRow,
     },
-    Redriven { row: ActivityRow },
+    Redriven {
+        row: ActivityRow,
+    },
     NotFound,
     WrongStatus(ActivityStatus),
     Pruned(u64),

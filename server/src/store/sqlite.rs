@@ -16,7 +16,10 @@ use std::{fs::File, str::FromStr, time::Duration};
 use sqlx::{
     Connection, Row, SqliteConnection,
     migrate::{Migration, MigrationType, Migrator},
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous},
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+        SqliteSynchronous,
+    },
 };
 use tokio::sync::Mutex;
 
@@ -79,7 +82,7 @@ impl SqliteStore {
         if lock.try_lock().is_err() {
             return Err(Error::Locked(path.display().to_string()));
         }
-        migrator().run(&mut writer).await?;
+        migrator().run_direct(None, &mut writer, false).await?;
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
@@ -165,10 +168,11 @@ impl Store for SqliteStore {
     }
 
     async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error> {
-        let row = sqlx::query("SELECT MIN(next_at) FROM activities WHERE status = 1 AND next_at > ?1")
-            .bind(after)
-            .fetch_one(&self.readers)
-            .await?;
+        let row =
+            sqlx::query("SELECT MIN(next_at) FROM activities WHERE status = 1 AND next_at > ?1")
+                .bind(after)
+                .fetch_one(&self.readers)
+                .await?;
         Ok(row.try_get::<Option<i64>, _>(0)?)
     }
 }
@@ -218,7 +222,9 @@ async fn submit_all(
             Ok(s) => submitted.push(s),
             Err(existing_type) => {
                 if atomic {
-                    sqlx::query("ROLLBACK TO submit").execute(&mut *conn).await?;
+                    sqlx::query("ROLLBACK TO submit")
+                        .execute(&mut *conn)
+                        .await?;
                     sqlx::query("RELEASE submit").execute(&mut *conn).await?;
                 }
                 return Ok(Outcome::Conflict {
@@ -293,7 +299,10 @@ async fn submit(
         return Ok(Ok(Submitted { row, created: true }));
     }
     let existing = select_by_key(conn, &new.key).await?.ok_or_else(|| {
-        Error::Corrupt(format!("{:?} conflicted on insert but cannot be read", new.key))
+        Error::Corrupt(format!(
+            "{:?} conflicted on insert but cannot be read",
+            new.key
+        ))
     })?;
     if existing.activity_type == new.activity_type {
         Ok(Ok(Submitted {
@@ -431,7 +440,10 @@ async fn cancel(
     let Some(mut row) = select_by_key(conn, key).await? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(row.status, ActivityStatus::Scheduled | ActivityStatus::Running) {
+    if !matches!(
+        row.status,
+        ActivityStatus::Scheduled | ActivityStatus::Running
+    ) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     let error = cancelled_error(reason);
@@ -471,11 +483,18 @@ pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
     }
 }
 
-async fn redrive(conn: &mut SqliteConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+async fn redrive(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
     let Some(mut row) = select_by_key(conn, key).await? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(row.status, ActivityStatus::Failed | ActivityStatus::Cancelled) {
+    if !matches!(
+        row.status,
+        ActivityStatus::Failed | ActivityStatus::Cancelled
+    ) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
@@ -496,7 +515,10 @@ async fn redrive(conn: &mut SqliteConnection, key: &Key, now: UnixMillis) -> Res
     Ok(Outcome::Redriven { row })
 }
 
-async fn select_by_key(conn: &mut SqliteConnection, key: &Key) -> Result<Option<ActivityRow>, Error> {
+async fn select_by_key(
+    conn: &mut SqliteConnection,
+    key: &Key,
+) -> Result<Option<ActivityRow>, Error> {
     let row = sqlx::query(concat!(
         "SELECT ",
         columns!(),
@@ -569,11 +591,16 @@ fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
     let last_error = match error_kind {
         Some(kind) => Some(ActivityError {
             kind: i32::try_from(kind).unwrap_or_default(),
-            r#type: row.try_get::<Option<String>, _>("error_type")?.unwrap_or_default(),
+            r#type: row
+                .try_get::<Option<String>, _>("error_type")?
+                .unwrap_or_default(),
             message: row
                 .try_get::<Option<String>, _>("error_message")?
                 .unwrap_or_default(),
-            details: payload(row.try_get("error_details_type")?, row.try_get("error_details")?),
+            details: payload(
+                row.try_get("error_details_type")?,
+                row.try_get("error_details")?,
+            ),
             next_retry_delay: None,
         }),
         None => None,
@@ -609,7 +636,10 @@ fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
         },
         output: payload(row.try_get("output_type")?, row.try_get("output")?),
         last_error,
-        heartbeat_details: payload(row.try_get("heartbeat_type")?, row.try_get("heartbeat_details")?),
+        heartbeat_details: payload(
+            row.try_get("heartbeat_type")?,
+            row.try_get("heartbeat_details")?,
+        ),
         created_at: row.try_get("created_at")?,
         next_at: row.try_get("next_at")?,
         started_at: row.try_get("started_at")?,

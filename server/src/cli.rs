@@ -1,0 +1,609 @@
+//! The client half of the `spool` binary: one function per subcommand, each a thin
+//! call of the gRPC API that prints a human table (default) or JSON (`--json`) to
+//! stdout. Errors go to stderr with a message naming what to do, and a non-zero exit.
+
+use std::{fmt::Write as _, time::Duration};
+
+use spool_proto::{
+    duration,
+    v1::{
+        self, ActivityStatus, activity_service_client::ActivityServiceClient,
+        admin_service_client::AdminServiceClient,
+    },
+};
+use tonic::{Code, Request, Status, metadata::MetadataValue, transport::Channel};
+
+/// Exit code when the activity a command waited for ended FAILED or CANCELLED.
+pub const EXIT_NOT_COMPLETED: i32 = 3;
+
+/// Where and how to reach the server.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub server: String,
+    pub token: Option<String>,
+    pub json: bool,
+}
+
+/// What went wrong, said for a person.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "cannot reach the Spool server at {server}: {reason} (is `spool serve` running? set --server or SPOOL_SERVER)"
+    )]
+    Unreachable { server: String, reason: String },
+    #[error("{}", describe(.0))]
+    Server(Status),
+    #[error("{0}")]
+    Usage(String),
+}
+
+fn describe(status: &Status) -> String {
+    let hint = match status.code() {
+        Code::Unauthenticated => " (pass --token or set SPOOL_TOKEN)",
+        Code::Unavailable => " (the server is unreachable or shutting down)",
+        _ => "",
+    };
+    format!("{:?}: {}{hint}", status.code(), status.message())
+}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        Error::Server(status)
+    }
+}
+
+pub struct Client {
+    target: Target,
+    channel: Channel,
+}
+
+impl Client {
+    pub async fn connect(target: Target) -> Result<Self, Error> {
+        let unreachable = |reason: String| Error::Unreachable {
+            server: target.server.clone(),
+            reason,
+        };
+        let endpoint = Channel::from_shared(target.server.clone())
+            .map_err(|e| Error::Usage(format!("invalid --server {:?}: {e}", target.server)))?
+            .connect_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect().await.map_err(|e| {
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                reason = s.to_string();
+                source = s.source();
+            }
+            unreachable(reason)
+        })?;
+        Ok(Self { target, channel })
+    }
+
+    fn request<T>(&self, message: T) -> Result<Request<T>, Error> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.target.token {
+            let value: MetadataValue<_> = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Error::Usage("the token is not a valid header value".to_owned()))?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
+    }
+
+    fn activities(&self) -> ActivityServiceClient<Channel> {
+        ActivityServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+    }
+
+    fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(self.channel.clone())
+    }
+
+    pub async fn submit(
+        &self,
+        request: v1::SubmitRequest,
+        wait: Option<Option<Duration>>,
+    ) -> Result<i32, Error> {
+        let response = self
+            .activities()
+            .submit(self.request(request)?)
+            .await?
+            .into_inner();
+        let activity = response.activity.unwrap_or_default();
+        let Some(timeout) = wait else {
+            if self.target.json {
+                print_json(
+                    &serde_json::json!({"created": response.created, "activity": activity_json(&activity)}),
+                );
+            } else {
+                let key = activity.key.clone().unwrap_or_default();
+                let verb = if response.created {
+                    "submitted"
+                } else {
+                    "exists"
+                };
+                println!(
+                    "{verb} {}/{}/{}",
+                    key.namespace, key.workflow_id, key.activity_id
+                );
+            }
+            return Ok(0);
+        };
+        self.wait(activity.key.unwrap_or_default(), timeout).await
+    }
+
+    pub async fn get(&self, key: v1::ActivityKey) -> Result<i32, Error> {
+        let request = v1::GetRequest { key: Some(key) };
+        let activity = self
+            .activities()
+            .get(self.request(request)?)
+            .await?
+            .into_inner();
+        self.print_activity(&activity);
+        Ok(0)
+    }
+
+    pub async fn wait(
+        &self,
+        key: v1::ActivityKey,
+        timeout: Option<Duration>,
+    ) -> Result<i32, Error> {
+        let request = v1::WaitRequest {
+            key: Some(key),
+            timeout: timeout.map(duration::to_proto),
+        };
+        let activity = self
+            .activities()
+            .wait(self.request(request)?)
+            .await?
+            .into_inner();
+        self.print_activity(&activity);
+        Ok(exit_for(&activity))
+    }
+
+    pub async fn cancel(&self, key: v1::ActivityKey, reason: String) -> Result<i32, Error> {
+        let request = v1::CancelRequest {
+            key: Some(key),
+            reason,
+        };
+        let activity = self
+            .activities()
+            .cancel(self.request(request)?)
+            .await?
+            .into_inner();
+        self.print_activity(&activity);
+        Ok(0)
+    }
+
+    pub async fn retry(&self, key: v1::ActivityKey) -> Result<i32, Error> {
+        let request = v1::RetryRequest { key: Some(key) };
+        let activity = self
+            .activities()
+            .retry(self.request(request)?)
+            .await?
+            .into_inner();
+        self.print_activity(&activity);
+        Ok(0)
+    }
+
+    /// Lists up to `limit` activities, following page tokens.
+    pub async fn list(&self, mut request: v1::ListRequest, limit: usize) -> Result<i32, Error> {
+        let mut activities = Vec::new();
+        let mut client = self.activities();
+        while activities.len() < limit {
+            request.page_size = u32::try_from((limit - activities.len()).min(1000)).unwrap_or(1000);
+            let page = client
+                .list(self.request(request.clone())?)
+                .await?
+                .into_inner();
+            activities.extend(page.activities);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            request.page_token = page.next_page_token;
+        }
+        if self.target.json {
+            print_json(&serde_json::Value::Array(
+                activities.iter().map(activity_json).collect(),
+            ));
+            return Ok(0);
+        }
+        let rows: Vec<Vec<String>> = activities
+            .iter()
+            .map(|a| {
+                let key = a.key.clone().unwrap_or_default();
+                vec![
+                    key.workflow_id,
+                    key.activity_id,
+                    a.activity_type.clone(),
+                    status_label(a.status),
+                    a.attempt.to_string(),
+                    a.created_at.as_ref().map(format_time).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(
+                &[
+                    "WORKFLOW_ID",
+                    "ACTIVITY_ID",
+                    "TYPE",
+                    "STATUS",
+                    "ATTEMPT",
+                    "CREATED"
+                ],
+                &rows
+            )
+        );
+        Ok(0)
+    }
+
+    pub async fn stats(&self, namespace: String) -> Result<i32, Error> {
+        let request = v1::StatsRequest { namespace };
+        let s = self
+            .activities()
+            .stats(self.request(request)?)
+            .await?
+            .into_inner();
+        if self.target.json {
+            print_json(&serde_json::json!({
+                "scheduled": s.scheduled, "running": s.running, "completed": s.completed,
+                "failed": s.failed, "cancelled": s.cancelled, "connected_workers": s.connected_workers,
+            }));
+        } else {
+            let rows = vec![vec![
+                s.scheduled.to_string(),
+                s.running.to_string(),
+                s.completed.to_string(),
+                s.failed.to_string(),
+                s.cancelled.to_string(),
+                s.connected_workers.to_string(),
+            ]];
+            print!(
+                "{}",
+                table(
+                    &[
+                        "SCHEDULED",
+                        "RUNNING",
+                        "COMPLETED",
+                        "FAILED",
+                        "CANCELLED",
+                        "WORKERS"
+                    ],
+                    &rows
+                )
+            );
+        }
+        Ok(0)
+    }
+
+    pub async fn workers(&self, namespace: String) -> Result<i32, Error> {
+        let request = v1::ListWorkersRequest { namespace };
+        let workers = self
+            .admin()
+            .list_workers(self.request(request)?)
+            .await?
+            .into_inner()
+            .workers;
+        if self.target.json {
+            let list = workers
+                .iter()
+                .map(|w| {
+                    serde_json::json!({
+                        "worker_id": w.worker_id, "identity": w.identity, "namespace": w.namespace,
+                        "activity_types": w.activity_types, "max_concurrency": w.max_concurrency,
+                        "in_flight": w.in_flight,
+                        "connected_at": w.connected_at.as_ref().map(format_time),
+                        "last_seen_at": w.last_seen_at.as_ref().map(format_time),
+                    })
+                })
+                .collect();
+            print_json(&serde_json::Value::Array(list));
+            return Ok(0);
+        }
+        let rows: Vec<Vec<String>> = workers
+            .iter()
+            .map(|w| {
+                vec![
+                    w.worker_id.clone(),
+                    w.identity.clone(),
+                    w.namespace.clone(),
+                    w.activity_types.join(","),
+                    format!("{}/{}", w.in_flight, w.max_concurrency),
+                    w.connected_at.as_ref().map(format_time).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(
+                &[
+                    "WORKER_ID",
+                    "IDENTITY",
+                    "NAMESPACE",
+                    "TYPES",
+                    "IN_FLIGHT",
+                    "CONNECTED"
+                ],
+                &rows
+            )
+        );
+        Ok(0)
+    }
+
+    pub async fn drain(&self, timeout: Option<Duration>) -> Result<i32, Error> {
+        let request = v1::DrainRequest {
+            timeout: timeout.map(duration::to_proto),
+        };
+        let r = self
+            .admin()
+            .drain(self.request(request)?)
+            .await?
+            .into_inner();
+        if self.target.json {
+            print_json(&serde_json::json!({"completed": r.completed, "released": r.released}));
+        } else {
+            println!(
+                "drained: {} completed, {} released",
+                r.completed, r.released
+            );
+        }
+        Ok(0)
+    }
+
+    fn print_activity(&self, activity: &v1::Activity) {
+        if self.target.json {
+            print_json(&activity_json(activity));
+        } else {
+            print!("{}", activity_text(activity));
+        }
+    }
+}
+
+fn exit_for(activity: &v1::Activity) -> i32 {
+    match ActivityStatus::try_from(activity.status) {
+        Ok(ActivityStatus::Failed | ActivityStatus::Cancelled) => EXIT_NOT_COMPLETED,
+        _ => 0,
+    }
+}
+
+/// Reads `--input`: inline JSON, or `@path` for a file's contents.
+pub fn input(value: Option<&str>) -> Result<Option<v1::Payload>, Error> {
+    let Some(value) = value else { return Ok(None) };
+    let data = match value.strip_prefix('@') {
+        Some(path) => std::fs::read(path)
+            .map_err(|e| Error::Usage(format!("cannot read --input file {path:?}: {e}")))?,
+        None => value.as_bytes().to_vec(),
+    };
+    serde_json::from_slice::<serde_json::Value>(&data)
+        .map_err(|e| Error::Usage(format!("--input is not valid JSON: {e}")))?;
+    Ok(Some(v1::Payload {
+        content_type: "application/json".to_owned(),
+        data,
+    }))
+}
+
+pub fn parse_status(s: &str) -> Result<ActivityStatus, String> {
+    ActivityStatus::from_str_name(&format!("ACTIVITY_STATUS_{}", s.to_ascii_uppercase()))
+        .filter(|s| *s != ActivityStatus::Unspecified)
+        .ok_or_else(|| {
+            format!("unknown status {s:?}: use scheduled, running, completed, failed or cancelled")
+        })
+}
+
+fn status_label(status: i32) -> String {
+    ActivityStatus::try_from(status)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("ACTIVITY_STATUS_")
+                .to_owned()
+        })
+        .unwrap_or_else(|_| status.to_string())
+}
+
+fn error_kind_label(kind: i32) -> String {
+    v1::ErrorKind::try_from(kind)
+        .map(|k| k.as_str_name().trim_start_matches("ERROR_KIND_").to_owned())
+        .unwrap_or_else(|_| kind.to_string())
+}
+
+fn format_time(ts: &prost_types::Timestamp) -> String {
+    // RFC 3339 in UTC, to the millisecond, without a date crate.
+    let ms = spool_proto::time::from_proto(ts);
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let (y, m, d) = civil_from_days(days);
+    let (h, min, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn payload_json(p: &v1::Payload) -> serde_json::Value {
+    let is_json = p.content_type.is_empty() || p.content_type == "application/json";
+    if is_json && let Ok(value) = serde_json::from_slice::<serde_json::Value>(&p.data) {
+        return value;
+    }
+    match std::str::from_utf8(&p.data) {
+        Ok(text) => serde_json::json!({"content_type": p.content_type, "text": text}),
+        Err(_) => serde_json::json!({"content_type": p.content_type, "base64": base64(&p.data)}),
+    }
+}
+
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
+    let key = a.key.clone().unwrap_or_default();
+    serde_json::json!({
+        "namespace": key.namespace,
+        "workflow_id": key.workflow_id,
+        "activity_id": key.activity_id,
+        "activity_type": a.activity_type,
+        "status": status_label(a.status),
+        "attempt": a.attempt,
+        "max_attempts": a.max_attempts,
+        "input": a.input.as_ref().map(payload_json),
+        "output": a.output.as_ref().map(payload_json),
+        "last_error": a.last_error.as_ref().map(|e| serde_json::json!({
+            "kind": error_kind_label(e.kind), "type": e.r#type, "message": e.message,
+            "details": e.details.as_ref().map(payload_json),
+        })),
+        "heartbeat_details": a.heartbeat_details.as_ref().map(payload_json),
+        "created_at": a.created_at.as_ref().map(format_time),
+        "next_at": a.next_at.as_ref().map(format_time),
+        "started_at": a.started_at.as_ref().map(format_time),
+        "finished_at": a.finished_at.as_ref().map(format_time),
+        "worker_id": a.worker_id,
+    })
+}
+
+fn activity_text(a: &v1::Activity) -> String {
+    let key = a.key.clone().unwrap_or_default();
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| {
+        if !v.is_empty() {
+            let _ = writeln!(out, "{k:<13} {v}");
+        }
+    };
+    line(
+        "key",
+        format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id),
+    );
+    line("type", a.activity_type.clone());
+    line("status", status_label(a.status));
+    line("attempt", format!("{} of {}", a.attempt, a.max_attempts));
+    line(
+        "input",
+        a.input
+            .as_ref()
+            .map(|p| payload_json(p).to_string())
+            .unwrap_or_default(),
+    );
+    line(
+        "output",
+        a.output
+            .as_ref()
+            .map(|p| payload_json(p).to_string())
+            .unwrap_or_default(),
+    );
+    line(
+        "last_error",
+        a.last_error
+            .as_ref()
+            .map(|e| format!("{} {}: {}", error_kind_label(e.kind), e.r#type, e.message))
+            .unwrap_or_default(),
+    );
+    line(
+        "created_at",
+        a.created_at.as_ref().map(format_time).unwrap_or_default(),
+    );
+    line(
+        "next_at",
+        a.next_at.as_ref().map(format_time).unwrap_or_default(),
+    );
+    line(
+        "started_at",
+        a.started_at.as_ref().map(format_time).unwrap_or_default(),
+    );
+    line(
+        "finished_at",
+        a.finished_at.as_ref().map(format_time).unwrap_or_default(),
+    );
+    line("worker_id", a.worker_id.clone());
+    out
+}
+
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut write_row = |cells: Vec<&str>| {
+        let line: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    };
+    write_row(headers.to_vec());
+    for row in rows {
+        write_row(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!("{value}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_times_as_rfc3339() {
+        let ts = spool_proto::time::to_proto(1_700_000_000_123);
+        assert_eq!(format_time(&ts), "2023-11-14T22:13:20.123Z");
+        assert_eq!(
+            format_time(&spool_proto::time::to_proto(0)),
+            "1970-01-01T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn base64_pads() {
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+    }
+
+    #[test]
+    fn statuses_parse_case_insensitively() {
+        assert_eq!(parse_status("failed"), Ok(ActivityStatus::Failed));
+        assert!(parse_status("unspecified").is_err());
+        assert!(parse_status("done").is_err());
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["A", "BB"], &[vec!["long".into(), "x".into()]]);
+        assert_eq!(t, "A     BB\nlong  x\n");
+    }
+}

@@ -1,0 +1,409 @@
+//! The client API: listing, stats, batches, and every bad input DESIGN.md names.
+
+use std::time::Duration;
+
+use spool_proto::v1::{self, ActivityStatus, activity_service_client::ActivityServiceClient};
+use spool_worker::Payload;
+use tonic::{Code, Request, transport::Channel};
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn list_pages_through_everything_and_filters() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let batch = v1::SubmitBatchRequest {
+        activities: (0..25)
+            .map(|i| {
+                request(
+                    if i % 5 == 0 { "five" } else { "other" },
+                    "wf",
+                    &format!("a{i:02}"),
+                )
+            })
+            .collect(),
+    };
+    client.submit_batch(batch).await.unwrap();
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = client
+            .list(v1::ListRequest {
+                page_size: 10,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        seen.extend(
+            page.activities
+                .into_iter()
+                .map(|a| a.key.unwrap().activity_id),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<String> = (0..25).map(|i| format!("a{i:02}")).collect();
+    assert_eq!(seen, expected, "every activity once, in submission order");
+
+    let fives = client
+        .list(v1::ListRequest {
+            activity_type: "five".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fives.activities.len(), 5);
+    assert!(fives.next_page_token.is_empty());
+    let completed = client
+        .list(v1::ListRequest {
+            status: ActivityStatus::Completed as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(completed.activities.is_empty());
+
+    let err = client
+        .list(v1::ListRequest {
+            page_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = client
+        .list(v1::ListRequest {
+            status: 42,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn stats_count_statuses_and_workers() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.activity("ok", |_, _| async { Ok(Payload::default()) })
+            .activity("bad", |_, _| async {
+                Err(spool_worker::ActivityError::terminal("X", "no"))
+            })
+    });
+    server.await_workers(1).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("ok", "wf", "1")).await;
+    submit(&mut client, request("ok", "wf", "2")).await;
+    submit(&mut client, request("bad", "wf", "3")).await;
+    submit(&mut client, request("unserved", "wf", "4")).await;
+    submit(&mut client, request("unserved", "wf", "5")).await;
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "5")),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    for id in ["1", "2", "3"] {
+        wait(&mut client, key("wf", id)).await;
+    }
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            stats.scheduled,
+            stats.running,
+            stats.completed,
+            stats.failed,
+            stats.cancelled,
+            stats.connected_workers
+        ),
+        (1, 0, 2, 1, 1, 1)
+    );
+    let other = client
+        .stats(v1::StatsRequest {
+            namespace: "other".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((other.scheduled, other.connected_workers), (0, 0));
+}
+
+#[tokio::test]
+async fn a_batch_is_one_commit_and_all_or_nothing() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "taken")).await;
+    let batch = v1::SubmitBatchRequest {
+        activities: vec![
+            request("t", "wf", "new-1"),
+            request("other", "wf", "taken"),
+            request("t", "wf", "new-2"),
+        ],
+    };
+    let err = client.submit_batch(batch).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    let missing = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "new-1")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        missing.code(),
+        Code::NotFound,
+        "nothing of a refused batch is stored"
+    );
+
+    let batch = v1::SubmitBatchRequest {
+        activities: vec![request("t", "wf", "taken"), request("t", "wf", "new-1")],
+    };
+    let results = client
+        .submit_batch(batch)
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(
+        results.iter().map(|r| r.created).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+
+    let mut bad = request("t", "wf", "x");
+    bad.activity_type = String::new();
+    let err = client
+        .submit_batch(v1::SubmitBatchRequest {
+            activities: vec![request("t", "wf", "y"), bad],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("activities[1]"),
+        "{}",
+        err.message()
+    );
+}
+
+async fn refused(
+    client: &mut ActivityServiceClient<Channel>,
+    request: v1::SubmitRequest,
+    code: Code,
+    mention: &str,
+) {
+    let err = client.submit(request).await.expect_err("must be refused");
+    assert_eq!(err.code(), code, "{}", err.message());
+    assert!(
+        err.message().contains(mention),
+        "{:?} should mention {mention:?}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_clear_status() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let negative = prost_types::Duration {
+        seconds: -1,
+        nanos: 0,
+    };
+
+    let mut r = request("t", "wf", "a");
+    r.activity_type = String::new();
+    refused(&mut client, r, Code::InvalidArgument, "activity_type").await;
+    refused(
+        &mut client,
+        request(&"t".repeat(256), "wf", "a"),
+        Code::InvalidArgument,
+        "activity_type",
+    )
+    .await;
+    refused(
+        &mut client,
+        request("t", &"w".repeat(256), "a"),
+        Code::InvalidArgument,
+        "workflow_id",
+    )
+    .await;
+    refused(
+        &mut client,
+        request("t", "wf", &"a".repeat(256)),
+        Code::InvalidArgument,
+        "activity_id",
+    )
+    .await;
+    refused(
+        &mut client,
+        request("t", "wf\n", "a"),
+        Code::InvalidArgument,
+        "control",
+    )
+    .await;
+    refused(
+        &mut client,
+        request("t\u{7}", "wf", "a"),
+        Code::InvalidArgument,
+        "control",
+    )
+    .await;
+    for ns in ["has space", "ümlaut", &"n".repeat(65)] {
+        let mut r = request("t", "wf", "a");
+        r.namespace = ns.to_string();
+        refused(&mut client, r, Code::InvalidArgument, "namespace").await;
+    }
+    let mut r = request("t", "wf", "a");
+    r.delay = Some(negative);
+    refused(&mut client, r, Code::InvalidArgument, "delay").await;
+    let mut r = request("t", "wf", "a");
+    r.start_to_close_timeout = Some(negative);
+    refused(
+        &mut client,
+        r,
+        Code::InvalidArgument,
+        "start_to_close_timeout",
+    )
+    .await;
+    let mut r = request("t", "wf", "a");
+    r.heartbeat_timeout = Some(negative);
+    refused(&mut client, r, Code::InvalidArgument, "heartbeat_timeout").await;
+    let mut r = request("t", "wf", "a");
+    r.schedule_to_close_timeout = Some(negative);
+    refused(
+        &mut client,
+        r,
+        Code::InvalidArgument,
+        "schedule_to_close_timeout",
+    )
+    .await;
+    let mut r = request("t", "wf", "a");
+    r.retry_policy = Some(v1::RetryPolicy {
+        initial_interval: Some(negative),
+        ..Default::default()
+    });
+    refused(&mut client, r, Code::InvalidArgument, "initial_interval").await;
+    let mut r = request("t", "wf", "a");
+    r.retry_policy = Some(v1::RetryPolicy {
+        max_attempts: 10_001,
+        ..Default::default()
+    });
+    refused(&mut client, r, Code::InvalidArgument, "max_attempts").await;
+
+    let err = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "missing")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = client
+        .get(v1::GetRequest {
+            key: Some(key("", "a")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = client.get(v1::GetRequest { key: None }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = client
+        .wait(v1::WaitRequest {
+            key: Some(key("wf", "a")),
+            timeout: Some(negative),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    // Nothing above was stored.
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.scheduled, 0);
+}
+
+#[tokio::test]
+async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut big = request("t", "wf", "big");
+    big.input = Some(Payload {
+        content_type: "application/octet-stream".into(),
+        data: vec![7u8; 5 * 1024 * 1024],
+    });
+    refused(&mut client, big, Code::ResourceExhausted, "limit").await;
+    let mut ok = request("t", "wf", "fine");
+    ok.input = Some(Payload {
+        content_type: "application/octet-stream".into(),
+        data: vec![7u8; 1024 * 1024],
+    });
+    assert!(submit(&mut client, ok).await.created);
+    let stored = get(&mut client, key("wf", "fine")).await;
+    assert_eq!(stored.input.unwrap().data.len(), 1024 * 1024);
+    let missing = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "big")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn a_configured_token_is_required() {
+    let server = TestServer::start_with(|c| c.auth_token = Some("s3cret".into())).await;
+    let mut anonymous = server.client().await;
+    let err = anonymous.submit(request("t", "wf", "a")).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    let mut wrong = Request::new(request("t", "wf", "a"));
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    assert_eq!(
+        anonymous.submit(wrong).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+
+    let mut right = Request::new(request("t", "wf", "a"));
+    right
+        .metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    assert!(anonymous.submit(right).await.unwrap().into_inner().created);
+
+    // Workers too.
+    let refused = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let err = tokio::time::timeout(WAIT, refused.stop_when_done())
+        .await
+        .unwrap();
+    assert!(
+        matches!(err, Err(spool_worker::Error::Rejected(s)) if s.code() == Code::Unauthenticated)
+    );
+    let _worker = server.worker(|w| {
+        w.token("s3cret")
+            .activity("t", |_, _| async { Ok(Payload::default()) })
+    });
+    let mut right = Request::new(v1::WaitRequest {
+        key: Some(key("wf", "a")),
+        timeout: Some(prost_types_duration(Duration::from_secs(10))),
+    });
+    right
+        .metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    let done = anonymous.wait(right).await.unwrap().into_inner();
+    assert_eq!(status(&done), ActivityStatus::Completed);
+}

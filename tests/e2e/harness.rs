@@ -1,0 +1,351 @@
+//! A real server on a free loopback port with its own SQLite file, real SDK workers,
+//! and raw protocol clients for what the SDK would never send.
+
+use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
+
+use spool_proto::v1::{
+    self, ServerMessage, WorkerMessage, activity_service_client::ActivityServiceClient,
+    admin_service_client::AdminServiceClient, server_message, worker_message,
+    worker_service_client::WorkerServiceClient,
+};
+use spool_server::Config;
+use spool_worker::Worker;
+use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, transport::Channel};
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub endpoint: String,
+    pub database: String,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Result<(), spool_server::server::Error>>>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(configure: impl FnOnce(&mut Config)) -> Self {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
+        Self::start_on(dir, database, configure).await
+    }
+
+    async fn start_on(
+        dir: Arc<tempfile::TempDir>,
+        database: String,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
+        let mut config = Config::new(database.clone());
+        configure(&mut config);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(spool_server::run(
+            config,
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        Self {
+            endpoint,
+            database,
+            stop,
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// Stops this server and starts a new one on the same database file.
+    pub async fn restart(mut self) -> Self {
+        self.shutdown().await;
+        Self::start_on(self._dir.clone(), self.database.clone(), |_| {}).await
+    }
+
+    pub async fn shutdown(&mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("server stops in time")
+                .expect("server task")
+                .expect("server ran cleanly");
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.endpoint.clone())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    pub async fn client(&self) -> ActivityServiceClient<Channel> {
+        ActivityServiceClient::new(self.channel().await).max_decoding_message_size(64 << 20)
+    }
+
+    pub async fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(self.channel().await)
+    }
+
+    /// Runs an SDK worker until the returned guard drops.
+    pub fn worker(&self, configure: impl FnOnce(Worker) -> Worker) -> WorkerGuard {
+        let worker = configure(
+            Worker::new(self.endpoint.clone())
+                .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200)),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(worker.run(stop.clone()));
+        WorkerGuard { stop, task }
+    }
+
+    /// Waits until `n` workers are connected in the default namespace.
+    pub async fn await_workers(&self, n: usize) {
+        let admin = self.admin().await;
+        eventually("workers to connect", || {
+            let mut admin = admin.clone();
+            async move {
+                let workers = admin
+                    .list_workers(v1::ListWorkersRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .workers;
+                (workers.len() == n).then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub struct WorkerGuard {
+    stop: CancellationToken,
+    task: JoinHandle<Result<(), spool_worker::Error>>,
+}
+
+impl WorkerGuard {
+    /// Waits for the worker to stop on its own (a permanent error).
+    pub async fn stop_when_done(mut self) -> Result<(), spool_worker::Error> {
+        (&mut self.task).await.expect("worker task")
+    }
+}
+
+impl Drop for WorkerGuard {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Polls `check` until it yields a value, failing the test after [`WAIT`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
+    v1::ActivityKey {
+        namespace: String::new(),
+        workflow_id: workflow_id.into(),
+        activity_id: activity_id.into(),
+    }
+}
+
+pub fn json(value: serde_json::Value) -> v1::Payload {
+    spool_worker::json(&value)
+}
+
+pub fn request(activity_type: &str, workflow_id: &str, activity_id: &str) -> v1::SubmitRequest {
+    v1::SubmitRequest {
+        activity_type: activity_type.into(),
+        workflow_id: workflow_id.into(),
+        activity_id: activity_id.into(),
+        input: Some(json(serde_json::json!({"id": activity_id}))),
+        ..Default::default()
+    }
+}
+
+pub fn fast_retries(max_attempts: u32) -> Option<v1::RetryPolicy> {
+    Some(v1::RetryPolicy {
+        max_attempts,
+        initial_interval: Some(prost_types_duration(Duration::from_millis(10))),
+        backoff_coefficient: 1.0,
+        ..Default::default()
+    })
+}
+
+pub fn prost_types_duration(d: Duration) -> prost_types::Duration {
+    spool_proto::duration::to_proto(d)
+}
+
+pub async fn submit(
+    client: &mut ActivityServiceClient<Channel>,
+    request: v1::SubmitRequest,
+) -> v1::SubmitResponse {
+    client.submit(request).await.expect("submit").into_inner()
+}
+
+/// Waits (server-side) until the activity is terminal.
+pub async fn wait(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+) -> v1::Activity {
+    let activity = client
+        .wait(v1::WaitRequest {
+            key: Some(key),
+            timeout: Some(prost_types_duration(WAIT)),
+        })
+        .await
+        .expect("wait")
+        .into_inner();
+    assert!(
+        activity.status >= v1::ActivityStatus::Completed as i32,
+        "not terminal after {WAIT:?}: {activity:?}"
+    );
+    activity
+}
+
+pub async fn get(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+) -> v1::Activity {
+    client
+        .get(v1::GetRequest { key: Some(key) })
+        .await
+        .expect("get")
+        .into_inner()
+}
+
+pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
+    v1::ActivityStatus::try_from(activity.status).expect("known status")
+}
+
+/// A worker speaking the protocol by hand.
+pub struct RawWorker {
+    pub tx: mpsc::Sender<WorkerMessage>,
+    pub rx: tonic::Streaming<ServerMessage>,
+    pub welcome: v1::Welcome,
+}
+
+pub fn hello(types: &[&str], max_concurrency: u32) -> v1::Hello {
+    v1::Hello {
+        namespace: String::new(),
+        identity: "raw".into(),
+        activity_types: types.iter().map(|t| t.to_string()).collect(),
+        max_concurrency,
+        protocol_version: 1,
+    }
+}
+
+impl RawWorker {
+    /// Opens a session whose first message is `first`.
+    pub async fn open(server: &TestServer, first: worker_message::Message) -> Result<Self, Status> {
+        let mut client = WorkerServiceClient::new(server.channel().await);
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(WorkerMessage {
+            message: Some(first),
+        })
+        .await
+        .expect("send first");
+        let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+        match inbound.message().await? {
+            Some(ServerMessage {
+                message: Some(server_message::Message::Welcome(welcome)),
+            }) => Ok(Self {
+                tx,
+                rx: inbound,
+                welcome,
+            }),
+            other => panic!("expected Welcome, got {other:?}"),
+        }
+    }
+
+    pub async fn connect(server: &TestServer, types: &[&str], max_concurrency: u32) -> Self {
+        Self::open(
+            server,
+            worker_message::Message::Hello(hello(types, max_concurrency)),
+        )
+        .await
+        .expect("session")
+    }
+
+    /// The next message other than a keep-alive-irrelevant one, within [`WAIT`].
+    pub async fn next(&mut self) -> server_message::Message {
+        tokio::time::timeout(WAIT, self.rx.message())
+            .await
+            .expect("a server message in time")
+            .expect("stream ok")
+            .and_then(|m| m.message)
+            .expect("a message")
+    }
+
+    /// Nothing arrives within `d`.
+    pub async fn quiet_for(&mut self, d: Duration) {
+        if let Ok(m) = tokio::time::timeout(d, self.rx.message()).await {
+            panic!("expected silence, got {m:?}");
+        }
+    }
+
+    pub async fn task(&mut self) -> v1::ActivityTask {
+        match self.next().await {
+            server_message::Message::Task(t) => t,
+            other => panic!("expected a task, got {other:?}"),
+        }
+    }
+
+    pub async fn send(&self, message: worker_message::Message) {
+        self.tx
+            .send(WorkerMessage {
+                message: Some(message),
+            })
+            .await
+            .expect("send");
+    }
+
+    pub async fn complete(&self, task: &v1::ActivityTask, attempt: u32) {
+        self.send(worker_message::Message::Result(v1::ActivityResult {
+            workflow_id: task.workflow_id.clone(),
+            activity_id: task.activity_id.clone(),
+            attempt,
+            outcome: Some(v1::activity_result::Outcome::Output(json(
+                serde_json::json!("raw"),
+            ))),
+        }))
+        .await;
+    }
+
+    pub async fn ack(&mut self) -> v1::ResultAck {
+        match self.next().await {
+            server_message::Message::Ack(a) => a,
+            other => panic!("expected an ack, got {other:?}"),
+        }
+    }
+}
+
+#[allow(dead_code)]
+pub fn database_path(server: &TestServer) -> PathBuf {
+    PathBuf::from(server.database.trim_start_matches("sqlite://"))
+}

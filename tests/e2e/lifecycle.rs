@@ -1,0 +1,381 @@
+//! The lifecycle of DESIGN.md, driven through the public API and the SDK.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use spool_proto::v1::{self, ActivityStatus, ErrorKind};
+use spool_worker::{ActivityError, Payload};
+
+use crate::harness::*;
+
+/// Counts calls per activity id and remembers attempts seen.
+#[derive(Default, Clone)]
+struct Calls(Arc<Mutex<Vec<(String, u32)>>>);
+
+impl Calls {
+    fn record(&self, ctx: &spool_worker::ActivityContext) -> u32 {
+        let info = ctx.info();
+        self.0
+            .lock()
+            .unwrap()
+            .push((info.activity_id.clone(), info.attempt));
+        info.attempt
+    }
+
+    fn attempts(&self, id: &str) -> Vec<u32> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(a, _)| a == id)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn submit_then_wait_round_trip() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.activity("greet", |_ctx, input: Payload| async move {
+            let v: serde_json::Value = serde_json::from_slice(&input.data).unwrap();
+            Ok(spool_worker::json(
+                &serde_json::json!({"greeting": format!("hello {}", v["id"].as_str().unwrap())}),
+            ))
+        })
+    });
+    let mut client = server.client().await;
+    let submitted = submit(&mut client, request("greet", "wf-1", "world")).await;
+    assert!(submitted.created);
+    let activity = submitted.activity.unwrap();
+    assert_eq!(activity.key.as_ref().unwrap().namespace, "default");
+    let done = wait(&mut client, key("wf-1", "world")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    assert_eq!(done.attempt, 1);
+    let output: serde_json::Value = serde_json::from_slice(&done.output.unwrap().data).unwrap();
+    assert_eq!(output["greeting"], "hello world");
+    assert!(done.started_at.is_some() && done.finished_at.is_some());
+    assert!(!done.worker_id.is_empty());
+}
+
+#[tokio::test]
+async fn empty_ids_are_generated() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let a = submit(&mut client, request("t", "", ""))
+        .await
+        .activity
+        .unwrap();
+    let b = submit(&mut client, request("t", "", ""))
+        .await
+        .activity
+        .unwrap();
+    let (ka, kb) = (a.key.unwrap(), b.key.unwrap());
+    assert_eq!(ka.workflow_id.len(), 36, "a UUID: {}", ka.workflow_id);
+    assert_ne!(ka.activity_id, kb.activity_id);
+}
+
+#[tokio::test]
+async fn idempotent_submit_is_delivered_once() {
+    let server = TestServer::start().await;
+    let calls = Calls::default();
+    let mut client = server.client().await;
+    let first = submit(&mut client, request("once", "wf", "a")).await;
+    let second = submit(&mut client, request("once", "wf", "a")).await;
+    assert!(first.created);
+    assert!(!second.created);
+    let c = calls.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("once", move |ctx, _| {
+            let c = c.clone();
+            async move {
+                c.record(&ctx);
+                Ok(Payload::default())
+            }
+        })
+    });
+    wait(&mut client, key("wf", "a")).await;
+    let third = submit(&mut client, request("once", "wf", "a")).await;
+    assert!(!third.created);
+    assert_eq!(
+        status(third.activity.as_ref().unwrap()),
+        ActivityStatus::Completed
+    );
+    // Give a wrongly re-dispatched copy every chance to show up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls.attempts("a"), vec![1]);
+}
+
+#[tokio::test]
+async fn same_key_with_another_type_is_already_exists() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    submit(&mut client, request("one", "wf", "a")).await;
+    let err = client.submit(request("two", "wf", "a")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    assert!(err.message().contains("\"one\""), "{}", err.message());
+    assert_eq!(get(&mut client, key("wf", "a")).await.activity_type, "one");
+}
+
+#[tokio::test]
+async fn two_retryable_failures_then_success_on_attempt_three() {
+    let server = TestServer::start().await;
+    let calls = Calls::default();
+    let c = calls.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("flaky", move |ctx, _| {
+            let c = c.clone();
+            async move {
+                match c.record(&ctx) {
+                    n if n < 3 => Err(ActivityError::retryable("Flaky", format!("failure {n}"))),
+                    _ => Ok(spool_worker::json("ok")),
+                }
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("flaky", "wf", "f");
+    req.retry_policy = fast_retries(5);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "f")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    assert_eq!(done.attempt, 3);
+    assert_eq!(calls.attempts("f"), vec![1, 2, 3]);
+    let last = done.last_error.expect("the last failure is kept");
+    assert_eq!(last.message, "failure 2");
+}
+
+#[tokio::test]
+async fn dead_letter_at_max_attempts_with_last_error() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.activity("doomed", |ctx, _| async move {
+            Err(ActivityError::retryable(
+                "Broken",
+                format!("attempt {} broke", ctx.info().attempt),
+            ))
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("doomed", "wf", "d");
+    req.retry_policy = fast_retries(3);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "d")).await;
+    assert_eq!(status(&done), ActivityStatus::Failed);
+    assert_eq!(done.attempt, 3);
+    assert_eq!(done.max_attempts, 3);
+    let error = done.last_error.unwrap();
+    assert_eq!(error.kind, ErrorKind::Retryable as i32);
+    assert_eq!(error.r#type, "Broken");
+    assert_eq!(error.message, "attempt 3 broke");
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.failed, 1);
+}
+
+#[tokio::test]
+async fn non_retryable_type_and_terminal_error_fail_at_once() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.activity("strict", |ctx, _| async move {
+            if ctx.info().activity_id == "typed" {
+                Err(ActivityError::retryable("InvalidCard", "card declined"))
+            } else {
+                Err(ActivityError::terminal("Nope", "will never work"))
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut typed = request("strict", "wf", "typed");
+    typed.retry_policy = Some(v1::RetryPolicy {
+        max_attempts: 5,
+        non_retryable_error_types: vec!["InvalidCard".into()],
+        ..fast_retries(5).unwrap()
+    });
+    submit(&mut client, typed).await;
+    let mut terminal = request("strict", "wf", "terminal");
+    terminal.retry_policy = fast_retries(5);
+    submit(&mut client, terminal).await;
+    for id in ["typed", "terminal"] {
+        let done = wait(&mut client, key("wf", id)).await;
+        assert_eq!(status(&done), ActivityStatus::Failed, "{id}");
+        assert_eq!(done.attempt, 1, "{id} must not be retried");
+    }
+    let terminal = get(&mut client, key("wf", "terminal")).await;
+    assert_eq!(
+        terminal.last_error.unwrap().kind,
+        ErrorKind::Terminal as i32
+    );
+}
+
+#[tokio::test]
+async fn a_delay_is_respected() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| w.activity("later", |_, _| async { Ok(Payload::default()) }));
+    server.await_workers(1).await;
+    let mut client = server.client().await;
+    let mut req = request("later", "wf", "d");
+    req.delay = Some(prost_types_duration(Duration::from_millis(400)));
+    let created = submit(&mut client, req).await.activity.unwrap();
+    let early = get(&mut client, key("wf", "d")).await;
+    assert_eq!(status(&early), ActivityStatus::Scheduled);
+    let done = wait(&mut client, key("wf", "d")).await;
+    let created_at = spool_proto::time::from_proto(&created.created_at.unwrap());
+    let started_at = spool_proto::time::from_proto(&done.started_at.unwrap());
+    assert!(
+        started_at - created_at >= 400,
+        "started {} ms after submit",
+        started_at - created_at
+    );
+}
+
+#[tokio::test]
+async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
+    let server = TestServer::start().await;
+    let _other = server.worker(|w| w.activity("other", |_, _| async { Ok(Payload::default()) }));
+    server.await_workers(1).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("unserved", "wf", "u")).await;
+    let waited = client
+        .wait(v1::WaitRequest {
+            key: Some(key("wf", "u")),
+            timeout: Some(prost_types_duration(Duration::from_millis(300))),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&waited), ActivityStatus::Scheduled);
+    assert_eq!(waited.attempt, 0);
+    // A worker for the type arrives: it runs, as attempt 1.
+    let _late = server.worker(|w| w.activity("unserved", |_, _| async { Ok(Payload::default()) }));
+    let done = wait(&mut client, key("wf", "u")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 1)
+    );
+}
+
+#[tokio::test]
+async fn snooze_runs_again_without_spending_attempts() {
+    let server = TestServer::start().await;
+    let snoozes = Arc::new(AtomicU32::new(0));
+    let s = snoozes.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("patient", move |_, _| {
+            let s = s.clone();
+            async move {
+                if s.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(ActivityError::snooze(Duration::from_millis(20)))
+                } else {
+                    Ok(Payload::default())
+                }
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("patient", "wf", "p");
+    req.retry_policy = fast_retries(1);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "p")).await;
+    assert_eq!(
+        status(&done),
+        ActivityStatus::Completed,
+        "two snoozes must not exhaust max_attempts=1"
+    );
+    assert_eq!(done.attempt, 3);
+}
+
+#[tokio::test]
+async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
+    let server = TestServer::start().await;
+    let healthy = Arc::new(AtomicU32::new(0));
+    let h = healthy.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("fixable", move |_, _| {
+            let h = h.clone();
+            async move {
+                if h.load(Ordering::SeqCst) == 0 {
+                    Err(ActivityError::retryable("Down", "dependency down"))
+                } else {
+                    Ok(spool_worker::json("fixed"))
+                }
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("fixable", "wf", "r");
+    req.retry_policy = fast_retries(2);
+    submit(&mut client, req).await;
+    let dead = wait(&mut client, key("wf", "r")).await;
+    assert_eq!((status(&dead), dead.attempt), (ActivityStatus::Failed, 2));
+
+    let err = client
+        .retry(v1::RetryRequest {
+            key: Some(key("wf", "missing")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+
+    healthy.store(1, Ordering::SeqCst);
+    let redriven = client
+        .retry(v1::RetryRequest {
+            key: Some(key("wf", "r")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(matches!(
+        status(&redriven),
+        ActivityStatus::Scheduled | ActivityStatus::Running | ActivityStatus::Completed
+    ));
+    let done = wait(&mut client, key("wf", "r")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 3)
+    );
+    let err = client
+        .retry(v1::RetryRequest {
+            key: Some(key("wf", "r")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn a_restart_keeps_every_activity_and_reclaims_running_ones() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut raw = RawWorker::connect(&server, &["slow"], 1).await;
+    submit(&mut client, request("slow", "wf", "running")).await;
+    let mut delayed = request("slow", "wf", "delayed");
+    delayed.delay = Some(prost_types_duration(Duration::from_millis(300)));
+    submit(&mut client, delayed).await;
+    let task = raw.task().await;
+    assert_eq!(task.activity_id, "running");
+    // The raw worker stays connected: the shutdown, not the worker, ends its attempt.
+    let server = server.restart().await;
+    drop(raw);
+    let mut client = server.client().await;
+    let _worker = server.worker(|w| w.activity("slow", |_, _| async { Ok(Payload::default()) }));
+    for id in ["running", "delayed"] {
+        let done = wait(&mut client, key("wf", id)).await;
+        assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
+    }
+    let released = get(&mut client, key("wf", "running")).await;
+    assert_eq!(released.attempt, 2);
+    assert!(
+        released.last_error.is_none(),
+        "a shutdown release is not a failure: {:?}",
+        released.last_error
+    );
+}

@@ -1,0 +1,9 @@
+//! End to end: the real server, real SDK workers, over real gRPC on loopback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+mod api;
+mod lifecycle;
+mod protocol;

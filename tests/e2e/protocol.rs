@@ -1,0 +1,290 @@
+//! The worker stream, spoken by hand where the SDK would never misbehave.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use spool_proto::v1::{self, ActivityStatus, ErrorKind, server_message, worker_message};
+use spool_worker::Payload;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn a_stale_attempt_result_is_refused() {
+    let server = TestServer::start().await;
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    assert!(!raw.welcome.worker_id.is_empty());
+    assert_eq!(raw.welcome.protocol_version, 1);
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "a")).await;
+    let task = raw.task().await;
+    assert_eq!(task.attempt, 1);
+    assert_eq!(task.activity_type, "t");
+
+    raw.complete(&task, 7).await;
+    let ack = raw.ack().await;
+    assert_eq!(
+        (ack.attempt, ack.accepted),
+        (7, false),
+        "a result for an attempt never given"
+    );
+    assert_eq!(
+        status(&get(&mut client, key("wf", "a")).await),
+        ActivityStatus::Running
+    );
+
+    raw.complete(&task, 1).await;
+    let ack = raw.ack().await;
+    assert_eq!((ack.attempt, ack.accepted), (1, true));
+    raw.complete(&task, 1).await;
+    assert!(
+        !raw.ack().await.accepted,
+        "the same result twice is refused the second time"
+    );
+    let done = get(&mut client, key("wf", "a")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+}
+
+#[tokio::test]
+async fn flow_control_never_exceeds_max_concurrency() {
+    let server = TestServer::start().await;
+    let mut raw = RawWorker::connect(&server, &["t"], 2).await;
+    let mut client = server.client().await;
+    for i in 0..5 {
+        submit(&mut client, request("t", "wf", &format!("a{i}"))).await;
+    }
+    let first = raw.task().await;
+    let second = raw.task().await;
+    raw.quiet_for(Duration::from_millis(200)).await;
+    raw.complete(&first, first.attempt).await;
+    // The freed slot's next task may share the completion's commit, so it can
+    // arrive before the ack.
+    let (mut acks, mut tasks) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        match raw.next().await {
+            server_message::Message::Ack(a) => acks.push(a),
+            server_message::Message::Task(t) => tasks.push(t),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(acks.len() == 1 && acks[0].accepted, "{acks:?}");
+    let third = tasks.pop().expect("one new task for the one freed slot");
+    raw.quiet_for(Duration::from_millis(100)).await;
+    for t in [&second, &third] {
+        raw.complete(t, t.attempt).await;
+    }
+
+    // And through the SDK, with real concurrency: never more than 3 at once.
+    let running = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let (r, p) = (running.clone(), peak.clone());
+    let _worker = server.worker(move |w| {
+        w.max_concurrency(3).activity("busy", move |_, _| {
+            let (r, p) = (r.clone(), p.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok(Payload::default())
+            }
+        })
+    });
+    let batch = v1::SubmitBatchRequest {
+        activities: (0..30)
+            .map(|i| request("busy", "wf", &format!("b{i}")))
+            .collect(),
+    };
+    client.submit_batch(batch).await.unwrap();
+    for i in 0..30 {
+        wait(&mut client, key("wf", &format!("b{i}"))).await;
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn cancel_a_scheduled_activity() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "c")).await;
+    let cancelled = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "c")),
+            reason: "not needed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status(&cancelled), ActivityStatus::Cancelled);
+    assert_eq!(cancelled.last_error.unwrap().message, "not needed");
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    raw.quiet_for(Duration::from_millis(200)).await;
+    let err = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "c")),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    let err = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "nope")),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn cancel_a_running_activity_tells_the_worker_and_refuses_its_result() {
+    let server = TestServer::start().await;
+    let mut raw = RawWorker::connect(&server, &["t", "u"], 1).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "r")).await;
+    let task = raw.task().await;
+    let waiter = {
+        let mut client = client.clone();
+        tokio::spawn(async move { wait(&mut client, key("wf", "r")).await })
+    };
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "r")),
+            reason: "stop".into(),
+        })
+        .await
+        .unwrap();
+    match raw.next().await {
+        server_message::Message::Cancel(c) => {
+            assert_eq!(
+                (c.activity_id.as_str(), c.attempt, c.reason.as_str()),
+                ("r", 1, "stop")
+            );
+        }
+        other => panic!("expected CancelActivity, got {other:?}"),
+    }
+    let waited = waiter.await.unwrap();
+    assert_eq!(status(&waited), ActivityStatus::Cancelled);
+    // The slot stays taken until the worker answers.
+    submit(&mut client, request("u", "wf", "next")).await;
+    raw.quiet_for(Duration::from_millis(200)).await;
+    raw.complete(&task, 1).await;
+    assert!(
+        !raw.ack().await.accepted,
+        "a result after cancel is not accepted"
+    );
+    assert_eq!(raw.task().await.activity_id, "next");
+    assert_eq!(
+        status(&get(&mut client, key("wf", "r")).await),
+        ActivityStatus::Cancelled
+    );
+}
+
+#[tokio::test]
+async fn the_sdk_stops_a_cancelled_handler() {
+    let server = TestServer::start().await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let _worker = server.worker(move |w| {
+        w.activity("long", move |ctx, _| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(()).await;
+                ctx.cancelled().await;
+                Err(spool_worker::ActivityError::retryable(
+                    "Cancelled",
+                    "stopped as asked",
+                ))
+            }
+        })
+    });
+    let mut client = server.client().await;
+    submit(&mut client, request("long", "wf", "l")).await;
+    rx.recv().await.unwrap();
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "l")),
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    // The handler returns; its worker slot is free for the next activity.
+    submit(&mut client, request("long", "wf", "m")).await;
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_worker_s_attempts_go_to_another_worker() {
+    let server = TestServer::start().await;
+    let raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "l")).await;
+    let mut raw = raw;
+    let task = raw.task().await;
+    assert_eq!(task.attempt, 1);
+    drop(raw);
+    let mut other = RawWorker::connect(&server, &["t"], 1).await;
+    let again = other.task().await;
+    assert_eq!((again.activity_id.as_str(), again.attempt), ("l", 2));
+    let row = get(&mut client, key("wf", "l")).await;
+    assert_eq!(row.last_error.unwrap().kind, ErrorKind::WorkerLost as i32);
+}
+
+#[tokio::test]
+async fn the_handshake_checks_hello() {
+    let server = TestServer::start().await;
+    let not_hello = worker_message::Message::Heartbeat(v1::Heartbeat::default());
+    let err = RawWorker::open(&server, not_hello).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    let no_types = worker_message::Message::Hello(hello(&[], 1));
+    let err = RawWorker::open(&server, no_types).await.err().unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("activity_types"),
+        "{}",
+        err.message()
+    );
+
+    let mut future = hello(&["t"], 1);
+    future.protocol_version = 99;
+    let err = RawWorker::open(&server, worker_message::Message::Hello(future))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(err.message().contains("[1]"), "{}", err.message());
+
+    let mut bad_ns = hello(&["t"], 1);
+    bad_ns.namespace = "no spaces".into();
+    let err = RawWorker::open(&server, worker_message::Message::Hello(bad_ns))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    // Zero concurrency means one; zero version means 1.
+    let mut lax = hello(&["t"], 0);
+    lax.protocol_version = 0;
+    let _lax = RawWorker::open(&server, worker_message::Message::Hello(lax))
+        .await
+        .unwrap();
+    let workers = server
+        .admin()
+        .await
+        .list_workers(v1::ListWorkersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(workers.len(), 1);
+    assert_eq!(workers[0].max_concurrency, 1);
+    assert_eq!(workers[0].activity_types, vec!["t".to_string()]);
+}
