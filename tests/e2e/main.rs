@@ -5,5 +5,6 @@
 mod harness;
 
 mod api;
+mod interop;
 mod lifecycle;
 mod protocol;
