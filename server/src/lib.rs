@@ -5,6 +5,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod drain;
 pub mod lifecycle;
 pub mod server;
 pub mod store;

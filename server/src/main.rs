@@ -197,7 +197,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    spool_server::run(config, listener, shutdown_signal()).await?;
+    let shutdown = async {
+        shutdown_signal().await;
+        tracing::info!("signal received: draining; a second signal exits at once");
+        tokio::spawn(async {
+            shutdown_signal().await;
+            eprintln!("second signal: exiting now");
+            std::process::exit(130);
+        });
+    };
+    spool_server::run(config, listener, shutdown).await?;
     Ok(())
 }
 

@@ -3,11 +3,14 @@
 //! shutdown future completes, then stop in order.
 //!
 //! Shutdown order, and why:
-//! 1. health goes NOT_SERVING and the root token is cancelled: new sessions are
-//!    refused, sessions release the attempts they hold, parked `Wait`s answer;
-//! 2. the gRPC server stops once those streams and calls have ended;
-//! 3. session clean-ups are awaited (their releases are queued to the committer);
-//! 4. the committer commits everything queued, then stops; the store closes last.
+//! 1. drain (see `drain`): NOT_SERVING, no more dispatch, workers told, running
+//!    attempts finish until the drain timeout, leftovers released;
+//! 2. the root token is cancelled: sessions end their streams (the server closes
+//!    them itself: a graceful gRPC shutdown would wait forever on open streams),
+//!    parked `Wait`s answer, the sweeper stops;
+//! 3. the gRPC server stops once those calls have ended, or 2 s later regardless;
+//! 4. session clean-ups are awaited (their releases are queued to the committer);
+//! 5. the committer commits everything queued, then stops; the store closes last.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -27,10 +30,14 @@ use tonic_health::ServingStatus;
 use crate::{
     api::{Core, activity::ActivityApi, admin::AdminApi, auth::Auth, worker::WorkerApi},
     config::Config,
-    dispatch::{Committer, Pending, Registry, committer},
+    dispatch::{Committer, Pending, Registry, committer, heartbeat},
+    drain::{self, Drainer},
     lifecycle::{self, Attempt},
     store::{self, ErrorKind, Op, Outcome, Store},
 };
+
+/// How long the gRPC server may take to stop once streams are closed.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -44,7 +51,7 @@ pub enum Error {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
-/// Serves on `listener` until `shutdown` completes, then stops cleanly.
+/// Serves on `listener` until `shutdown` completes, then drains and stops cleanly.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -79,12 +86,9 @@ pub async fn run(
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<ActivityServiceServer<ActivityApi>>()
-        .await;
-    health.set_serving::<WorkerServiceServer<WorkerApi>>().await;
-    health.set_serving::<AdminServiceServer<AdminApi>>().await;
-    health.set_service_status("", ServingStatus::Serving).await;
+    drain::set_health(&health, ServingStatus::Serving).await;
+    let draining = CancellationToken::new();
+    let drainer = Arc::new(Drainer::new(core.clone(), health.clone(), draining.clone()));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(spool_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -94,44 +98,47 @@ pub async fn run(
     let max_message = config.max_message_bytes();
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message);
-    let worker =
-        WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
-            .max_decoding_message_size(max_message);
-    let admin =
-        AdminServiceServer::new(AdminApi::new(core.clone())).max_decoding_message_size(max_message);
+    let worker = WorkerServiceServer::new(WorkerApi::new(
+        core.clone(),
+        sessions.clone(),
+        root.clone(),
+        draining,
+    ))
+    .max_decoding_message_size(max_message);
+    let admin = AdminServiceServer::new(AdminApi::new(core.clone(), drainer.clone()))
+        .max_decoding_message_size(max_message);
 
     let prune = tokio::spawn(prune_loop(
         committer.clone(),
         config.retention,
         root.clone(),
     ));
+    let sweeper = tokio::spawn(heartbeat::run(
+        core.store.clone(),
+        core.registry.clone(),
+        committer.clone(),
+        heartbeat::Options {
+            heartbeat_interval: config.heartbeat_interval,
+            lease: config.lease_timeout,
+        },
+        root.clone(),
+    ));
     {
         let root = root.clone();
-        let health = health.clone();
+        let drain_timeout = config.drain_timeout;
         tokio::spawn(async move {
             tokio::select! {
                 _ = shutdown => {}
                 _ = root.cancelled() => {}
             }
-            tracing::info!("shutting down");
-            health
-                .set_not_serving::<ActivityServiceServer<ActivityApi>>()
-                .await;
-            health
-                .set_not_serving::<WorkerServiceServer<WorkerApi>>()
-                .await;
-            health
-                .set_not_serving::<AdminServiceServer<AdminApi>>()
-                .await;
-            health
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
+            tracing::info!("shutting down: draining first");
+            drainer.drain(drain_timeout).await;
             root.cancel();
         });
     }
 
     tracing::info!(address = ?listener.local_addr().ok(), database = %config.database, "serving");
-    let served = tonic::transport::Server::builder()
+    let serve = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health_service)
@@ -142,12 +149,22 @@ pub async fn run(
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(listener),
             root.clone().cancelled_owned(),
-        )
-        .await;
+        );
+    let served = tokio::select! {
+        served = serve => served,
+        _ = async {
+            root.cancelled().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => {
+            tracing::warn!("connections still open {STOP_GRACE:?} after shutdown; stopping anyway");
+            Ok(())
+        }
+    };
     root.cancel();
     sessions.close();
     sessions.wait().await;
     let _ = prune.await;
+    let _ = sweeper.await;
     committer.stop().await;
     drop(core);
     drop(committer);
@@ -178,6 +195,7 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
             Op::Finish {
                 attempt,
                 transition,
+                lease_expired_by: None,
             }
         })
         .collect();

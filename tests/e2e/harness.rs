@@ -42,6 +42,8 @@ impl TestServer {
         configure: impl FnOnce(&mut Config),
     ) -> Self {
         let mut config = Config::new(database.clone());
+        // Short enough that a test whose worker never answers still stops quickly.
+        config.drain_timeout = Duration::from_millis(500);
         configure(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let endpoint = format!("http://{}", listener.local_addr().expect("addr"));

@@ -141,6 +141,8 @@ impl Loop<'_> {
         // Keep-alives at twice the rate asked for, so one late tick is not fatal.
         let mut keepalive = tokio::time::interval(interval / 2);
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Shutdown or a server's drain: take no new work, let what runs finish and
+        // report, then close.
         let mut stopping = false;
         let ended = loop {
             if stopping && self.running.is_empty() && self.out.is_some() {
@@ -150,6 +152,10 @@ impl Loop<'_> {
             }
             tokio::select! {
                 message = inbound.message() => match message {
+                    Ok(Some(ServerMessage { message: Some(server_message::Message::Drain(drain)) })) => {
+                        tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
+                        stopping = true;
+                    }
                     Ok(Some(ServerMessage { message: Some(m) })) => self.on_message(m),
                     Ok(Some(ServerMessage { message: None })) => {}
                     Ok(None) => break Ok(Ended { welcomed: true }),
@@ -160,7 +166,17 @@ impl Loop<'_> {
                     self.send(worker_message::Message::Result(result)).await;
                 }
                 Some(heartbeat) = self.heartbeats.1.recv() => {
-                    self.send(worker_message::Message::Heartbeat(heartbeat)).await;
+                    // Coalesce: of the heartbeats queued now, only each attempt's
+                    // latest is sent.
+                    let mut latest: HashMap<AttemptKey, v1::Heartbeat> = HashMap::new();
+                    let mut next = Some(heartbeat);
+                    while let Some(beat) = next {
+                        latest.insert((beat.workflow_id.clone(), beat.activity_id.clone(), beat.attempt), beat);
+                        next = self.heartbeats.1.try_recv().ok();
+                    }
+                    for beat in latest.into_values() {
+                        self.send(worker_message::Message::Heartbeat(beat)).await;
+                    }
                 }
                 _ = keepalive.tick() => {
                     self.send(worker_message::Message::Heartbeat(v1::Heartbeat::default())).await;
@@ -202,6 +218,7 @@ impl Loop<'_> {
                     tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
                 }
             }
+            // Drain is handled by the loop; a second Welcome means nothing.
             server_message::Message::Drain(_) | server_message::Message::Welcome(_) => {}
         }
     }

@@ -6,14 +6,16 @@ use spool_proto::v1::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
 use super::{Core, validate};
+use crate::drain::Drainer;
 
 pub struct AdminApi {
     core: Arc<Core>,
+    drainer: Arc<Drainer>,
 }
 
 impl AdminApi {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(core: Arc<Core>, drainer: Arc<Drainer>) -> Self {
+        Self { core, drainer }
     }
 }
 
@@ -21,11 +23,16 @@ impl AdminApi {
 impl AdminService for AdminApi {
     async fn drain(
         &self,
-        _request: Request<v1::DrainRequest>,
+        request: Request<v1::DrainRequest>,
     ) -> Result<Response<v1::DrainResponse>, Status> {
-        Err(Status::unimplemented(
-            "AdminService.Drain is not available in this version; stop the server with SIGTERM",
-        ))
+        let timeout = validate::duration("timeout", request.get_ref().timeout.as_ref())?
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.core.config.drain_timeout);
+        let report = self.drainer.drain(timeout).await;
+        Ok(Response::new(v1::DrainResponse {
+            completed: report.completed,
+            released: report.released,
+        }))
     }
 
     async fn list_workers(

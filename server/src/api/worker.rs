@@ -46,14 +46,22 @@ pub struct WorkerApi {
     tracker: TaskTracker,
     /// Cancelled when the server shuts down: sessions release their attempts and end.
     shutdown: CancellationToken,
+    /// Cancelled when a drain begins: new sessions are refused with UNAVAILABLE.
+    draining: CancellationToken,
 }
 
 impl WorkerApi {
-    pub fn new(core: Arc<Core>, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        core: Arc<Core>,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+        draining: CancellationToken,
+    ) -> Self {
         Self {
             core,
             tracker,
             shutdown,
+            draining,
         }
     }
 }
@@ -68,9 +76,9 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
-        if self.shutdown.is_cancelled() {
+        if self.shutdown.is_cancelled() || self.draining.is_cancelled() {
             return Err(Error::Unavailable(
-                "the server is shutting down: reconnect to another node".to_owned(),
+                "the server is draining for a restart: reconnect with backoff".to_owned(),
             )
             .into());
         }
@@ -78,22 +86,23 @@ impl WorkerService for WorkerApi {
         let hello = handshake(&mut inbound).await?;
         let registration = validate::hello(hello)?;
         let heartbeat_interval = self.core.config.heartbeat_interval;
-        let (worker_id, tx, rx) = self
-            .core
-            .registry
-            .register(registration, now_millis(), |id| {
-                server_message::Message::Welcome(v1::Welcome {
-                    worker_id: id.to_owned(),
-                    heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
-                    protocol_version: 1,
-                })
-            });
+        let (worker_id, tx, rx, evict) =
+            self.core
+                .registry
+                .register(registration, now_millis(), |id| {
+                    server_message::Message::Welcome(v1::Welcome {
+                        worker_id: id.to_owned(),
+                        heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
+                        protocol_version: 1,
+                    })
+                });
         tracing::info!(%worker_id, "worker connected");
         let session = Session {
             core: self.core.clone(),
             worker_id,
             tx,
             window: Arc::new(Semaphore::new(ACK_WINDOW)),
+            evict,
         };
         self.tracker
             .spawn(session.run(inbound, self.shutdown.clone()));
@@ -148,6 +157,8 @@ struct Session {
     tx: mpsc::Sender<Outgoing>,
     /// Results in flight; see the module invariants.
     window: Arc<Semaphore>,
+    /// Cancelled by the liveness sweep when the worker has been silent too long.
+    evict: CancellationToken,
 }
 
 impl Session {
@@ -159,17 +170,17 @@ impl Session {
                     Err(_) => break End::Lost("ack window closed".to_owned()),
                 },
                 _ = shutdown.cancelled() => break End::Shutdown,
+                _ = self.evict.cancelled() => break self.evicted(),
             };
             let message = tokio::select! {
                 m = inbound.message() => m,
                 _ = shutdown.cancelled() => break End::Shutdown,
+                _ = self.evict.cancelled() => break self.evicted(),
             };
             match message {
                 Ok(Some(WorkerMessage { message: Some(m) })) => match m {
                     worker_message::Message::Result(result) => self.on_result(result, permit).await,
-                    worker_message::Message::Heartbeat(_) => {
-                        self.core.registry.touch(&self.worker_id, now_millis())
-                    }
+                    worker_message::Message::Heartbeat(beat) => self.on_heartbeat(beat),
                     worker_message::Message::Hello(_) => {
                         let status = Status::invalid_argument(
                             "Hello may only be the first message of a Session",
@@ -188,6 +199,42 @@ impl Session {
             }
         };
         self.finish(end).await;
+    }
+
+    /// Tells a worker the sweep found silent why its stream ends.
+    fn evicted(&self) -> End {
+        let why = format!(
+            "no message for 3 heartbeat intervals ({} each)",
+            duration::format(self.core.config.heartbeat_interval)
+        );
+        let _ = self.tx.try_send(Outgoing {
+            message: Err(Status::unavailable(format!("worker lost: {why}"))),
+            permit: None,
+        });
+        End::Lost(why)
+    }
+
+    fn on_heartbeat(&self, beat: v1::Heartbeat) {
+        let now = now_millis();
+        if beat.workflow_id.is_empty() && beat.activity_id.is_empty() {
+            self.core.registry.touch(&self.worker_id, now);
+            return;
+        }
+        let details = beat.details.filter(|d| {
+            let fits = validate::check_payload("heartbeat.details", d, self.core.config.max_payload_bytes).is_ok();
+            if !fits {
+                tracing::warn!(worker_id = %self.worker_id, activity_id = %beat.activity_id, "heartbeat details over the payload limit dropped");
+            }
+            fits
+        });
+        self.core.registry.heartbeat(
+            &self.worker_id,
+            &beat.workflow_id,
+            &beat.activity_id,
+            beat.attempt,
+            details,
+            now,
+        );
     }
 
     async fn on_result(
@@ -230,6 +277,7 @@ impl Session {
                 vec![Op::Finish {
                     attempt,
                     transition,
+                    lease_expired_by: None,
                 }],
                 reply,
             )
@@ -264,6 +312,7 @@ impl Session {
                 Op::Finish {
                     attempt,
                     transition,
+                    lease_expired_by: None,
                 }
             })
             .collect();

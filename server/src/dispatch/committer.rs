@@ -203,7 +203,10 @@ impl Loop {
                 let claims = self.registry.plan_claims(now.saturating_add(self.lease_ms));
                 ops.extend(claims.into_iter().map(Op::Claim));
             }
-            if !ops.is_empty() {
+            if ops.is_empty() {
+                // Requests with no ops (a barrier: "everything before me is in").
+                answer(requests, Vec::new());
+            } else {
                 self.write(ops, requests, first_claim, now).await;
             }
             if stop.is_some() || closed {
@@ -335,6 +338,7 @@ impl Loop {
                     Op::Finish {
                         attempt,
                         transition,
+                        ..
                     },
                     Outcome::Finished { accepted: true },
                 ) => match transition {
@@ -364,6 +368,11 @@ impl Loop {
                 }
                 (Op::Redrive { .. }, Outcome::Redriven { row }) => {
                     self.due(&row.key.namespace, &row.activity_type, row.next_at, now);
+                }
+                (Op::ExpireScheduled { .. }, Outcome::Expired(keys)) => {
+                    for key in keys {
+                        self.pending.notify(key);
+                    }
                 }
                 _ => {}
             }

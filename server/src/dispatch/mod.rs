@@ -1,8 +1,9 @@
 //! Getting work to workers: who is connected and what they hold ([`Registry`]), the
 //! single writer that commits and claims ([`Committer`]), waiters on outcomes
-//! ([`Pending`]) and the timer of delayed rows.
+//! ([`Pending`]), the timer of delayed rows, and the liveness sweep ([`heartbeat`]).
 
 pub mod committer;
+pub mod heartbeat;
 pub mod pending;
 pub mod registry;
 pub mod timer;

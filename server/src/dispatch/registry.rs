@@ -24,11 +24,12 @@ use spool_proto::{
     v1::{self, ServerMessage, server_message},
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::{
     lifecycle::Attempt,
-    store::{ActivityRow, Claim, Key, Op, Transition},
+    store::{ActivityRow, Claim, ErrorKind, HeartbeatDetails, Key, Op, Payload, Transition},
 };
 
 /// Results a session may have in flight (being committed, or acked but not yet
@@ -81,6 +82,44 @@ struct Inflight {
     attempt: Arc<Attempt>,
     /// The server ended the attempt and told the worker to stop.
     cancel_sent: bool,
+    /// When the attempt last reported progress (dispatch time at first).
+    last_heartbeat: UnixMillis,
+    /// Details reported since the last flush to the store; latest wins.
+    unflushed: Option<Option<Payload>>,
+}
+
+impl Inflight {
+    fn new(attempt: Arc<Attempt>, now: UnixMillis) -> Self {
+        Self {
+            attempt,
+            cancel_sent: false,
+            last_heartbeat: now,
+            unflushed: None,
+        }
+    }
+}
+
+/// An attempt the sweep ended because a timeout passed.
+#[derive(Debug)]
+pub struct TimedOut {
+    pub attempt: Arc<Attempt>,
+    pub error_type: &'static str,
+    pub message: String,
+    /// Schedule-to-close: the whole activity is over, not just this attempt.
+    pub final_: bool,
+}
+
+/// What one liveness sweep found; the caller writes it.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    /// Workers silent too long; their sessions were told to end.
+    pub lost_workers: Vec<Arc<str>>,
+    /// Attempts ended by a timeout; their workers were sent `CancelActivity`.
+    pub timed_out: Vec<TimedOut>,
+    /// Heartbeat details to store.
+    pub heartbeats: Vec<HeartbeatDetails>,
+    /// Rows whose lease the caller should extend: every attempt still running.
+    pub running: Vec<i64>,
 }
 
 struct Worker {
@@ -97,6 +136,8 @@ struct Worker {
     /// Everything sent to the worker, in order. The session owns the receiver;
     /// closed means the session is ending.
     outbound: mpsc::Sender<Outgoing>,
+    /// Cancelled by a sweep that found the worker silent: its session ends.
+    evict: CancellationToken,
 }
 
 impl Worker {
@@ -134,6 +175,8 @@ pub struct Registry {
     /// Wakes the committer when a claim may now succeed: a slot freed, a worker
     /// joined, a row came due.
     wake: Notify,
+    /// Wakes a drain waiting for in-flight attempts to be answered.
+    answered: Notify,
 }
 
 impl Registry {
@@ -155,13 +198,19 @@ impl Registry {
         reg: Registration,
         now: UnixMillis,
         welcome: impl FnOnce(&str) -> server_message::Message,
-    ) -> (Arc<str>, mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>) {
+    ) -> (
+        Arc<str>,
+        mpsc::Sender<Outgoing>,
+        mpsc::Receiver<Outgoing>,
+        CancellationToken,
+    ) {
         let id: Arc<str> = uuid::Uuid::now_v7().to_string().into();
         let max = reg.max_concurrency.max(1);
         let capacity = 2 * max as usize + ACK_WINDOW + 8;
         let (tx, rx) = mpsc::channel(capacity);
         // The channel is new and empty: this cannot fail.
         let _ = tx.try_send(Outgoing::message(welcome(&id)));
+        let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let mut inner = self.lock();
         inner
@@ -186,11 +235,12 @@ impl Registry {
                 inflight: HashMap::new(),
                 reserved: 0,
                 outbound: tx.clone(),
+                evict: evict.clone(),
             },
         );
         drop(inner);
         self.wake.notify_one();
-        (id, tx, rx)
+        (id, tx, rx, evict)
     }
 
     /// Removes a worker; returns the attempts it still ran that the server had not
@@ -206,6 +256,8 @@ impl Registry {
                 inner.groups.remove(&worker.group);
             }
         }
+        drop(inner);
+        self.answered.notify_waiters();
         worker
             .inflight
             .into_values()
@@ -219,6 +271,132 @@ impl Registry {
         if let Some(w) = self.lock().workers.get_mut(worker_id) {
             w.last_seen = now;
         }
+    }
+
+    /// Records an attempt's heartbeat; returns false if the worker does not hold
+    /// that attempt (a late heartbeat is ignored).
+    pub fn heartbeat(
+        &self,
+        worker_id: &str,
+        workflow_id: &str,
+        activity_id: &str,
+        attempt: u32,
+        details: Option<Payload>,
+        now: UnixMillis,
+    ) -> bool {
+        let mut inner = self.lock();
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return false;
+        };
+        worker.last_seen = now;
+        let key = (workflow_id.to_owned(), activity_id.to_owned());
+        match worker.inflight.get_mut(&key) {
+            Some(i) if i.attempt.attempt == attempt && !i.cancel_sent => {
+                i.last_heartbeat = now;
+                i.unflushed = Some(details);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One liveness pass: finds workers silent since before `silent_before`, ends
+    /// attempts whose timeouts passed (telling their workers to stop), and collects
+    /// heartbeat details to store and running rows to renew.
+    pub fn sweep(&self, now: UnixMillis, silent_before: UnixMillis) -> Sweep {
+        let mut sweep = Sweep::default();
+        let mut inner = self.lock();
+        for worker in inner.workers.values_mut() {
+            if worker.last_seen < silent_before && !worker.evict.is_cancelled() {
+                worker.evict.cancel();
+                sweep.lost_workers.push(worker.id.clone());
+                continue;
+            }
+            for ((workflow_id, activity_id), inflight) in worker.inflight.iter_mut() {
+                if inflight.cancel_sent {
+                    continue;
+                }
+                let attempt = &inflight.attempt;
+                if let Some(details) = inflight.unflushed.take() {
+                    sweep.heartbeats.push(HeartbeatDetails {
+                        id: attempt.id,
+                        attempt: attempt.attempt,
+                        details,
+                    });
+                }
+                let Some(timed_out) = timeout_of(attempt, inflight.last_heartbeat, now) else {
+                    sweep.running.push(attempt.id);
+                    continue;
+                };
+                inflight.cancel_sent = true;
+                let cancel = v1::CancelActivity {
+                    workflow_id: workflow_id.clone(),
+                    activity_id: activity_id.clone(),
+                    attempt: attempt.attempt,
+                    reason: timed_out.message.clone(),
+                };
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                sweep.timed_out.push(timed_out);
+            }
+        }
+        sweep
+    }
+
+    /// True while a worker of this process holds the row's attempt.
+    pub fn holds(&self, id: i64) -> bool {
+        self.lock().workers.values().any(|w| {
+            w.inflight
+                .values()
+                .any(|i| i.attempt.id == id && !i.cancel_sent)
+        })
+    }
+
+    /// Attempts running now that the server has not ended.
+    pub fn running_count(&self) -> usize {
+        self.lock()
+            .workers
+            .values()
+            .map(|w| w.inflight.values().filter(|i| !i.cancel_sent).count())
+            .sum()
+    }
+
+    /// Completes at the next answer or disconnect; create before checking a count.
+    pub fn answered(&self) -> tokio::sync::futures::Notified<'_> {
+        self.answered.notified()
+    }
+
+    /// Sends `message` to every connected worker.
+    pub fn broadcast(&self, message: server_message::Message) {
+        for worker in self.lock().workers.values() {
+            let _ = worker.outbound.try_send(Outgoing::message(message.clone()));
+        }
+    }
+
+    /// Ends every attempt still running (a drain's deadline passed): each worker is
+    /// told to stop, and the attempts are returned for the caller to release.
+    pub fn end_all(&self, reason: &str) -> Vec<Arc<Attempt>> {
+        let mut ended = Vec::new();
+        for worker in self.lock().workers.values_mut() {
+            for ((workflow_id, activity_id), inflight) in worker.inflight.iter_mut() {
+                if inflight.cancel_sent {
+                    continue;
+                }
+                inflight.cancel_sent = true;
+                let cancel = v1::CancelActivity {
+                    workflow_id: workflow_id.clone(),
+                    activity_id: activity_id.clone(),
+                    attempt: inflight.attempt.attempt,
+                    reason: reason.to_owned(),
+                };
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                ended.push(inflight.attempt.clone());
+            }
+        }
+        ended
     }
 
     /// Marks a type as possibly having due rows, and wakes the committer.
@@ -317,6 +495,7 @@ impl Registry {
                 .map(|row| Op::Finish {
                     attempt: Arc::new(Attempt::from_row(&row)),
                     transition: Transition::Release,
+                    lease_expired_by: None,
                 })
                 .collect();
         };
@@ -334,15 +513,13 @@ impl Registry {
                     tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
                 }
             }
+            let now = attempt.started_at;
             worker.inflight.insert(
                 (
                     attempt.key.workflow_id.clone(),
                     attempt.key.activity_id.clone(),
                 ),
-                Inflight {
-                    attempt,
-                    cancel_sent: false,
-                },
+                Inflight::new(attempt, now),
             );
         }
         let group = worker.group.clone();
@@ -374,6 +551,7 @@ impl Registry {
         };
         drop(inner);
         self.wake.notify_one();
+        self.answered.notify_waiters();
         if inflight.cancel_sent {
             Answer::Ended
         } else {
@@ -437,6 +615,62 @@ impl Registry {
             .values()
             .filter(|w| *w.group.0 == *namespace)
             .count()
+    }
+}
+
+/// The timeout an attempt has passed at `now`, if any.
+fn timeout_of(
+    attempt: &Arc<Attempt>,
+    last_heartbeat: UnixMillis,
+    now: UnixMillis,
+) -> Option<TimedOut> {
+    let timeouts = &attempt.timeouts;
+    let timed_out = |error_type: &'static str, message: String, final_: bool| TimedOut {
+        attempt: attempt.clone(),
+        error_type,
+        message,
+        final_,
+    };
+    if let Some(deadline) = attempt.schedule_to_close_deadline()
+        && now >= deadline
+    {
+        return Some(timed_out(
+            "ScheduleToCloseTimeout",
+            "schedule_to_close_timeout passed before the activity finished".to_owned(),
+            true,
+        ));
+    }
+    if let Some(ms) = timeouts.start_to_close_ms
+        && now >= attempt.started_at.saturating_add(ms)
+    {
+        return Some(timed_out(
+            "StartToCloseTimeout",
+            format!(
+                "attempt {} ran longer than start_to_close_timeout ({ms} ms)",
+                attempt.attempt
+            ),
+            false,
+        ));
+    }
+    if let Some(ms) = timeouts.heartbeat_ms
+        && now >= last_heartbeat.saturating_add(ms)
+    {
+        return Some(timed_out(
+            "HeartbeatTimeout",
+            format!(
+                "attempt {} sent no heartbeat for heartbeat_timeout ({ms} ms)",
+                attempt.attempt
+            ),
+            false,
+        ));
+    }
+    None
+}
+
+impl TimedOut {
+    /// The error this timeout records.
+    pub fn error(&self) -> crate::store::ActivityError {
+        crate::lifecycle::server_error(ErrorKind::Timeout, self.error_type, self.message.clone())
     }
 }
 

@@ -135,6 +135,7 @@ async fn finish(store: &dyn Store, row: &ActivityRow, transition: Transition, no
     let op = Op::Finish {
         attempt: Arc::new(Attempt::from_row(row)),
         transition,
+        lease_expired_by: None,
     };
     match one(store, op, now).await {
         Outcome::Finished { accepted } => accepted,

@@ -167,11 +167,25 @@ pub enum Op {
     Submit(Vec<NewActivity>),
     /// Outcome: `Claimed`.
     Claim(Claim),
-    /// End the attempt, fenced by its row id and attempt number. Outcome: `Finished`.
+    /// End the attempt, fenced by its row id and attempt number (and, with
+    /// `lease_expired_by`, only if its lease expired by then: a reclaim must not
+    /// take an attempt whose owner renewed it). Outcome: `Finished`.
     Finish {
         attempt: Arc<Attempt>,
         transition: Transition,
+        lease_expired_by: Option<UnixMillis>,
     },
+    /// Extend the leases of these RUNNING rows. Outcome: `Renewed`.
+    Renew {
+        ids: Vec<i64>,
+        lease_expires_at: UnixMillis,
+    },
+    /// Store the latest heartbeat details of running attempts (fenced like
+    /// `Finish`). Outcome: `Recorded`.
+    RecordHeartbeats(Vec<HeartbeatDetails>),
+    /// Fail up to `limit` SCHEDULED rows whose schedule-to-close deadline passed, as
+    /// `TIMEOUT`. Outcome: `Expired` with their keys.
+    ExpireScheduled { limit: u32 },
     /// SCHEDULED or RUNNING → CANCELLED. Outcome: `Cancelled`, `NotFound` or `WrongStatus`.
     Cancel { key: Key, reason: String },
     /// FAILED or CANCELLED → SCHEDULED with a fresh attempt budget.
@@ -204,6 +218,17 @@ pub enum Outcome {
     NotFound,
     WrongStatus(ActivityStatus),
     Pruned(u64),
+    Renewed(u64),
+    Recorded(u64),
+    Expired(Vec<Key>),
+}
+
+/// The latest progress an attempt reported.
+#[derive(Debug, Clone)]
+pub struct HeartbeatDetails {
+    pub id: i64,
+    pub attempt: u32,
+    pub details: Option<Payload>,
 }
 
 #[derive(Debug, Clone)]
@@ -248,6 +273,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every RUNNING row, for reclaiming attempts whose process is gone.
     async fn running(&self) -> Result<Vec<ActivityRow>, Error>;
+
+    /// Up to `limit` RUNNING rows whose lease expired before `now`.
+    async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error>;
 
     /// The earliest `next_at` after `after` of any SCHEDULED row, to arm the
     /// dispatch timer.

@@ -167,6 +167,19 @@ impl Store for SqliteStore {
         rows.iter().map(decode).collect()
     }
 
+    async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE status = 2 AND lease_expires_at < ?1 ORDER BY lease_expires_at LIMIT ?2"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
     async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error> {
         let row =
             sqlx::query("SELECT MIN(next_at) FROM activities WHERE status = 1 AND next_at > ?1")
@@ -188,7 +201,88 @@ async fn apply_one(
         Op::Finish {
             attempt,
             transition,
-        } => finish(conn, attempt.id, attempt.attempt, transition, now).await,
+            lease_expired_by,
+        } => {
+            finish(
+                conn,
+                attempt.id,
+                attempt.attempt,
+                transition,
+                *lease_expired_by,
+                now,
+            )
+            .await
+        }
+        Op::Renew {
+            ids,
+            lease_expires_at,
+        } => {
+            let mut renewed = 0;
+            // Bounded statements: SQLite caps the size of one JSON argument.
+            for chunk in ids.chunks(10_000) {
+                let done = sqlx::query(
+                    "UPDATE activities SET lease_expires_at = ?1 \
+                     WHERE status = 2 AND id IN (SELECT value FROM json_each(?2))",
+                )
+                .bind(lease_expires_at)
+                .bind(serde_json::to_string(chunk).unwrap_or_default())
+                .execute(&mut *conn)
+                .await?;
+                renewed += done.rows_affected();
+            }
+            Ok(Outcome::Renewed(renewed))
+        }
+        Op::RecordHeartbeats(beats) => {
+            let mut recorded = 0;
+            for beat in beats {
+                let done = sqlx::query(
+                    "UPDATE activities SET heartbeat_type = ?3, heartbeat_details = ?4 \
+                     WHERE id = ?1 AND attempt = ?2 AND status = 2",
+                )
+                .bind(beat.id)
+                .bind(i64::from(beat.attempt))
+                .bind(beat.details.as_ref().map(|d| d.content_type.as_str()))
+                .bind(beat.details.as_ref().map(|d| d.data.as_slice()))
+                .execute(&mut *conn)
+                .await?;
+                recorded += done.rows_affected();
+            }
+            Ok(Outcome::Recorded(recorded))
+        }
+        Op::ExpireScheduled { limit } => {
+            let error = crate::lifecycle::server_error(
+                spool_proto::v1::ErrorKind::Timeout,
+                "ScheduleToCloseTimeout",
+                "schedule_to_close_timeout passed before the activity finished".to_owned(),
+            );
+            let e = ErrorColumns::from(&error);
+            let rows = sqlx::query(
+                "UPDATE activities SET status = 4, finished_at = ?1, \
+                 error_kind = ?3, error_type = ?4, error_message = ?5, \
+                 error_details_type = NULL, error_details = NULL \
+                 WHERE id IN (SELECT id FROM activities \
+                   WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2) \
+                 RETURNING namespace, workflow_id, activity_id",
+            )
+            .bind(now)
+            .bind(i64::from(*limit))
+            .bind(e.kind)
+            .bind(e.error_type)
+            .bind(e.message)
+            .fetch_all(&mut *conn)
+            .await?;
+            let keys = rows
+                .iter()
+                .map(|r| {
+                    Ok(Key {
+                        namespace: r.try_get(0)?,
+                        workflow_id: r.try_get(1)?,
+                        activity_id: r.try_get(2)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            Ok(Outcome::Expired(keys))
+        }
         Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
         Op::Redrive { key } => redrive(conn, key, now).await,
         Op::Prune { before, limit } => {
@@ -251,8 +345,9 @@ async fn submit(
         "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
          max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
-         input, created_at, next_at) \
-         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+         input, created_at, next_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+                 ?16 + ?12) \
          ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
     )
     .bind(&new.key.namespace)
@@ -354,21 +449,26 @@ async fn finish(
     id: i64,
     attempt: u32,
     transition: &Transition,
+    lease_expired_by: Option<UnixMillis>,
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
     let attempt = i64::from(attempt);
+    // The last parameter of each statement is the lease guard: NULL for every
+    // ending but a reclaim.
     let done = match transition {
         Transition::Complete { output } => {
             sqlx::query(
                 "UPDATE activities SET status = 3, output_type = ?3, output = ?4, \
                  finished_at = ?5, lease_expires_at = NULL \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?6 IS NULL OR lease_expires_at < ?6)",
             )
             .bind(id)
             .bind(attempt)
             .bind(&output.content_type)
             .bind(&output.data)
             .bind(now)
+            .bind(lease_expired_by)
             .execute(&mut *conn)
             .await?
         }
@@ -378,7 +478,8 @@ async fn finish(
                 "UPDATE activities SET status = 1, next_at = ?3, lease_expires_at = NULL, \
                  error_kind = ?4, error_type = ?5, error_message = ?6, \
                  error_details_type = ?7, error_details = ?8 \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?9 IS NULL OR lease_expires_at < ?9)",
             )
             .bind(id)
             .bind(attempt)
@@ -388,6 +489,7 @@ async fn finish(
             .bind(e.message)
             .bind(e.details_type)
             .bind(e.details)
+            .bind(lease_expired_by)
             .execute(&mut *conn)
             .await?
         }
@@ -398,11 +500,13 @@ async fn finish(
             };
             sqlx::query(
                 "UPDATE activities SET status = 1, next_at = ?3, uncounted = uncounted + 1, \
-                 lease_expires_at = NULL WHERE id = ?1 AND attempt = ?2 AND status = 2",
+                 lease_expires_at = NULL WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?4 IS NULL OR lease_expires_at < ?4)",
             )
             .bind(id)
             .bind(attempt)
             .bind(next_at)
+            .bind(lease_expired_by)
             .execute(&mut *conn)
             .await?
         }
@@ -412,7 +516,8 @@ async fn finish(
                 "UPDATE activities SET status = 4, finished_at = ?3, lease_expires_at = NULL, \
                  error_kind = ?4, error_type = ?5, error_message = ?6, \
                  error_details_type = ?7, error_details = ?8 \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?9 IS NULL OR lease_expires_at < ?9)",
             )
             .bind(id)
             .bind(attempt)
@@ -422,6 +527,7 @@ async fn finish(
             .bind(e.message)
             .bind(e.details_type)
             .bind(e.details)
+            .bind(lease_expired_by)
             .execute(&mut *conn)
             .await?
         }

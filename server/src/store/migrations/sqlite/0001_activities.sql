@@ -37,6 +37,8 @@ CREATE TABLE activities (
     started_at           INTEGER,
     finished_at          INTEGER,
     lease_expires_at     INTEGER,
+    -- created_at + schedule_to_close_ms: when the activity fails as TIMEOUT.
+    expires_at           INTEGER,
     worker_id            TEXT,
     UNIQUE (namespace, workflow_id, activity_id)
 );
@@ -45,6 +47,10 @@ CREATE TABLE activities (
 CREATE INDEX activities_due
     ON activities (namespace, activity_type, priority DESC, next_at, id)
     WHERE status = 1;
+
+-- Schedule-to-close sweeps of rows still waiting.
+CREATE INDEX activities_expiry ON activities (expires_at)
+    WHERE status = 1 AND expires_at IS NOT NULL;
 
 -- Lease sweeps and start-up reclaim.
 CREATE INDEX activities_running ON activities (lease_expires_at) WHERE status = 2;

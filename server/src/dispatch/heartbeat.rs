@@ -1,0 +1,128 @@
+//! Liveness: the periodic sweep that finds silent workers and passed timeouts,
+//! stores heartbeat details, renews leases, and reclaims orphaned rows.
+//!
+//! Each tick (a fraction of the heartbeat interval, at most a second):
+//! - a worker silent for 3 heartbeat intervals is evicted: its session ends and each
+//!   attempt it held fails as `WORKER_LOST`;
+//! - an attempt past its heartbeat or start-to-close timeout fails as `TIMEOUT`
+//!   (retried per policy), past schedule-to-close it fails for good; its worker is
+//!   sent `CancelActivity` and keeps the slot until it answers;
+//! - heartbeat details reported since the last tick are written, latest only;
+//! - SCHEDULED rows past their schedule-to-close deadline fail as `TIMEOUT`;
+//! - every third of the lease, the leases of all running attempts are extended in
+//!   one statement, and RUNNING rows whose lease expired and that no live worker of
+//!   this process holds are reclaimed as `WORKER_LOST`.
+//!
+//! Invariant: an attempt whose worker lives is never reclaimed, however long it
+//! runs: its lease is renewed while the worker is registered here.
+
+use std::{sync::Arc, time::Duration};
+
+use spool_proto::time::{UnixMillis, now_millis};
+use tokio_util::sync::CancellationToken;
+
+use super::{Committer, Registry};
+use crate::{
+    lifecycle::{self, Attempt},
+    store::{ErrorKind, Op, Store, Transition},
+};
+
+/// Most rows expired or reclaimed per tick; the rest wait for the next tick.
+const SWEEP_LIMIT: u32 = 1_000;
+
+pub struct Options {
+    pub heartbeat_interval: Duration,
+    pub lease: Duration,
+}
+
+pub async fn run(
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    committer: Committer,
+    options: Options,
+    shutdown: CancellationToken,
+) {
+    let tick =
+        (options.heartbeat_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let interval_ms = millis(options.heartbeat_interval);
+    let lease_ms = millis(options.lease).max(1);
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_renewal: UnixMillis = 0;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = now_millis();
+        let sweep = registry.sweep(now, now.saturating_sub(interval_ms.saturating_mul(3)));
+        for worker_id in &sweep.lost_workers {
+            tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
+        }
+        let mut ops = Vec::new();
+        for timed_out in sweep.timed_out {
+            tracing::info!(activity_id = %timed_out.attempt.key.activity_id, attempt = timed_out.attempt.attempt, "{}", timed_out.message);
+            let error = timed_out.error();
+            let transition = if timed_out.final_ {
+                Transition::Fail { error }
+            } else {
+                lifecycle::on_failure(&timed_out.attempt, error, now, rand::random())
+            };
+            ops.push(Op::Finish {
+                attempt: timed_out.attempt,
+                transition,
+                lease_expired_by: None,
+            });
+        }
+        if !sweep.heartbeats.is_empty() {
+            ops.push(Op::RecordHeartbeats(sweep.heartbeats));
+        }
+        ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
+        if now.saturating_sub(last_renewal) >= lease_ms / 3 {
+            last_renewal = now;
+            if !sweep.running.is_empty() {
+                ops.push(Op::Renew {
+                    ids: sweep.running,
+                    lease_expires_at: now.saturating_add(lease_ms),
+                });
+            }
+            ops.extend(reclaim(store.as_ref(), &registry, now).await);
+        }
+        if let Err(e) = committer.commit(ops).await {
+            tracing::warn!(error = %e, "liveness sweep not written; retrying next tick");
+        }
+    }
+}
+
+/// Ends RUNNING rows whose lease expired and that no worker here holds: their
+/// owner is gone without this process having seen it end.
+async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec<Op> {
+    let rows = match store.expired_leases(now, SWEEP_LIMIT).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read expired leases");
+            return Vec::new();
+        }
+    };
+    rows.iter()
+        .filter(|row| !registry.holds(row.id))
+        .map(|row| {
+            let attempt = Arc::new(Attempt::from_row(row));
+            let error = lifecycle::server_error(
+                ErrorKind::WorkerLost,
+                "WorkerLost",
+                "the attempt's lease expired with no live worker holding it".to_owned(),
+            );
+            tracing::warn!(activity_id = %attempt.key.activity_id, attempt = attempt.attempt, "reclaiming an attempt whose lease expired");
+            Op::Finish {
+                transition: lifecycle::on_failure(&attempt, error, now, rand::random()),
+                attempt,
+                lease_expired_by: Some(now),
+            }
+        })
+        .collect()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
