@@ -7,4 +7,5 @@ mod harness;
 mod api;
 mod interop;
 mod lifecycle;
+mod liveness;
 mod protocol;

@@ -34,7 +34,7 @@ use super::{Core, Error, validate};
 use crate::{
     dispatch::registry::{ACK_WINDOW, Answer, Outgoing},
     lifecycle::{self, Attempt},
-    store::{ActivityError, Op, Outcome, Transition},
+    store::{ActivityError, HeartbeatDetails, Op, Outcome, Transition},
 };
 
 /// How long a new stream may take to send its `Hello`.
@@ -249,13 +249,13 @@ impl Session {
             attempt: result.attempt,
             accepted: false,
         };
-        let attempt = match self.core.registry.answer(
+        let (attempt, details) = match self.core.registry.answer(
             &self.worker_id,
             &result.workflow_id,
             &result.activity_id,
             result.attempt,
         ) {
-            Answer::Held(attempt) => attempt,
+            Answer::Held(attempt, details) => (attempt, details),
             Answer::Ended | Answer::Unknown => {
                 send_ack(&self.tx, ack, false, permit);
                 return;
@@ -265,25 +265,26 @@ impl Session {
         let tx = self.tx.clone();
         let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
             let accepted = matches!(
-                outcome.as_deref(),
-                Ok([Outcome::Finished { accepted: true }])
+                outcome.as_deref().map(|o| o.last()),
+                Ok(Some(Outcome::Finished { accepted: true }))
             );
             send_ack(&tx, ack, accepted, permit);
         });
-        if self
-            .core
-            .committer
-            .commit_with(
-                vec![Op::Finish {
-                    attempt,
-                    transition,
-                    lease_expired_by: None,
-                }],
-                reply,
-            )
-            .await
-            .is_err()
-        {
+        let mut ops = Vec::with_capacity(2);
+        if let Some(details) = details {
+            // The last progress reported survives the attempt's end.
+            ops.push(Op::RecordHeartbeats(vec![HeartbeatDetails {
+                id: attempt.id,
+                attempt: attempt.attempt,
+                details,
+            }]));
+        }
+        ops.push(Op::Finish {
+            attempt,
+            transition,
+            lease_expired_by: None,
+        });
+        if self.core.committer.commit_with(ops, reply).await.is_err() {
             // The committer is gone (shutdown); the reply, and with it the ack,
             // is dropped. The row stays RUNNING and is reclaimed at the next start.
             tracing::warn!(worker_id = %self.worker_id, "result not recorded: shutting down");

@@ -60,6 +60,11 @@ pub async fn run(
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
         }
         let mut ops = Vec::new();
+        // Details first: they are fenced to the running attempt, which a timeout
+        // below may end in this same batch.
+        if !sweep.heartbeats.is_empty() {
+            ops.push(Op::RecordHeartbeats(sweep.heartbeats));
+        }
         for timed_out in sweep.timed_out {
             tracing::info!(activity_id = %timed_out.attempt.key.activity_id, attempt = timed_out.attempt.attempt, "{}", timed_out.message);
             let error = timed_out.error();
@@ -73,9 +78,6 @@ pub async fn run(
                 transition,
                 lease_expired_by: None,
             });
-        }
-        if !sweep.heartbeats.is_empty() {
-            ops.push(Op::RecordHeartbeats(sweep.heartbeats));
         }
         ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
         if now.saturating_sub(last_renewal) >= lease_ms / 3 {

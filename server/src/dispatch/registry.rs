@@ -67,8 +67,10 @@ pub struct Registration {
 /// Whether a worker's result answers an attempt it holds.
 #[derive(Debug)]
 pub enum Answer {
-    /// The attempt is the worker's and still running: the result decides it.
-    Held(Arc<Attempt>),
+    /// The attempt is the worker's and still running: the result decides it. The
+    /// heartbeat details reported since the last flush come along, to be written
+    /// with the result.
+    Held(Arc<Attempt>, Option<Option<Payload>>),
     /// The attempt was the worker's, but the server already ended it (cancel,
     /// timeout): the result only frees the slot.
     Ended,
@@ -555,7 +557,7 @@ impl Registry {
         if inflight.cancel_sent {
             Answer::Ended
         } else {
-            Answer::Held(inflight.attempt)
+            Answer::Held(inflight.attempt, inflight.unflushed)
         }
     }
 

@@ -1,0 +1,354 @@
+//! Heartbeats, timeouts, silent workers and the admin drain, in process.
+
+use std::{sync::Arc, time::Duration};
+
+use spool_proto::v1::{self, ActivityStatus, ErrorKind, server_message, worker_message};
+use spool_worker::{ActivityError, Payload};
+use tokio::sync::Notify;
+
+use crate::harness::*;
+
+fn ms(n: u64) -> Option<prost_types::Duration> {
+    Some(prost_types_duration(Duration::from_millis(n)))
+}
+
+fn last_error(activity: &v1::Activity) -> (ErrorKind, String) {
+    let e = activity.last_error.clone().expect("a last error");
+    (ErrorKind::try_from(e.kind).expect("known kind"), e.r#type)
+}
+
+#[tokio::test]
+async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
+    let server = TestServer::start().await;
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut client = server.client().await;
+    let mut req = request("t", "wf", "hb");
+    req.heartbeat_timeout = ms(200);
+    req.retry_policy = fast_retries(3);
+    submit(&mut client, req).await;
+    let first = raw.task().await;
+    assert_eq!(first.heartbeat_timeout, ms(200));
+    // Silence: the server ends attempt 1 and tells the worker.
+    match raw.next().await {
+        server_message::Message::Cancel(c) => {
+            assert_eq!(c.attempt, 1);
+            assert!(c.reason.contains("heartbeat"), "{}", c.reason);
+        }
+        other => panic!("expected CancelActivity, got {other:?}"),
+    }
+    let row = eventually("the timeout to be recorded", || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, key("wf", "hb")).await;
+            row.last_error.is_some().then_some(row)
+        }
+    })
+    .await;
+    assert_eq!(
+        last_error(&row),
+        (ErrorKind::Timeout, "HeartbeatTimeout".into())
+    );
+    // The slot is still taken: attempt 2 waits for the worker to answer attempt 1.
+    raw.quiet_for(Duration::from_millis(150)).await;
+    raw.complete(&first, 1).await;
+    let mut got_ack = false;
+    let mut second = None;
+    while !(got_ack && second.is_some()) {
+        match raw.next().await {
+            server_message::Message::Ack(a) => {
+                assert!(!a.accepted, "a result for a timed-out attempt is refused");
+                got_ack = true;
+            }
+            server_message::Message::Task(t) => second = Some(t),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let second = second.unwrap();
+    assert_eq!(second.attempt, 2);
+    // Heartbeats keep attempt 2 alive past the timeout, and their details are readable.
+    let beats = {
+        let tx = raw.tx.clone();
+        tokio::spawn(async move {
+            for i in 0.. {
+                let beat = v1::Heartbeat {
+                    workflow_id: "wf".into(),
+                    activity_id: "hb".into(),
+                    attempt: 2,
+                    details: Some(json(serde_json::json!({"progress": i}))),
+                };
+                let message = v1::WorkerMessage {
+                    message: Some(worker_message::Message::Heartbeat(beat)),
+                };
+                if tx.send(message).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let started = tokio::time::Instant::now();
+    let row = eventually("heartbeat details to be stored", || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, key("wf", "hb")).await;
+            row.heartbeat_details.is_some().then_some(row)
+        }
+    })
+    .await;
+    let progress: serde_json::Value =
+        serde_json::from_slice(&row.heartbeat_details.unwrap().data).unwrap();
+    assert!(progress["progress"].is_u64(), "{progress}");
+    // Well past the 200 ms timeout, attempt 2 still runs.
+    tokio::time::sleep(Duration::from_millis(600).saturating_sub(started.elapsed())).await;
+    let row = get(&mut client, key("wf", "hb")).await;
+    assert_eq!((status(&row), row.attempt), (ActivityStatus::Running, 2));
+    beats.abort();
+    raw.complete(&second, 2).await;
+    assert!(raw.ack().await.accepted);
+}
+
+#[tokio::test]
+async fn start_to_close_fails_each_attempt_as_timeout() {
+    let server = TestServer::start().await;
+    let cancelled = Arc::new(Notify::new());
+    let c = cancelled.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("stuck", move |ctx, _| {
+            let c = c.clone();
+            async move {
+                ctx.cancelled().await;
+                c.notify_one();
+                Err(ActivityError::retryable("Stopped", "told to stop"))
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("stuck", "wf", "s2c");
+    req.start_to_close_timeout = ms(150);
+    req.retry_policy = fast_retries(2);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "s2c")).await;
+    assert_eq!((status(&done), done.attempt), (ActivityStatus::Failed, 2));
+    assert_eq!(
+        last_error(&done),
+        (ErrorKind::Timeout, "StartToCloseTimeout".into())
+    );
+    // The SDK handler was told to stop.
+    tokio::time::timeout(WAIT, cancelled.notified())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn schedule_to_close_fails_waiting_and_running_activities_for_good() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut waiting = request("unserved", "wf", "waiting");
+    waiting.schedule_to_close_timeout = ms(200);
+    submit(&mut client, waiting).await;
+    let done = wait(&mut client, key("wf", "waiting")).await;
+    assert_eq!((status(&done), done.attempt), (ActivityStatus::Failed, 0));
+    assert_eq!(
+        last_error(&done),
+        (ErrorKind::Timeout, "ScheduleToCloseTimeout".into())
+    );
+
+    let _worker = server.worker(|w| {
+        w.activity("slow", |ctx, _| async move {
+            ctx.cancelled().await;
+            Ok(Payload::default())
+        })
+    });
+    let mut running = request("slow", "wf", "running");
+    running.schedule_to_close_timeout = ms(300);
+    running.retry_policy = fast_retries(10);
+    submit(&mut client, running).await;
+    let done = wait(&mut client, key("wf", "running")).await;
+    assert_eq!(status(&done), ActivityStatus::Failed);
+    assert_eq!(done.attempt, 1, "schedule-to-close is not retried");
+    assert_eq!(
+        last_error(&done),
+        (ErrorKind::Timeout, "ScheduleToCloseTimeout".into())
+    );
+}
+
+#[tokio::test]
+async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
+    let server =
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+    // The raw worker sends no keep-alives at all.
+    let mut silent = RawWorker::connect(&server, &["t"], 1).await;
+    assert_eq!(silent.welcome.heartbeat_interval, ms(100));
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "s")).await;
+    assert_eq!(silent.task().await.attempt, 1);
+    let started = tokio::time::Instant::now();
+    let _healthy = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let done = wait(&mut client, key("wf", "s")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 2)
+    );
+    assert_eq!(last_error(&done).0, ErrorKind::WorkerLost);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "lost after {:?}",
+        started.elapsed()
+    );
+    // Its stream ends with UNAVAILABLE.
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match silent.rx.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test]
+async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.max_concurrency(4).activity("short", |_, _| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(Payload::default())
+        })
+    });
+    server.await_workers(1).await;
+    let mut client = server.client().await;
+    for i in 0..3 {
+        submit(&mut client, request("short", "wf", &format!("d{i}"))).await;
+    }
+    eventually("3 running", || {
+        let mut client = client.clone();
+        async move {
+            let stats = client
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (stats.running == 3).then_some(())
+        }
+    })
+    .await;
+    let report = server
+        .admin()
+        .await
+        .drain(v1::DrainRequest { timeout: ms(5_000) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((report.completed, report.released), (3, 0));
+    for i in 0..3 {
+        let row = get(&mut client, key("wf", &format!("d{i}"))).await;
+        assert_eq!((status(&row), row.attempt), (ActivityStatus::Completed, 1));
+    }
+    // Still up: submits are stored but not dispatched; new workers are turned away.
+    submit(&mut client, request("short", "wf", "after")).await;
+    let err = RawWorker::open(
+        &server,
+        worker_message::Message::Hello(hello(&["short"], 1)),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        status(&get(&mut client, key("wf", "after")).await),
+        ActivityStatus::Scheduled
+    );
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+    let check = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        check.status,
+        tonic_health::pb::health_check_response::ServingStatus::NotServing as i32
+    );
+}
+
+#[tokio::test]
+async fn a_drain_releases_what_outlives_it_without_failing_it() {
+    let server = TestServer::start().await;
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut client = server.client().await;
+    let mut req = request("t", "wf", "forever");
+    req.retry_policy = fast_retries(1);
+    submit(&mut client, req).await;
+    raw.task().await;
+    let report = server
+        .admin()
+        .await
+        .drain(v1::DrainRequest { timeout: ms(200) })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((report.completed, report.released), (0, 1));
+    let mut saw_drain = false;
+    let mut saw_cancel = false;
+    while !(saw_drain && saw_cancel) {
+        match raw.next().await {
+            server_message::Message::Drain(d) => {
+                assert!(d.deadline.is_some());
+                saw_drain = true;
+            }
+            server_message::Message::Cancel(c) => {
+                assert_eq!(c.attempt, 1);
+                saw_cancel = true;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let row = get(&mut client, key("wf", "forever")).await;
+    assert_eq!(status(&row), ActivityStatus::Scheduled);
+    assert!(row.last_error.is_none(), "a release is not a failure");
+    // Released attempts are not counted: with max_attempts = 1 it may still run.
+    let server = server.restart().await;
+    let _worker = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let mut client = server.client().await;
+    let done = wait(&mut client, key("wf", "forever")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 2)
+    );
+}
+
+#[tokio::test]
+async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.activity("progress", |ctx, _| async move {
+            for i in 0..8 {
+                ctx.heartbeat(Some(spool_worker::json(&i)));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(Payload::default())
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("progress", "wf", "p");
+    req.heartbeat_timeout = ms(200);
+    req.retry_policy = fast_retries(1);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "p")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 1)
+    );
+    let details = done
+        .heartbeat_details
+        .expect("details kept after completion");
+    assert!(
+        details.data.len() == 1 && details.data[0].is_ascii_digit(),
+        "{details:?}"
+    );
+}
