@@ -1,0 +1,280 @@
+//! Real processes where the point is a real kill or signal: the `spool` binary as
+//! the server, and this test binary re-run as a worker process (see
+//! [`worker_process_entry`]).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod child;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use spool_proto::v1::{self, ActivityStatus, ErrorKind};
+use support::*;
+
+/// The entry point of worker child processes: `WorkerProcess::start` re-runs this
+/// test binary with only this test selected and its configuration in the
+/// environment. Run as an ordinary test, it returns at once.
+#[test]
+fn worker_process_entry() {
+    if let Ok(config) = std::env::var(child::CONFIG_ENV) {
+        child::run(&config);
+    }
+}
+
+#[tokio::test]
+async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
+    let env = Env::new();
+    let mut server = env.server(&["--heartbeat-interval", "1s"]);
+    let mut client = server.client().await;
+    let worker = env.worker(30);
+    server.await_workers(&mut client, 1).await;
+    for i in 0..30 {
+        submit(&mut client, sleep_request(&format!("run{i}"), 1_500, None)).await;
+    }
+    for i in 0..30 {
+        submit(
+            &mut client,
+            sleep_request(&format!("later{i}"), 100, Some(Duration::from_millis(800))),
+        )
+        .await;
+    }
+    eventually("30 activities to start", || async {
+        (worker.log().starts() >= 30).then_some(())
+    })
+    .await;
+    server.kill_9();
+    let server = env.server(&["--heartbeat-interval", "1s"]);
+    let mut client = server.client().await;
+    eventually_for(Duration::from_secs(60), "all 60 to complete", || {
+        let mut client = client.clone();
+        async move {
+            let stats = client
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (stats.completed == 60).then_some(())
+        }
+    })
+    .await;
+    let all = list_all(&mut client).await;
+    assert_eq!(all.len(), 60);
+    for activity in &all {
+        let output: serde_json::Value =
+            serde_json::from_slice(&activity.output.as_ref().unwrap().data).unwrap();
+        assert_eq!(
+            output["attempt"], activity.attempt,
+            "the accepted result is the final attempt's: {activity:?}"
+        );
+    }
+    // Attempts interrupted by the crash ran again: more runs than activities, yet
+    // exactly one accepted completion each.
+    assert!(worker.log().dones() >= 60);
+}
+
+#[tokio::test]
+async fn kill_9_of_a_worker_redelivers_to_another_within_a_second() {
+    let env = Env::new();
+    let server = env.server(&[]);
+    let mut client = server.client().await;
+    let mut doomed = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    submit(&mut client, sleep_request("w", 30_000, None)).await;
+    eventually("the first attempt to start", || async {
+        (doomed.log().starts() == 1).then_some(())
+    })
+    .await;
+    let _other = in_process_worker(&server, "sleep");
+    server.await_workers(&mut client, 2).await;
+    let killed_at = now_ms();
+    doomed.kill_9();
+    let row = eventually("attempt 2 to start", || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, "w").await;
+            (row.attempt == 2).then_some(row)
+        }
+    })
+    .await;
+    let started = spool_proto::time::from_proto(&row.started_at.unwrap());
+    assert!(
+        started - killed_at < 1_000,
+        "redelivered {} ms after the kill",
+        started - killed_at
+    );
+    let done = wait(&mut client, "w").await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 2)
+    );
+    assert_eq!(done.last_error.unwrap().kind, ErrorKind::WorkerLost as i32);
+}
+
+#[tokio::test]
+async fn a_frozen_worker_loses_its_attempt_and_its_late_result_changes_nothing() {
+    let env = Env::new();
+    let server = env.server(&["--heartbeat-interval", "500ms"]);
+    let mut client = server.client().await;
+    let frozen = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    submit(&mut client, sleep_request("f", 2_000, None)).await;
+    eventually("the first attempt to start", || async {
+        (frozen.log().starts() == 1).then_some(())
+    })
+    .await;
+    let _other = in_process_worker(&server, "sleep");
+    server.await_workers(&mut client, 2).await;
+    frozen.signal("STOP");
+    let stopped = Instant::now();
+    let done = wait(&mut client, "f").await;
+    let took = stopped.elapsed();
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 2)
+    );
+    assert!(
+        took < Duration::from_millis(2_000),
+        "redelivered after {took:?} (3 intervals = 1.5 s)"
+    );
+    assert_eq!(
+        done.last_error.as_ref().unwrap().kind,
+        ErrorKind::WorkerLost as i32
+    );
+    frozen.signal("CONT");
+    // The frozen worker wakes, finishes attempt 1 and reports it; nothing changes.
+    eventually("the frozen worker to finish attempt 1", || async {
+        (frozen.log().dones() == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = get(&mut client, "f").await;
+    assert_eq!(
+        (status(&after), after.attempt),
+        (ActivityStatus::Completed, 2)
+    );
+    assert_eq!(
+        after.output, done.output,
+        "the late result of attempt 1 was not accepted"
+    );
+}
+
+#[tokio::test]
+async fn an_activity_longer_than_its_lease_runs_exactly_once() {
+    let env = Env::new();
+    let server = env.server(&["--lease-timeout", "10s"]);
+    let mut client = server.client().await;
+    let worker = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    submit(&mut client, sleep_request("long", 65_000, None)).await;
+    let done = eventually_for(
+        Duration::from_secs(90),
+        "the 65 s activity to finish",
+        || {
+            let mut client = client.clone();
+            async move {
+                let row = get(&mut client, "long").await;
+                (status(&row) == ActivityStatus::Completed).then_some(row)
+            }
+        },
+    )
+    .await;
+    assert_eq!(done.attempt, 1);
+    assert_eq!(worker.log().starts(), 1, "delivered exactly once");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_work_and_exits_zero() {
+    let env = Env::new();
+    let mut server = env.server(&["--drain-timeout", "5s"]);
+    let mut client = server.client().await;
+    let worker = env.worker(10);
+    server.await_workers(&mut client, 1).await;
+    for i in 0..10 {
+        submit(&mut client, sleep_request(&format!("d{i}"), 1_000, None)).await;
+    }
+    eventually("10 activities to start", || async {
+        (worker.log().starts() == 10).then_some(())
+    })
+    .await;
+    server.signal("TERM");
+    let code = server.wait_exit(Duration::from_secs(5 + 2)).await;
+    assert_eq!(code, Some(0));
+    assert!(
+        worker.stderr().contains("server draining"),
+        "the worker was sent Drain"
+    );
+    assert_eq!(worker.log().dones(), 10);
+    let server = env.server(&[]);
+    let mut client = server.client().await;
+    for activity in list_all(&mut client).await {
+        assert_eq!(
+            (status(&activity), activity.attempt),
+            (ActivityStatus::Completed, 1)
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigterm_releases_what_outlives_the_drain_and_it_runs_after_restart() {
+    let env = Env::new();
+    let mut server = env.server(&["--drain-timeout", "1s"]);
+    let mut client = server.client().await;
+    let mut worker = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    let mut forever = sleep_request("forever", 0, None);
+    forever.activity_type = "forever".into();
+    submit(&mut client, forever).await;
+    eventually("it to start", || async {
+        (worker.log().starts() == 1).then_some(())
+    })
+    .await;
+    let signalled = Instant::now();
+    server.signal("TERM");
+    let code = server.wait_exit(Duration::from_secs(1 + 2)).await;
+    assert_eq!(code, Some(0));
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(1),
+        "it waited for the drain timeout"
+    );
+    worker.kill_9();
+
+    let server = env.server(&[]);
+    let mut client = server.client().await;
+    let row = get(&mut client, "forever").await;
+    assert_eq!(
+        status(&row),
+        ActivityStatus::Scheduled,
+        "released, not failed"
+    );
+    assert!(row.last_error.is_none());
+    let again = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    eventually("it to run again", || async {
+        again.log().started(2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_second_signal_exits_at_once() {
+    let env = Env::new();
+    let mut server = env.server(&["--drain-timeout", "30s"]);
+    let mut client = server.client().await;
+    let worker = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    let mut forever = sleep_request("forever", 0, None);
+    forever.activity_type = "forever".into();
+    submit(&mut client, forever).await;
+    eventually("it to start", || async {
+        (worker.log().starts() == 1).then_some(())
+    })
+    .await;
+    server.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = Instant::now();
+    server.signal("INT");
+    let code = server.wait_exit(Duration::from_secs(3)).await;
+    assert_eq!(code, Some(130));
+    assert!(again.elapsed() < Duration::from_secs(2));
+}

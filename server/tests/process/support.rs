@@ -1,0 +1,348 @@
+//! Processes under test: a `spool serve` per test on its own port and database,
+//! worker processes, and the client calls the tests share.
+
+use std::{
+    future::Future,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use spool_proto::v1::{
+    self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
+};
+use spool_worker::Worker;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::transport::Channel;
+
+use super::child;
+
+pub const WAIT: Duration = Duration::from_secs(15);
+
+/// One test's database, port and log directory; servers started from it share them.
+pub struct Env {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `spool serve` on this environment's port and database.
+    pub fn server(&self, args: &[&str]) -> ServerProcess {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .expect("server log");
+        let child = Command::new(env!("CARGO_BIN_EXE_spool"))
+            .arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args([
+                "--database",
+                &format!("sqlite://{}", self.dir.path().join("spool.db").display()),
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn spool serve");
+        ServerProcess {
+            child,
+            url: self.url(),
+        }
+    }
+
+    /// Starts a worker process (this test binary, re-run as [`child::run`]).
+    pub fn worker(&self, concurrency: u32) -> WorkerProcess {
+        let n = std::fs::read_dir(self.dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let log = self.dir.path().join(format!("worker-{n}.log"));
+        let stderr = self.dir.path().join(format!("worker-{n}.stderr"));
+        let config = serde_json::json!({
+            "server": self.url(),
+            "log": log.display().to_string(),
+            "concurrency": concurrency,
+        });
+        let child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "worker_process_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(child::CONFIG_ENV, config.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).expect("worker stderr"))
+            .spawn()
+            .expect("spawn worker process");
+        WorkerProcess { child, log, stderr }
+    }
+}
+
+pub struct ServerProcess {
+    child: Child,
+    url: String,
+}
+
+impl ServerProcess {
+    /// A client, once the server answers.
+    pub async fn client(&self) -> ActivityServiceClient<Channel> {
+        let url = self.url.clone();
+        eventually("the server to answer", || {
+            let url = url.clone();
+            async move {
+                let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
+                let mut client = ActivityServiceClient::new(channel);
+                client.stats(v1::StatsRequest::default()).await.ok()?;
+                Some(client)
+            }
+        })
+        .await
+    }
+
+    pub async fn await_workers(&self, client: &mut ActivityServiceClient<Channel>, n: u32) {
+        let _ = client;
+        let url = self.url.clone();
+        eventually("workers to connect", || {
+            let url = url.clone();
+            async move {
+                let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
+                let workers = AdminServiceClient::new(channel)
+                    .list_workers(v1::ListWorkersRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .workers;
+                (workers.len() == n as usize).then_some(())
+            }
+        })
+        .await;
+    }
+
+    pub fn kill_9(&mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.id(), signal);
+    }
+
+    /// Waits for the process to exit; its exit code (`None` if killed by a signal).
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server did not exit within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct WorkerProcess {
+    child: Child,
+    log: PathBuf,
+    stderr: PathBuf,
+}
+
+impl WorkerProcess {
+    pub fn log(&self) -> Log {
+        Log(std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        send_signal(self.child.id(), signal);
+    }
+
+    pub fn kill_9(&mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A worker process's log: `start ID ATTEMPT` and `done ID ATTEMPT` lines.
+pub struct Log(String);
+
+impl Log {
+    fn count(&self, kind: &str) -> usize {
+        self.0.lines().filter(|l| l.starts_with(kind)).count()
+    }
+
+    pub fn starts(&self) -> usize {
+        self.count("start ")
+    }
+
+    pub fn dones(&self) -> usize {
+        self.count("done ")
+    }
+
+    /// Some activity started its attempt `attempt`.
+    pub fn started(&self, attempt: u32) -> bool {
+        self.0
+            .lines()
+            .any(|l| l.starts_with("start ") && l.ends_with(&format!(" {attempt}")))
+    }
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// An SDK worker in this process for `activity_type`, answering at once.
+pub fn in_process_worker(server: &ServerProcess, activity_type: &str) -> DropGuard {
+    let stop = CancellationToken::new();
+    let worker = Worker::new(server.url.clone())
+        .identity("in-process")
+        .activity(activity_type, |ctx, _| async move {
+            Ok(spool_worker::json(&serde_json::json!({
+                "pid": "in-process",
+                "attempt": ctx.info().attempt,
+            })))
+        });
+    tokio::spawn(worker.run(stop.clone()));
+    stop.drop_guard()
+}
+
+pub fn now_ms() -> i64 {
+    spool_proto::time::now_millis()
+}
+
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_for(WAIT, what, check).await
+}
+
+pub async fn eventually_for<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn key(activity_id: &str) -> v1::ActivityKey {
+    v1::ActivityKey {
+        namespace: String::new(),
+        workflow_id: "p".into(),
+        activity_id: activity_id.into(),
+    }
+}
+
+pub fn sleep_request(activity_id: &str, ms: u64, delay: Option<Duration>) -> v1::SubmitRequest {
+    v1::SubmitRequest {
+        activity_type: "sleep".into(),
+        workflow_id: "p".into(),
+        activity_id: activity_id.into(),
+        input: Some(spool_worker::json(&serde_json::json!({ "ms": ms }))),
+        delay: delay.map(spool_proto::duration::to_proto),
+        ..Default::default()
+    }
+}
+
+pub async fn submit(client: &mut ActivityServiceClient<Channel>, request: v1::SubmitRequest) {
+    client.submit(request).await.expect("submit");
+}
+
+pub async fn get(client: &mut ActivityServiceClient<Channel>, activity_id: &str) -> v1::Activity {
+    client
+        .get(v1::GetRequest {
+            key: Some(key(activity_id)),
+        })
+        .await
+        .expect("get")
+        .into_inner()
+}
+
+pub async fn wait(client: &mut ActivityServiceClient<Channel>, activity_id: &str) -> v1::Activity {
+    client
+        .wait(v1::WaitRequest {
+            key: Some(key(activity_id)),
+            timeout: Some(spool_proto::duration::to_proto(WAIT)),
+        })
+        .await
+        .expect("wait")
+        .into_inner()
+}
+
+pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
+    v1::ActivityStatus::try_from(activity.status).expect("known status")
+}
+
+pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Activity> {
+    let mut all = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list(v1::ListRequest {
+                page_size: 1000,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        all.extend(page.activities);
+        if page.next_page_token.is_empty() {
+            return all;
+        }
+        token = page.next_page_token;
+    }
+}
