@@ -2,6 +2,7 @@
 //! to workers holding a bidirectional stream open. See ARCHITECTURE.md for the map.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod dispatch;

@@ -14,14 +14,10 @@ use spool_server::{
 #[derive(Parser)]
 #[command(name = "spool", version, about = "Spool: a durable activity server")]
 struct Cli {
-    /// The server a client command talks to.
-    #[arg(
-        long,
-        global = true,
-        env = "SPOOL_SERVER",
-        default_value = "http://127.0.0.1:7070"
-    )]
-    server: String,
+    /// The server a client command talks to [default: http://127.0.0.1:7070]. For
+    /// `bench`: benchmark this server instead of starting one.
+    #[arg(long, global = true, env = "SPOOL_SERVER")]
+    server: Option<String>,
     /// Bearer token for a server started with --auth-token.
     #[arg(long, global = true, env = "SPOOL_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -79,11 +75,54 @@ enum Command {
         #[arg(long, default_value = "")]
         namespace: String,
     },
+    /// Measure throughput and latency (starts a server unless --server is given).
+    Bench(BenchArgs),
     /// Drain the server: stop dispatching, let running activities finish.
     Drain {
         #[arg(long, value_parser = duration)]
         timeout: Option<Duration>,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// The in-process server's database (default: a fresh temporary SQLite file).
+    #[arg(long)]
+    database: Option<String>,
+    /// Activities per throughput phase.
+    #[arg(long, default_value_t = 20_000)]
+    activities: usize,
+    /// Concurrent submit callers.
+    #[arg(long, default_value_t = 16)]
+    submit_concurrency: usize,
+    /// Activities per SubmitBatch call.
+    #[arg(long, default_value_t = 500)]
+    batch: usize,
+    /// Total worker concurrency.
+    #[arg(long, default_value_t = 50)]
+    concurrency: u32,
+    /// Worker connections sharing that concurrency.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Offered rate of the latency phase, activities per second.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Length of the latency phase.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    duration: Duration,
+    /// Input size of each activity.
+    #[arg(long, default_value_t = 64)]
+    payload_bytes: usize,
+    /// Rows of a type no worker serves, stored before the phases run.
+    #[arg(long, default_value_t = 0)]
+    preload: usize,
+    /// Phases to run, in order: submit, drain, latency, e2e.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "submit,drain,latency,e2e"
+    )]
+    phases: Vec<spool_server::bench::Phase>,
 }
 
 #[derive(clap::Args)]
@@ -233,10 +272,37 @@ async fn shutdown_signal() {
     }
 }
 
+async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyhow::Result<()> {
+    let json = target.json;
+    let options = spool_server::bench::Options {
+        server: server.clone(),
+        database: args.database,
+        token: target.token.clone(),
+        activities: args.activities,
+        submit_concurrency: args.submit_concurrency,
+        batch: args.batch,
+        concurrency: args.concurrency,
+        workers: args.workers,
+        rate: args.rate,
+        duration: args.duration,
+        payload_bytes: args.payload_bytes,
+        preload: args.preload,
+        phases: args.phases,
+        json,
+    };
+    let report = spool_server::bench::run(options).await?;
+    if json {
+        println!("{report}");
+    } else {
+        print!("{}", spool_server::bench::summary(&report));
+    }
+    Ok(())
+}
+
 async fn client_command(target: Target, command: Command) -> Result<i32, cli::Error> {
     let client = Client::connect(target).await?;
     match command {
-        Command::Serve(_) => Ok(0),
+        Command::Serve(_) | Command::Bench(_) => Ok(0),
         Command::Submit(a) => {
             let request = v1::SubmitRequest {
                 namespace: a.namespace,
@@ -285,10 +351,16 @@ async fn main() -> anyhow::Result<()> {
         return serve(args).await;
     }
     let target = Target {
-        server: cli.server,
+        server: cli
+            .server
+            .clone()
+            .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned()),
         token: cli.token.filter(|t| !t.is_empty()),
         json: cli.json,
     };
+    if let Command::Bench(args) = cli.command {
+        return bench(args, cli.server, &target).await;
+    }
     let code = match client_command(target, cli.command).await {
         Ok(code) => code,
         Err(e) => {

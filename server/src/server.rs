@@ -22,9 +22,8 @@ use spool_proto::{
     },
 };
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tonic::service::interceptor::InterceptedService;
+use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
 use tonic_health::ServingStatus;
 
 use crate::{
@@ -146,8 +145,12 @@ pub async fn run(
         .add_service(InterceptedService::new(activity, auth.clone()))
         .add_service(InterceptedService::new(worker, auth.clone()))
         .add_service(InterceptedService::new(admin, auth))
+        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs hold small
+        // messages (a task, an ack) back by tens of milliseconds.
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(30))),
             root.clone().cancelled_owned(),
         );
     let served = tokio::select! {

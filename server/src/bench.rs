@@ -1,0 +1,646 @@
+//! `spool bench`: throughput and latency, measured the way job-queue benchmarks
+//! report them, each phase on its own:
+//! 1. submit rate, one activity per call (N concurrent callers) and in batches;
+//! 2. drain rate: a stored backlog, then workers started; activities per second
+//!    from the first dispatch to the last recorded outcome;
+//! 3. steady latency at a fixed offered rate: pickup (submit call made → handler
+//!    started) and end to end (submit call made → outcome recorded, seen by `Wait`);
+//! 4. end-to-end throughput with submitters and workers running together.
+//!
+//! Submitters and workers run in this process (SDK workers over loopback gRPC), so
+//! pickup latency is measured on one clock: the submit instant travels in the input.
+//! Without `--server`, the server runs in this process too, on a fresh database.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use spool_proto::v1::{self, activity_service_client::ActivityServiceClient};
+use spool_worker::{Payload, Worker};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, transport::Channel};
+
+const NAMESPACE: &str = "bench";
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// A running server; `None` starts one in this process.
+    pub server: Option<String>,
+    /// The in-process server's database (default: a fresh SQLite file).
+    pub database: Option<String>,
+    pub token: Option<String>,
+    /// Activities per throughput phase.
+    pub activities: usize,
+    pub submit_concurrency: usize,
+    pub batch: usize,
+    /// Total worker concurrency.
+    pub concurrency: u32,
+    pub workers: u32,
+    pub rate: u32,
+    pub duration: Duration,
+    pub payload_bytes: usize,
+    /// Rows of a type no worker serves, stored before the phases run.
+    pub preload: usize,
+    pub phases: Vec<Phase>,
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Submit,
+    Drain,
+    Latency,
+    EndToEnd,
+}
+
+impl std::str::FromStr for Phase {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "submit" => Ok(Phase::Submit),
+            "drain" => Ok(Phase::Drain),
+            "latency" => Ok(Phase::Latency),
+            "e2e" => Ok(Phase::EndToEnd),
+            _ => Err(format!(
+                "unknown phase {s:?}: use submit, drain, latency or e2e"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach {0}: {1}")]
+    Connect(String, String),
+    #[error("{0:?}: {1}")]
+    Rpc(tonic::Code, String),
+    #[error("the in-process server failed: {0}")]
+    Server(String),
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Error::Rpc(s.code(), s.message().to_owned())
+    }
+}
+
+/// Runs the benchmark; the report is printed to stdout.
+pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
+    let stop_server = CancellationToken::new();
+    let mut server_task = None;
+    let mut _dir = None;
+    let endpoint = match &options.server {
+        Some(url) => url.clone(),
+        None => {
+            let database = match &options.database {
+                Some(db) => db.clone(),
+                None => {
+                    let dir = tempfile::tempdir().map_err(|e| Error::Setup(e.to_string()))?;
+                    let db = format!("sqlite://{}", dir.path().join("bench.db").display());
+                    _dir = Some(dir);
+                    db
+                }
+            };
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| Error::Setup(e.to_string()))?;
+            let url = format!(
+                "http://{}",
+                listener
+                    .local_addr()
+                    .map_err(|e| Error::Setup(e.to_string()))?
+            );
+            let mut config = crate::Config::new(database);
+            config.drain_timeout = Duration::from_secs(1);
+            config.auth_token = options.token.clone();
+            server_task = Some(tokio::spawn(crate::run(
+                config,
+                listener,
+                stop_server.clone().cancelled_owned(),
+            )));
+            url
+        }
+    };
+    let bench = Bench::connect(endpoint.clone(), options.clone()).await?;
+    let mut report = serde_json::json!({
+        "server": if options.server.is_some() { endpoint.as_str() } else { "in-process" },
+        "database": options.database.clone().unwrap_or_else(|| if options.server.is_some() { "(server's)".into() } else { "sqlite (fresh temp file)".into() }),
+        "payload_bytes": options.payload_bytes,
+        "preload": options.preload,
+    });
+    if options.preload > 0 {
+        let started = Instant::now();
+        bench
+            .submit_batched("bench.unserved", options.preload, "preload")
+            .await?;
+        report["preload_seconds"] = round(started.elapsed().as_secs_f64());
+    }
+    for phase in &options.phases {
+        let result = match phase {
+            Phase::Submit => ("submit", bench.submit_phase().await?),
+            Phase::Drain => ("drain", bench.drain_phase().await?),
+            Phase::Latency => ("latency", bench.latency_phase().await?),
+            Phase::EndToEnd => ("end_to_end", bench.end_to_end_phase().await?),
+        };
+        report[result.0] = result.1;
+    }
+    stop_server.cancel();
+    if let Some(task) = server_task {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Server(e.to_string())),
+            Err(e) => return Err(Error::Server(e.to_string())),
+        }
+    }
+    Ok(report)
+}
+
+struct Bench {
+    endpoint: String,
+    channel: Channel,
+    options: Options,
+    /// The clock pickup latency is measured on: submit instants travel in inputs
+    /// as nanoseconds since this instant.
+    epoch: Instant,
+    /// Distinguishes this run's activity ids from a previous run's on the same server.
+    run_id: String,
+}
+
+impl Bench {
+    async fn connect(endpoint: String, options: Options) -> Result<Self, Error> {
+        let mut last = String::new();
+        for _ in 0..100 {
+            match Channel::from_shared(endpoint.clone())
+                .map_err(|e| Error::Setup(e.to_string()))?
+                .connect()
+                .await
+            {
+                Ok(channel) => {
+                    return Ok(Self {
+                        endpoint,
+                        channel,
+                        options,
+                        epoch: Instant::now(),
+                        run_id: uuid::Uuid::now_v7().simple().to_string()[..12].to_owned(),
+                    });
+                }
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(Error::Connect(endpoint, last))
+    }
+
+    fn client(&self) -> ActivityServiceClient<Channel> {
+        ActivityServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.options.token
+            && let Ok(value) = format!("Bearer {token}").parse()
+        {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+
+    /// An input carrying the submit instant, padded to `--payload-bytes`.
+    fn input(&self) -> Payload {
+        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let mut data = nanos.to_le_bytes().to_vec();
+        data.resize(self.options.payload_bytes.max(8), b'x');
+        Payload {
+            content_type: "application/octet-stream".to_owned(),
+            data,
+        }
+    }
+
+    fn submit_request(&self, activity_type: &str, tag: &str, i: usize) -> v1::SubmitRequest {
+        v1::SubmitRequest {
+            namespace: NAMESPACE.to_owned(),
+            workflow_id: format!("{}-{tag}", self.run_id),
+            activity_id: i.to_string(),
+            activity_type: activity_type.to_owned(),
+            input: Some(self.input()),
+            ..Default::default()
+        }
+    }
+
+    async fn completed(&self) -> Result<u64, Error> {
+        let stats = self
+            .client()
+            .stats(self.request(v1::StatsRequest {
+                namespace: NAMESPACE.to_owned(),
+            }))
+            .await?
+            .into_inner();
+        Ok(stats.completed)
+    }
+
+    /// Submits `count` activities with `--submit-concurrency` callers, each sending
+    /// batches of `--batch`.
+    async fn submit_batched(
+        &self,
+        activity_type: &str,
+        count: usize,
+        tag: &str,
+    ) -> Result<(), Error> {
+        let next = Arc::new(AtomicUsize::new(0));
+        let progress = Progress::start(tag, count, next.clone());
+        let mut callers = JoinSet::new();
+        let batch = self.options.batch.max(1);
+        for _ in 0..self.options.submit_concurrency.max(1) {
+            let next = next.clone();
+            let mut client = self.client();
+            let this = self.shallow();
+            let activity_type = activity_type.to_owned();
+            let tag = tag.to_owned();
+            callers.spawn(async move {
+                loop {
+                    let start = next.fetch_add(batch, Ordering::Relaxed);
+                    if start >= count {
+                        return Ok::<_, Error>(());
+                    }
+                    let end = (start + batch).min(count);
+                    let activities = (start..end)
+                        .map(|i| this.submit_request(&activity_type, &tag, i))
+                        .collect();
+                    client
+                        .submit_batch(this.request(v1::SubmitBatchRequest { activities }))
+                        .await?;
+                }
+            });
+        }
+        let result = join_all(callers).await;
+        progress.finish();
+        result
+    }
+
+    /// A copy sharing the channel, for tasks.
+    fn shallow(&self) -> Arc<Self> {
+        Arc::new(Self {
+            endpoint: self.endpoint.clone(),
+            channel: self.channel.clone(),
+            options: self.options.clone(),
+            epoch: self.epoch,
+            run_id: self.run_id.clone(),
+        })
+    }
+
+    /// Starts `--workers` SDK workers for `activity_type` sharing `--concurrency`;
+    /// each handler call runs `on_start` with the pickup latency.
+    fn start_workers(
+        &self,
+        activity_type: &str,
+        on_start: Arc<dyn Fn(Duration) + Send + Sync>,
+    ) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let workers = self.options.workers.max(1);
+        let per_worker = self.options.concurrency.div_ceil(workers).max(1);
+        for n in 0..workers {
+            let epoch = self.epoch;
+            let on_start = on_start.clone();
+            let mut worker = Worker::new(self.endpoint.clone())
+                .namespace(NAMESPACE)
+                .identity(format!("bench-{n}"))
+                .max_concurrency(per_worker)
+                .activity(activity_type, move |_ctx, input: Payload| {
+                    let on_start = on_start.clone();
+                    async move {
+                        let sent = input
+                            .data
+                            .get(..8)
+                            .and_then(|b| b.try_into().ok())
+                            .map(u64::from_le_bytes)
+                            .unwrap_or(0);
+                        let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        on_start(Duration::from_nanos(now.saturating_sub(sent)));
+                        Ok(Payload::default())
+                    }
+                });
+            if let Some(token) = &self.options.token {
+                worker = worker.token(token.clone());
+            }
+            tokio::spawn(worker.run(stop.clone()));
+        }
+        stop
+    }
+
+    /// Waits until the namespace's completed count reaches `target`.
+    async fn await_completed(
+        &self,
+        target: u64,
+        tag: &str,
+        total: usize,
+    ) -> Result<Instant, Error> {
+        let done = Arc::new(AtomicUsize::new(0));
+        let progress = Progress::start(tag, total, done.clone());
+        let base = target.saturating_sub(total as u64);
+        loop {
+            let completed = self.completed().await?;
+            done.store(
+                usize::try_from(completed.saturating_sub(base)).unwrap_or(usize::MAX),
+                Ordering::Relaxed,
+            );
+            if completed >= target {
+                progress.finish();
+                return Ok(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn submit_phase(&self) -> Result<serde_json::Value, Error> {
+        let count = self.options.activities;
+        // One activity per call.
+        let next = Arc::new(AtomicUsize::new(0));
+        let progress = Progress::start("submit (single)", count, next.clone());
+        let started = Instant::now();
+        let mut callers = JoinSet::new();
+        for _ in 0..self.options.submit_concurrency.max(1) {
+            let next = next.clone();
+            let mut client = self.client();
+            let this = self.shallow();
+            callers.spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        return Ok::<_, Error>(());
+                    }
+                    let request = this.submit_request("bench.unserved", "single", i);
+                    client.submit(this.request(request)).await?;
+                }
+            });
+        }
+        join_all(callers).await?;
+        let single = started.elapsed();
+        progress.finish();
+        let started = Instant::now();
+        self.submit_batched("bench.unserved", count, "submit (batched)")
+            .await?;
+        let batched = started.elapsed();
+        Ok(serde_json::json!({
+            "single": rate(count, single, serde_json::json!({"concurrency": self.options.submit_concurrency})),
+            "batched": rate(count, batched, serde_json::json!({"concurrency": self.options.submit_concurrency, "batch": self.options.batch})),
+        }))
+    }
+
+    async fn drain_phase(&self) -> Result<serde_json::Value, Error> {
+        let count = self.options.activities;
+        let before = self.completed().await?;
+        self.submit_batched("bench.drain", count, "drain (backlog)")
+            .await?;
+        let first = Arc::new(Mutex::new(None::<Instant>));
+        let f = first.clone();
+        let stop = self.start_workers(
+            "bench.drain",
+            Arc::new(move |_| {
+                let mut first = f.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert_with(Instant::now);
+            }),
+        );
+        let last = self
+            .await_completed(before + count as u64, "drain", count)
+            .await;
+        stop.cancel();
+        let last = last?;
+        let first = first
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ok_or_else(|| Error::Setup("no activity was dispatched".into()))?;
+        Ok(rate(
+            count,
+            last.duration_since(first),
+            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers}),
+        ))
+    }
+
+    async fn latency_phase(&self) -> Result<serde_json::Value, Error> {
+        let pickups = Arc::new(Mutex::new(Vec::new()));
+        let p = pickups.clone();
+        let stop = self.start_workers(
+            "bench.latency",
+            Arc::new(move |latency| p.lock().unwrap_or_else(|e| e.into_inner()).push(latency)),
+        );
+        // Let the workers connect before the clock starts.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let total = (u64::from(self.options.rate) * self.options.duration.as_millis() as u64 / 1000)
+            as usize;
+        let sent = Arc::new(AtomicUsize::new(0));
+        let progress = Progress::start("latency", total, sent.clone());
+        let interval = Duration::from_secs_f64(1.0 / f64::from(self.options.rate.max(1)));
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let end_to_end = Arc::new(Mutex::new(Vec::with_capacity(total)));
+        let failures = Arc::new(AtomicU64::new(0));
+        let mut calls = JoinSet::new();
+        let started = Instant::now();
+        for i in 0..total {
+            ticker.tick().await;
+            sent.store(i + 1, Ordering::Relaxed);
+            let this = self.shallow();
+            let mut client = self.client();
+            let end_to_end = end_to_end.clone();
+            let failures = failures.clone();
+            calls.spawn(async move {
+                let t0 = Instant::now();
+                let request = this.submit_request("bench.latency", "latency", i);
+                let key = v1::ActivityKey {
+                    namespace: request.namespace.clone(),
+                    workflow_id: request.workflow_id.clone(),
+                    activity_id: request.activity_id.clone(),
+                };
+                if client.submit(this.request(request)).await.is_err() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                let waited = client
+                    .wait(this.request(v1::WaitRequest {
+                        key: Some(key),
+                        timeout: Some(spool_proto::duration::to_proto(Duration::from_secs(60))),
+                    }))
+                    .await;
+                match waited {
+                    Ok(a) if a.get_ref().status == v1::ActivityStatus::Completed as i32 => {
+                        end_to_end
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(t0.elapsed());
+                    }
+                    _ => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        let offered_for = started.elapsed();
+        while calls.join_next().await.is_some() {}
+        progress.finish();
+        stop.cancel();
+        let pickups = std::mem::take(&mut *pickups.lock().unwrap_or_else(|e| e.into_inner()));
+        let end_to_end = std::mem::take(&mut *end_to_end.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(serde_json::json!({
+            "offered_rate": self.options.rate,
+            "achieved_rate": round(end_to_end.len() as f64 / offered_for.as_secs_f64()),
+            "activities": total,
+            "failed": failures.load(Ordering::Relaxed),
+            "pickup_ms": percentiles(pickups),
+            "end_to_end_ms": percentiles(end_to_end),
+        }))
+    }
+
+    async fn end_to_end_phase(&self) -> Result<serde_json::Value, Error> {
+        let count = self.options.activities;
+        let before = self.completed().await?;
+        let stop = self.start_workers("bench.e2e", Arc::new(|_| {}));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        let submitting = self.submit_batched("bench.e2e", count, "e2e (submit)");
+        let completing = self.await_completed(before + count as u64, "e2e", count);
+        let (submitted, last) = tokio::join!(submitting, completing);
+        stop.cancel();
+        submitted?;
+        let last = last?;
+        Ok(rate(
+            count,
+            last.duration_since(started),
+            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers, "batch": self.options.batch, "submit_concurrency": self.options.submit_concurrency}),
+        ))
+    }
+}
+
+async fn join_all(mut set: JoinSet<Result<(), Error>>) -> Result<(), Error> {
+    while let Some(joined) = set.join_next().await {
+        joined.map_err(|e| Error::Setup(e.to_string()))??;
+    }
+    Ok(())
+}
+
+fn rate(count: usize, took: Duration, mut extra: serde_json::Value) -> serde_json::Value {
+    let seconds = took.as_secs_f64();
+    extra["count"] = count.into();
+    extra["seconds"] = round(seconds);
+    extra["per_second"] = round(count as f64 / seconds.max(1e-9));
+    extra
+}
+
+fn round(x: f64) -> serde_json::Value {
+    serde_json::json!((x * 1000.0).round() / 1000.0)
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> serde_json::Value {
+    if samples.is_empty() {
+        return serde_json::Value::Null;
+    }
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+        round(samples[i].as_secs_f64() * 1000.0)
+    };
+    serde_json::json!({
+        "samples": samples.len(),
+        "p50": at(0.50),
+        "p90": at(0.90),
+        "p99": at(0.99),
+        "max": at(1.0),
+    })
+}
+
+/// A progress line on stderr, redrawn a few times a second.
+struct Progress {
+    stop: CancellationToken,
+}
+
+impl Progress {
+    fn start(label: &str, total: usize, done: Arc<AtomicUsize>) -> Self {
+        let stop = CancellationToken::new();
+        let label = label.to_owned();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            loop {
+                let n = done.load(Ordering::Relaxed).min(total);
+                let width = 30;
+                let filled = if total == 0 { width } else { n * width / total };
+                eprint!(
+                    "\r{label:<18} [{}{}] {n}/{total} {:.1}s ",
+                    "#".repeat(filled),
+                    ".".repeat(width - filled),
+                    started.elapsed().as_secs_f64()
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = token.cancelled() => {
+                        eprintln!("\r{label:<18} done in {:.2}s{}", started.elapsed().as_secs_f64(), " ".repeat(40));
+                        return;
+                    }
+                }
+            }
+        });
+        Self { stop }
+    }
+
+    fn finish(self) {
+        self.stop.cancel();
+    }
+}
+
+/// The human summary of a report.
+pub fn summary(report: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!(
+        "server: {}  database: {}  payload: {} B  preload: {}",
+        report["server"].as_str().unwrap_or("?"),
+        report["database"].as_str().unwrap_or("?"),
+        report["payload_bytes"],
+        report["preload"]
+    ));
+    if let Some(s) = report.get("submit") {
+        line(format!(
+            "submit, one per call ({} callers):   {:>9}/s",
+            s["single"]["concurrency"], s["single"]["per_second"]
+        ));
+        line(format!(
+            "submit, batches of {} ({} callers): {:>9}/s",
+            s["batched"]["batch"], s["batched"]["concurrency"], s["batched"]["per_second"]
+        ));
+    }
+    if let Some(d) = report.get("drain") {
+        line(format!(
+            "drain {} (concurrency {}):      {:>9}/s",
+            d["count"], d["concurrency"], d["per_second"]
+        ));
+    }
+    if let Some(l) = report.get("latency") {
+        line(format!(
+            "latency at {}/s offered ({}/s achieved, {} failed):",
+            l["offered_rate"], l["achieved_rate"], l["failed"]
+        ));
+        for (name, key) in [("pickup", "pickup_ms"), ("end to end", "end_to_end_ms")] {
+            let p = &l[key];
+            line(format!(
+                "  {name:<10} p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
+                p["p50"], p["p90"], p["p99"], p["max"]
+            ));
+        }
+    }
+    if let Some(e) = report.get("end_to_end") {
+        line(format!(
+            "end to end {} (submit + run + record): {:>9}/s",
+            e["count"], e["per_second"]
+        ));
+    }
+    out
+}
