@@ -52,6 +52,7 @@ conformance!(
     stats_count_by_status,
     prune_deletes_only_old_finished_rows,
     running_and_next_due,
+    runs_of_like_ops_behave_as_op_by_op,
 );
 
 const T0: i64 = 1_000_000;
@@ -544,4 +545,109 @@ async fn running_and_next_due(store: &dyn Store) {
     let running = store.running().await.unwrap_or_default();
     assert_eq!(running.len(), 1);
     assert_eq!(running[0].key.activity_id, "now");
+}
+
+async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store) {
+    let outcomes = apply(
+        store,
+        vec![
+            Op::Submit(vec![new("a", "t")]),
+            Op::Submit(vec![new("b", "t"), new("c", "t")]),
+            Op::Submit(vec![new("d", "t")]),
+            Op::Submit(vec![new("e", "t")]),
+        ],
+        T0,
+    )
+    .await;
+    let ids: Vec<i64> = outcomes
+        .iter()
+        .flat_map(|o| match o {
+            Outcome::Submitted(s) => s
+                .iter()
+                .map(|s| {
+                    assert!(s.created);
+                    s.row.id
+                })
+                .collect::<Vec<_>>(),
+            other => panic!("expected Submitted, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids.len(), 5);
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids follow submission order: {ids:?}"
+    );
+    let b = get(store, "b").await;
+    assert_eq!(
+        (b.input.data.as_slice(), b.retry.non_retryable.as_slice()),
+        (&b"\"b\""[..], &["Fatal".to_string()][..])
+    );
+
+    let rows = claim(store, &["t"], 5, T0).await;
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r.key.activity_id == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} claimed"))
+    };
+    let mut stale = row("e");
+    stale.attempt = 7;
+    let error = lifecycle::server_error(ErrorKind::Retryable, "Boom", "bulk".into());
+    let finishes = vec![
+        (row("a"), output("A")),
+        (
+            row("b"),
+            Transition::Retry {
+                next_at: T0 + 10,
+                error: error.clone(),
+            },
+        ),
+        (row("c"), Transition::Fail { error }),
+        (row("d"), Transition::Snooze { next_at: T0 + 20 }),
+        (stale, output("stale")),
+    ];
+    let ops = finishes
+        .into_iter()
+        .map(|(row, transition)| Op::Finish {
+            attempt: Arc::new(Attempt::from_row(&row)),
+            transition,
+            lease_expired_by: None,
+        })
+        .collect();
+    let accepted: Vec<bool> = apply(store, ops, T0 + 5)
+        .await
+        .into_iter()
+        .map(|o| matches!(o, Outcome::Finished { accepted: true }))
+        .collect();
+    assert_eq!(accepted, [true, true, true, true, false]);
+    let a = get(store, "a").await;
+    assert_eq!(
+        (a.status, a.output.map(|o| o.data)),
+        (ActivityStatus::Completed, Some(b"A".to_vec()))
+    );
+    let b = get(store, "b").await;
+    assert_eq!((b.status, b.next_at), (ActivityStatus::Scheduled, T0 + 10));
+    assert_eq!(b.last_error.map(|e| e.message), Some("bulk".into()));
+    assert_eq!(get(store, "c").await.status, ActivityStatus::Failed);
+    let d = get(store, "d").await;
+    assert_eq!(
+        (d.status, d.uncounted, d.next_at),
+        (ActivityStatus::Scheduled, 1, T0 + 20)
+    );
+    assert_eq!(get(store, "e").await.status, ActivityStatus::Running);
+
+    // A run naming a key that exists falls back and still answers per op.
+    let outcomes = apply(
+        store,
+        vec![
+            Op::Submit(vec![new("f", "t")]),
+            Op::Submit(vec![new("a", "t")]),
+            Op::Submit(vec![new("a", "u")]),
+        ],
+        T0,
+    )
+    .await;
+    assert!(matches!(&outcomes[0], Outcome::Submitted(s) if s[0].created));
+    assert!(matches!(&outcomes[1], Outcome::Submitted(s) if !s[0].created));
+    assert!(matches!(&outcomes[2], Outcome::Conflict { index: 0, .. }));
 }

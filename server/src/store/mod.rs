@@ -14,6 +14,7 @@
 //!   never changes the stored row.
 
 pub mod sqlite;
+mod sqlite_bulk;
 
 use std::sync::Arc;
 

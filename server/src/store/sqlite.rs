@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 
 use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, Error, Key, ListQuery, NewActivity, Op,
-    Outcome, Payload, RetrySpec, StatusCounts, Store, Submitted, Timeouts, Transition,
+    Outcome, Payload, RetrySpec, StatusCounts, Store, Submitted, Timeouts, Transition, sqlite_bulk,
 };
 use spool_proto::time::UnixMillis;
 
@@ -102,8 +102,17 @@ impl Store for SqliteStore {
         let mut conn = self.writer.lock().await;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         let mut outcomes = Vec::with_capacity(ops.len());
-        for op in ops {
-            outcomes.push(apply_one(&mut tx, op, now).await?);
+        let mut start = 0;
+        while start < ops.len() {
+            let end = run_end(ops, start);
+            if let Some(bulk) = bulk(&mut tx, &ops[start..end], now).await? {
+                outcomes.extend(bulk);
+            } else {
+                for op in &ops[start..end] {
+                    outcomes.push(apply_one(&mut tx, op, now).await?);
+                }
+            }
+            start = end;
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -187,6 +196,47 @@ impl Store for SqliteStore {
                 .fetch_one(&self.readers)
                 .await?;
         Ok(row.try_get::<Option<i64>, _>(0)?)
+    }
+}
+
+/// The end of the run of like ops (submits, or attempt endings) starting at `start`.
+fn run_end(ops: &[Op], start: usize) -> usize {
+    let same = |a: &Op, b: &Op| {
+        matches!(
+            (a, b),
+            (Op::Submit(_), Op::Submit(_)) | (Op::Finish { .. }, Op::Finish { .. })
+        )
+    };
+    // Always at least one op, so the caller advances.
+    ops[start + 1..]
+        .iter()
+        .position(|op| !same(&ops[start], op))
+        .map_or(ops.len(), |n| start + 1 + n)
+}
+
+/// A run's set-based execution, when it has more than one row and the bulk path
+/// can take it (see `sqlite_bulk`).
+async fn bulk(
+    conn: &mut SqliteConnection,
+    run: &[Op],
+    now: UnixMillis,
+) -> Result<Option<Vec<Outcome>>, Error> {
+    match run.first() {
+        Some(Op::Submit(_)) => {
+            let batches: Vec<&[NewActivity]> = run
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Submit(batch) => Some(batch.as_slice()),
+                    _ => None,
+                })
+                .collect();
+            if batches.iter().map(|b| b.len()).sum::<usize>() < 2 {
+                return Ok(None);
+            }
+            sqlite_bulk::submit_run(conn, &batches, now).await
+        }
+        Some(Op::Finish { .. }) if run.len() >= 2 => sqlite_bulk::finish_run(conn, run, now).await,
+        _ => Ok(None),
     }
 }
 
@@ -370,27 +420,7 @@ async fn submit(
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(inserted) = inserted {
-        let row = ActivityRow {
-            id: inserted.try_get(0)?,
-            key: new.key.clone(),
-            activity_type: new.activity_type.clone(),
-            status: ActivityStatus::Scheduled,
-            attempt: 0,
-            uncounted: 0,
-            retry: new.retry.clone(),
-            timeouts: new.timeouts,
-            priority: new.priority,
-            input: new.input.clone(),
-            output: None,
-            last_error: None,
-            heartbeat_details: None,
-            created_at: now,
-            next_at: new.next_at,
-            started_at: None,
-            finished_at: None,
-            lease_expires_at: None,
-            worker_id: None,
-        };
+        let row = sqlite_bulk::new_row(inserted.try_get(0)?, new, now);
         return Ok(Ok(Submitted { row, created: true }));
     }
     let existing = select_by_key(conn, &new.key).await?.ok_or_else(|| {
@@ -639,12 +669,12 @@ async fn select_by_key(
 }
 
 /// The error columns of a row, flattened for binding.
-struct ErrorColumns<'a> {
-    kind: i64,
-    error_type: &'a str,
-    message: &'a str,
-    details_type: Option<&'a str>,
-    details: Option<&'a [u8]>,
+pub(super) struct ErrorColumns<'a> {
+    pub kind: i64,
+    pub error_type: &'a str,
+    pub message: &'a str,
+    pub details_type: Option<&'a str>,
+    pub details: Option<&'a [u8]>,
 }
 
 impl<'a> From<&'a ActivityError> for ErrorColumns<'a> {
@@ -659,7 +689,7 @@ impl<'a> From<&'a ActivityError> for ErrorColumns<'a> {
     }
 }
 
-fn encode_list(items: &[String]) -> Option<String> {
+pub(super) fn encode_list(items: &[String]) -> Option<String> {
     if items.is_empty() {
         None
     } else {
