@@ -171,6 +171,9 @@ struct Bench {
     epoch: Instant,
     /// Distinguishes this run's activity ids from a previous run's on the same server.
     run_id: String,
+    /// Handler calls that returned, across all phases: a cheap signal of progress
+    /// that spares the server a `Stats` count per poll.
+    handled: Arc<AtomicUsize>,
 }
 
 impl Bench {
@@ -189,6 +192,7 @@ impl Bench {
                         options,
                         epoch: Instant::now(),
                         run_id: uuid::Uuid::now_v7().simple().to_string()[..12].to_owned(),
+                        handled: Arc::new(AtomicUsize::new(0)),
                     });
                 }
                 Err(e) => last = e.to_string(),
@@ -292,6 +296,7 @@ impl Bench {
             options: self.options.clone(),
             epoch: self.epoch,
             run_id: self.run_id.clone(),
+            handled: self.handled.clone(),
         })
     }
 
@@ -308,12 +313,14 @@ impl Bench {
         for n in 0..workers {
             let epoch = self.epoch;
             let on_start = on_start.clone();
+            let handled = self.handled.clone();
             let mut worker = Worker::new(self.endpoint.clone())
                 .namespace(NAMESPACE)
                 .identity(format!("bench-{n}"))
                 .max_concurrency(per_worker)
                 .activity(activity_type, move |_ctx, input: Payload| {
                     let on_start = on_start.clone();
+                    let handled = handled.clone();
                     async move {
                         let sent = input
                             .data
@@ -323,6 +330,7 @@ impl Bench {
                             .unwrap_or(0);
                         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         on_start(Duration::from_nanos(now.saturating_sub(sent)));
+                        handled.fetch_add(1, Ordering::Relaxed);
                         Ok(Payload::default())
                     }
                 });
@@ -334,28 +342,32 @@ impl Bench {
         stop
     }
 
-    /// Waits until the namespace's completed count reaches `target`.
+    /// Waits until the namespace's completed count reaches `target`: first until
+    /// the handlers ran `handled_target` times (an atomic read), then until `Stats`
+    /// confirms the outcomes are recorded (a few polls, a millisecond apart).
     async fn await_completed(
         &self,
         target: u64,
+        handled_target: usize,
         tag: &str,
         total: usize,
     ) -> Result<Instant, Error> {
         let done = Arc::new(AtomicUsize::new(0));
         let progress = Progress::start(tag, total, done.clone());
-        let base = target.saturating_sub(total as u64);
+        let base = handled_target.saturating_sub(total);
         loop {
-            let completed = self.completed().await?;
-            done.store(
-                usize::try_from(completed.saturating_sub(base)).unwrap_or(usize::MAX),
-                Ordering::Relaxed,
-            );
-            if completed >= target {
-                progress.finish();
-                return Ok(Instant::now());
+            let handled = self.handled.load(Ordering::Relaxed);
+            done.store(handled.saturating_sub(base), Ordering::Relaxed);
+            if handled >= handled_target {
+                break;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        while self.completed().await? < target {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        progress.finish();
+        Ok(Instant::now())
     }
 
     async fn submit_phase(&self) -> Result<serde_json::Value, Error> {
@@ -396,6 +408,7 @@ impl Bench {
     async fn drain_phase(&self) -> Result<serde_json::Value, Error> {
         let count = self.options.activities;
         let before = self.completed().await?;
+        let handled_before = self.handled.load(Ordering::Relaxed);
         self.submit_batched("bench.drain", count, "drain (backlog)")
             .await?;
         let first = Arc::new(Mutex::new(None::<Instant>));
@@ -408,7 +421,12 @@ impl Bench {
             }),
         );
         let last = self
-            .await_completed(before + count as u64, "drain", count)
+            .await_completed(
+                before + count as u64,
+                handled_before + count,
+                "drain",
+                count,
+            )
             .await;
         stop.cancel();
         let last = last?;
@@ -500,11 +518,13 @@ impl Bench {
     async fn end_to_end_phase(&self) -> Result<serde_json::Value, Error> {
         let count = self.options.activities;
         let before = self.completed().await?;
+        let handled_before = self.handled.load(Ordering::Relaxed);
         let stop = self.start_workers("bench.e2e", Arc::new(|_| {}));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
         let submitting = self.submit_batched("bench.e2e", count, "e2e (submit)");
-        let completing = self.await_completed(before + count as u64, "e2e", count);
+        let completing =
+            self.await_completed(before + count as u64, handled_before + count, "e2e", count);
         let (submitted, last) = tokio::join!(submitting, completing);
         stop.cancel();
         submitted?;
@@ -569,7 +589,7 @@ impl Progress {
             loop {
                 let n = done.load(Ordering::Relaxed).min(total);
                 let width = 30;
-                let filled = if total == 0 { width } else { n * width / total };
+                let filled = (n * width).checked_div(total).unwrap_or(width);
                 eprint!(
                     "\r{label:<18} [{}{}] {n}/{total} {:.1}s ",
                     "#".repeat(filled),

@@ -208,9 +208,9 @@ struct ServeArgs {
     log_format: String,
 }
 
-fn init_logging(format: &str) {
+fn init_logging(format: &str, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -222,7 +222,7 @@ fn init_logging(format: &str) {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(&args.log_format);
+    init_logging(&args.log_format, "info");
     let mut config = Config::new(args.database);
     config.drain_timeout = args.drain_timeout;
     config.lease_timeout = args.lease_timeout;
@@ -273,6 +273,9 @@ async fn shutdown_signal() {
 }
 
 async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyhow::Result<()> {
+    // The in-process server's log would drown the progress line: warnings only,
+    // unless RUST_LOG says otherwise.
+    init_logging("text", "warn");
     let json = target.json;
     let options = spool_server::bench::Options {
         server: server.clone(),

@@ -272,7 +272,16 @@ impl Loop {
         first_claim: usize,
         now: UnixMillis,
     ) {
-        match self.store.apply(&ops, now).await {
+        tracing::trace!(
+            ops = ops.len(),
+            requests = requests.len(),
+            claims = ops.len() - first_claim,
+            "batch"
+        );
+        let started = std::time::Instant::now();
+        let applied = self.store.apply(&ops, now).await;
+        tracing::trace!(micros = started.elapsed().as_micros() as u64, "applied");
+        match applied {
             Ok(mut outcomes) => {
                 self.apply_effects(&ops, &mut outcomes, now);
                 answer(requests, outcomes);

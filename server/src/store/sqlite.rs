@@ -24,8 +24,8 @@ use sqlx::{
 use tokio::sync::Mutex;
 
 use super::{
-    ActivityError, ActivityRow, ActivityStatus, Claim, Error, Key, ListQuery, NewActivity, Op,
-    Outcome, Payload, RetrySpec, StatusCounts, Store, Submitted, Timeouts, Transition, sqlite_bulk,
+    ActivityError, ActivityRow, ActivityStatus, Error, Key, ListQuery, NewActivity, Op, Outcome,
+    Payload, RetrySpec, StatusCounts, Store, Submitted, Timeouts, Transition, sqlite_bulk,
 };
 use spool_proto::time::UnixMillis;
 
@@ -247,7 +247,9 @@ async fn apply_one(
 ) -> Result<Outcome, Error> {
     match op {
         Op::Submit(batch) => submit_all(conn, batch, now).await,
-        Op::Claim(claim) => claim_rows(conn, claim, now).await.map(Outcome::Claimed),
+        Op::Claim(claim) => sqlite_bulk::claim(conn, claim, now)
+            .await
+            .map(Outcome::Claimed),
         Op::Finish {
             attempt,
             transition,
@@ -437,41 +439,6 @@ async fn submit(
     } else {
         Ok(Err(existing.activity_type))
     }
-}
-
-async fn claim_rows(
-    conn: &mut SqliteConnection,
-    claim: &Claim,
-    now: UnixMillis,
-) -> Result<Vec<ActivityRow>, Error> {
-    let mut claimed = Vec::new();
-    for activity_type in &claim.activity_types {
-        let left = i64::from(claim.limit) - claimed.len() as i64;
-        if left <= 0 {
-            break;
-        }
-        let rows = sqlx::query(concat!(
-            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
-             worker_id = ?2, lease_expires_at = ?3 \
-             WHERE id IN (SELECT id FROM activities \
-               WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
-               ORDER BY priority DESC, next_at, id LIMIT ?6) \
-             RETURNING ",
-            columns!()
-        ))
-        .bind(now)
-        .bind(&*claim.worker_id)
-        .bind(claim.lease_expires_at)
-        .bind(&*claim.namespace)
-        .bind(&**activity_type)
-        .bind(left)
-        .fetch_all(&mut *conn)
-        .await?;
-        for row in &rows {
-            claimed.push(decode(row)?);
-        }
-    }
-    Ok(claimed)
 }
 
 async fn finish(
@@ -697,7 +664,7 @@ pub(super) fn encode_list(items: &[String]) -> Option<String> {
     }
 }
 
-fn status_from(value: i64) -> Result<ActivityStatus, Error> {
+pub(super) fn status_from(value: i64) -> Result<ActivityStatus, Error> {
     i32::try_from(value)
         .ok()
         .and_then(|v| ActivityStatus::try_from(v).ok())
@@ -705,7 +672,7 @@ fn status_from(value: i64) -> Result<ActivityStatus, Error> {
         .ok_or_else(|| Error::Corrupt(format!("unknown status {value}")))
 }
 
-fn u32_from(value: i64, column: &str) -> Result<u32, Error> {
+pub(super) fn u32_from(value: i64, column: &str) -> Result<u32, Error> {
     u32::try_from(value).map_err(|_| Error::Corrupt(format!("{column} out of range: {value}")))
 }
 

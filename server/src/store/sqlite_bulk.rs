@@ -1,10 +1,12 @@
-//! Set-based SQLite paths for runs of like ops in one batch: many submits in one
-//! `INSERT`, many attempt endings in one `UPDATE` per kind.
+//! Set-based SQLite paths: many submits in one `INSERT`, many attempt endings in
+//! one `UPDATE` per kind, a claim in one `SELECT` and one `UPDATE`.
 //!
 //! Why: sqlx runs each SQLite statement on the connection's own thread, so every
-//! statement costs a cross-thread round trip (a wake-up and a context switch) that
-//! dwarfs SQLite's own work on small rows. A whole run goes in as one JSON parameter
-//! read with `json_each`, so the SQL text is static and its prepared statement cached.
+//! statement costs a cross-thread round trip (a wake-up and a context switch), and
+//! so does every row a statement returns; both dwarf SQLite's own work on small
+//! rows. So a whole run goes in as one JSON parameter read with `json_each` (the SQL
+//! text is static and its prepared statement cached), and what comes back is at
+//! most one row, a JSON array built by SQLite.
 //!
 //! Each path returns `None` when the run is not one it can do set-wise with the
 //! same result as op-by-op execution (a key conflict, an id twice, a lease guard);
@@ -12,11 +14,14 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::sync::Arc;
+
 use sqlx::{Row, SqliteConnection};
 
 use super::{
-    ActivityRow, ActivityStatus, Error, NewActivity, Op, Outcome, Submitted, Transition,
-    sqlite::{ErrorColumns, encode_list},
+    ActivityRow, ActivityStatus, Claim, Error, Key, NewActivity, Op, Outcome, Payload, RetrySpec,
+    Submitted, Timeouts, Transition,
+    sqlite::{ErrorColumns, encode_list, u32_from},
 };
 use spool_proto::time::UnixMillis;
 
@@ -185,7 +190,7 @@ pub async fn finish_run(
                     e.error_type,
                     e.message,
                     e.details_type,
-                    e.details.map(|d| hex(&d))
+                    e.details.map(hex)
                 ]));
             }
             Transition::Fail { error } => {
@@ -197,73 +202,84 @@ pub async fn finish_run(
                     e.error_type,
                     e.message,
                     e.details_type,
-                    e.details.map(|d| hex(&d))
+                    e.details.map(hex)
                 ]));
             }
             Transition::Snooze { next_at } => reschedule.push(serde_json::json!([id, n, next_at])),
             Transition::Release => reschedule.push(serde_json::json!([id, n, now])),
         }
     }
-    let mut accepted: HashSet<i64> = HashSet::with_capacity(ops.len());
+    // Which fences hold, asked once for the whole run (one row back); the updates
+    // below carry the same fence, so they change exactly these rows.
+    let fences: Vec<serde_json::Value> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Finish { attempt, .. } => Some(serde_json::json!([attempt.id, attempt.attempt])),
+            _ => None,
+        })
+        .collect();
+    let row = sqlx::query(
+        "SELECT json_group_array(a.id) FROM json_each(?1) AS j \
+         JOIN activities AS a ON a.id = j.value->>0 \
+         WHERE a.attempt = j.value->>1 AND a.status = 2",
+    )
+    .bind(serde_json::Value::Array(fences).to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    let ids: Vec<i64> = serde_json::from_str(&row.try_get::<String, _>(0)?)
+        .map_err(|e| Error::Corrupt(format!("fence check: {e}")))?;
+    let accepted: HashSet<i64> = ids.into_iter().collect();
     if !complete.is_empty() {
-        let rows = sqlx::query(
+        sqlx::query(
             "UPDATE activities SET status = 3, output_type = j.value->>2, \
              output = unhex(j.value->>3), finished_at = ?2, lease_expires_at = NULL \
              FROM json_each(?1) AS j \
              WHERE activities.id = j.value->>0 AND activities.attempt = j.value->>1 \
-               AND activities.status = 2 \
-             RETURNING activities.id",
+               AND activities.status = 2",
         )
         .bind(serde_json::Value::Array(complete).to_string())
         .bind(now)
-        .fetch_all(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        collect(&rows, &mut accepted)?;
     }
     if !retry.is_empty() {
-        let rows = sqlx::query(
+        sqlx::query(
             "UPDATE activities SET status = 1, next_at = j.value->>2, lease_expires_at = NULL, \
              error_kind = j.value->>3, error_type = j.value->>4, error_message = j.value->>5, \
              error_details_type = j.value->>6, error_details = unhex(j.value->>7) \
              FROM json_each(?1) AS j \
              WHERE activities.id = j.value->>0 AND activities.attempt = j.value->>1 \
-               AND activities.status = 2 \
-             RETURNING activities.id",
+               AND activities.status = 2",
         )
         .bind(serde_json::Value::Array(retry).to_string())
-        .fetch_all(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        collect(&rows, &mut accepted)?;
     }
     if !fail.is_empty() {
-        let rows = sqlx::query(
+        sqlx::query(
             "UPDATE activities SET status = 4, finished_at = ?2, lease_expires_at = NULL, \
              error_kind = j.value->>2, error_type = j.value->>3, error_message = j.value->>4, \
              error_details_type = j.value->>5, error_details = unhex(j.value->>6) \
              FROM json_each(?1) AS j \
              WHERE activities.id = j.value->>0 AND activities.attempt = j.value->>1 \
-               AND activities.status = 2 \
-             RETURNING activities.id",
+               AND activities.status = 2",
         )
         .bind(serde_json::Value::Array(fail).to_string())
         .bind(now)
-        .fetch_all(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        collect(&rows, &mut accepted)?;
     }
     if !reschedule.is_empty() {
-        let rows = sqlx::query(
+        sqlx::query(
             "UPDATE activities SET status = 1, next_at = j.value->>2, \
              uncounted = uncounted + 1, lease_expires_at = NULL \
              FROM json_each(?1) AS j \
              WHERE activities.id = j.value->>0 AND activities.attempt = j.value->>1 \
-               AND activities.status = 2 \
-             RETURNING activities.id",
+               AND activities.status = 2",
         )
         .bind(serde_json::Value::Array(reschedule).to_string())
-        .fetch_all(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        collect(&rows, &mut accepted)?;
     }
     Ok(Some(
         ops.iter()
@@ -277,11 +293,144 @@ pub async fn finish_run(
     ))
 }
 
-fn collect(rows: &[sqlx::sqlite::SqliteRow], into: &mut HashSet<i64>) -> Result<(), Error> {
-    for row in rows {
-        into.insert(row.try_get(0)?);
+/// Claims due rows for a worker: per type (in the claim's order), one `SELECT` of
+/// the next due rows as a JSON array, then one `UPDATE` of exactly those ids. Inside
+/// the writer's `BEGIN IMMEDIATE` transaction nothing else changes them in between.
+/// The rows returned carry what a task needs; not their output, last error or
+/// heartbeat details.
+pub async fn claim(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+    now: UnixMillis,
+) -> Result<Vec<ActivityRow>, Error> {
+    let mut claimed = Vec::new();
+    for activity_type in &claim.activity_types {
+        let left = i64::from(claim.limit) - claimed.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let row = sqlx::query(
+            "SELECT json_group_array(json_array(id, workflow_id, activity_id, attempt, uncounted, \
+               max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, \
+               non_retryable, heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, \
+               priority, input_type, hex(input), created_at, next_at)) \
+             FROM (SELECT * FROM activities \
+               WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 AND next_at <= ?3 \
+               ORDER BY priority DESC, next_at, id LIMIT ?4)",
+        )
+        .bind(&*claim.namespace)
+        .bind(&**activity_type)
+        .bind(now)
+        .bind(left)
+        .fetch_one(&mut *conn)
+        .await?;
+        let found: Vec<Vec<serde_json::Value>> =
+            serde_json::from_str(&row.try_get::<String, _>(0)?)
+                .map_err(|e| Error::Corrupt(format!("claim: {e}")))?;
+        if found.is_empty() {
+            continue;
+        }
+        let ids: Vec<i64> = found
+            .iter()
+            .filter_map(|r| r.first().and_then(|v| v.as_i64()))
+            .collect();
+        sqlx::query(
+            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+             worker_id = ?2, lease_expires_at = ?3 \
+             WHERE id IN (SELECT value FROM json_each(?4))",
+        )
+        .bind(now)
+        .bind(&*claim.worker_id)
+        .bind(claim.lease_expires_at)
+        .bind(serde_json::to_string(&ids).unwrap_or_default())
+        .execute(&mut *conn)
+        .await?;
+        for r in found {
+            claimed.push(claimed_row(&r, claim, activity_type, now)?);
+        }
     }
-    Ok(())
+    Ok(claimed)
+}
+
+/// A claimed row from its JSON array (the column order of [`claim`]'s `SELECT`),
+/// as it is after the claim's `UPDATE`.
+fn claimed_row(
+    r: &[serde_json::Value],
+    claim: &Claim,
+    activity_type: &Arc<str>,
+    now: UnixMillis,
+) -> Result<ActivityRow, Error> {
+    let bad = |what: &str| Error::Corrupt(format!("claimed row: {what}"));
+    let int = |i: usize| {
+        r.get(i)
+            .and_then(|v| v.as_i64())
+            .ok_or_else(|| bad("integer"))
+    };
+    let opt_int = |i: usize| r.get(i).and_then(|v| v.as_i64());
+    let text = |i: usize| r.get(i).and_then(|v| v.as_str()).map(str::to_owned);
+    let non_retryable = match text(9) {
+        Some(json) => serde_json::from_str(&json).map_err(|_| bad("non_retryable"))?,
+        None => Vec::new(),
+    };
+    let input = unhex(&text(15).unwrap_or_default()).ok_or_else(|| bad("input"))?;
+    Ok(ActivityRow {
+        id: int(0)?,
+        key: Key {
+            namespace: claim.namespace.to_string(),
+            workflow_id: text(1).ok_or_else(|| bad("workflow_id"))?,
+            activity_id: text(2).ok_or_else(|| bad("activity_id"))?,
+        },
+        activity_type: activity_type.to_string(),
+        status: ActivityStatus::Running,
+        attempt: u32_from(int(3)?, "attempt")? + 1,
+        uncounted: u32_from(int(4)?, "uncounted")?,
+        retry: RetrySpec {
+            max_attempts: u32_from(int(5)?, "max_attempts")?,
+            initial_interval_ms: int(6)?,
+            backoff_coefficient: r
+                .get(7)
+                .and_then(|v| v.as_f64())
+                .ok_or_else(|| bad("backoff_coefficient"))?,
+            max_interval_ms: int(8)?,
+            non_retryable,
+        },
+        timeouts: Timeouts {
+            heartbeat_ms: opt_int(10),
+            start_to_close_ms: opt_int(11),
+            schedule_to_close_ms: opt_int(12),
+        },
+        priority: i32::try_from(int(13)?).map_err(|_| bad("priority"))?,
+        input: Payload {
+            content_type: text(14).unwrap_or_default(),
+            data: input,
+        },
+        output: None,
+        last_error: None,
+        heartbeat_details: None,
+        created_at: int(16)?,
+        next_at: int(17)?,
+        started_at: Some(now),
+        finished_at: None,
+        lease_expires_at: Some(claim.lease_expires_at),
+        worker_id: Some(claim.worker_id.to_string()),
+    })
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let bytes = s.as_bytes();
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    bytes
+        .chunks(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
 }
 
 /// Lower-case hex, which SQLite's `unhex` turns back into a blob.
