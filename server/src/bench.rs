@@ -129,7 +129,9 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
         }
     };
     let bench = Bench::connect(endpoint.clone(), options.clone()).await?;
+    let floor = baseline().await?;
     let mut report = serde_json::json!({
+        "baseline": floor,
         "server": if options.server.is_some() { endpoint.as_str() } else { "in-process" },
         "database": options.database.clone().unwrap_or_else(|| if options.server.is_some() { "(server's)".into() } else { "sqlite (fresh temp file)".into() }),
         "payload_bytes": options.payload_bytes,
@@ -151,6 +153,7 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
         };
         report[result.0] = result.1;
     }
+    add_ratios(&mut report);
     stop_server.cancel();
     if let Some(task) = server_task {
         match task.await {
@@ -537,6 +540,76 @@ impl Bench {
     }
 }
 
+/// The disk's durable-commit floor, measured on a scratch SQLite file the way the
+/// server writes (WAL, `synchronous=FULL`), one row per transaction: what a queue
+/// without group commit could do here, and the least a durable pickup can take.
+async fn baseline() -> Result<serde_json::Value, Error> {
+    use sqlx::{
+        ConnectOptions,
+        sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous},
+    };
+    const COMMITS: usize = 300;
+    let dir = tempfile::tempdir().map_err(|e| Error::Setup(e.to_string()))?;
+    let mut conn = SqliteConnectOptions::new()
+        .filename(dir.path().join("baseline.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .connect()
+        .await
+        .map_err(|e| Error::Setup(format!("baseline database: {e}")))?;
+    let setup = |e: sqlx::Error| Error::Setup(format!("baseline: {e}"));
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+        .execute(&mut conn)
+        .await
+        .map_err(setup)?;
+    let mut latencies = Vec::with_capacity(COMMITS);
+    let started = Instant::now();
+    for _ in 0..COMMITS {
+        let t = Instant::now();
+        sqlx::query("INSERT INTO t (v) VALUES (zeroblob(64))")
+            .execute(&mut conn)
+            .await
+            .map_err(setup)?;
+        latencies.push(t.elapsed());
+    }
+    let took = started.elapsed();
+    Ok(serde_json::json!({
+        "commits_per_second": round(COMMITS as f64 / took.as_secs_f64()),
+        "commit_ms": percentiles(latencies),
+    }))
+}
+
+/// Each throughput as a multiple of the baseline's commit rate, and each latency
+/// percentile as a multiple of one commit, so runs on noisy machines compare.
+fn add_ratios(report: &mut serde_json::Value) {
+    let commits = report["baseline"]["commits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let commit_p50 = report["baseline"]["commit_ms"]["p50"]
+        .as_f64()
+        .unwrap_or(0.0);
+    if commits <= 0.0 || commit_p50 <= 0.0 {
+        return;
+    }
+    let per_second = |v: &serde_json::Value| v["per_second"].as_f64();
+    for path in [["submit", "single"], ["submit", "batched"]] {
+        if let Some(x) = per_second(&report[path[0]][path[1]]) {
+            report[path[0]][path[1]]["x_baseline"] = round(x / commits);
+        }
+    }
+    for phase in ["drain", "end_to_end"] {
+        if let Some(x) = per_second(&report[phase]) {
+            report[phase]["x_baseline"] = round(x / commits);
+        }
+    }
+    for key in ["pickup_ms", "end_to_end_ms"] {
+        if let Some(p50) = report["latency"][key]["p50"].as_f64() {
+            report["latency"][key]["p50_x_commit"] = round(p50 / commit_p50);
+        }
+    }
+}
+
 async fn join_all(mut set: JoinSet<Result<(), Error>>) -> Result<(), Error> {
     while let Some(joined) = set.join_next().await {
         joined.map_err(|e| Error::Setup(e.to_string()))??;
@@ -627,20 +700,28 @@ pub fn summary(report: &serde_json::Value) -> String {
         report["payload_bytes"],
         report["preload"]
     ));
+    let b = &report["baseline"];
+    line(format!(
+        "baseline: {}/s single-row durable commits (p50 {} ms) on this disk",
+        b["commits_per_second"], b["commit_ms"]["p50"]
+    ));
     if let Some(s) = report.get("submit") {
         line(format!(
-            "submit, one per call ({} callers):   {:>9}/s",
-            s["single"]["concurrency"], s["single"]["per_second"]
+            "submit, one per call ({} callers):   {:>9}/s  ({}x baseline)",
+            s["single"]["concurrency"], s["single"]["per_second"], s["single"]["x_baseline"]
         ));
         line(format!(
-            "submit, batches of {} ({} callers): {:>9}/s",
-            s["batched"]["batch"], s["batched"]["concurrency"], s["batched"]["per_second"]
+            "submit, batches of {} ({} callers): {:>9}/s  ({}x baseline)",
+            s["batched"]["batch"],
+            s["batched"]["concurrency"],
+            s["batched"]["per_second"],
+            s["batched"]["x_baseline"]
         ));
     }
     if let Some(d) = report.get("drain") {
         line(format!(
-            "drain {} (concurrency {}):      {:>9}/s",
-            d["count"], d["concurrency"], d["per_second"]
+            "drain {} (concurrency {}):      {:>9}/s  ({}x baseline)",
+            d["count"], d["concurrency"], d["per_second"], d["x_baseline"]
         ));
     }
     if let Some(l) = report.get("latency") {
@@ -658,8 +739,8 @@ pub fn summary(report: &serde_json::Value) -> String {
     }
     if let Some(e) = report.get("end_to_end") {
         line(format!(
-            "end to end {} (submit + run + record): {:>9}/s",
-            e["count"], e["per_second"]
+            "end to end {} (submit + run + record): {:>9}/s  ({}x baseline)",
+            e["count"], e["per_second"], e["x_baseline"]
         ));
     }
     out
