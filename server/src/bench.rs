@@ -46,6 +46,9 @@ pub struct Options {
     pub payload_bytes: usize,
     /// Rows of a type no worker serves, stored before the phases run.
     pub preload: usize,
+    /// Workers connected for the whole run that serve a type nobody submits
+    /// (to measure the cost of many connected workers).
+    pub idle_workers: usize,
     pub phases: Vec<Phase>,
     pub json: bool,
 }
@@ -137,6 +140,20 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
         "payload_bytes": options.payload_bytes,
         "preload": options.preload,
     });
+    let idle = CancellationToken::new();
+    for n in 0..options.idle_workers {
+        let mut worker = Worker::new(endpoint.clone())
+            .namespace(NAMESPACE)
+            .identity(format!("bench-idle-{n}"))
+            .max_concurrency(1)
+            .activity("bench.idle", |_, _| async { Ok(Payload::default()) });
+        if let Some(token) = &options.token {
+            worker = worker.token(token.clone());
+        }
+        tokio::spawn(worker.run(idle.clone()));
+    }
+    let _idle = idle.drop_guard();
+    report["idle_workers"] = options.idle_workers.into();
     if options.preload > 0 {
         let started = Instant::now();
         bench

@@ -116,6 +116,9 @@ struct BenchArgs {
     /// Rows of a type no worker serves, stored before the phases run.
     #[arg(long, default_value_t = 0)]
     preload: usize,
+    /// Workers kept connected for the whole run, serving a type nobody submits.
+    #[arg(long, default_value_t = 0)]
+    idle_workers: usize,
     /// Phases to run, in order: submit, drain, latency, e2e.
     #[arg(
         long,
@@ -290,6 +293,7 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
         duration: args.duration,
         payload_bytes: args.payload_bytes,
         preload: args.preload,
+        idle_workers: args.idle_workers,
         phases: args.phases,
         json,
     };
