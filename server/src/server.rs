@@ -202,9 +202,10 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
             }
         })
         .collect();
-    store.apply(&ops, now).await?;
+    let count = ops.len();
+    store.apply(ops.into(), now).await?;
     tracing::info!(
-        count = ops.len(),
+        count,
         "reclaimed attempts left running by the previous process"
     );
     Ok(())

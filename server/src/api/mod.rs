@@ -93,7 +93,7 @@ impl From<Error> for Status {
             Error::Unauthenticated(_) => Status::unauthenticated(message),
             Error::Store(inner) => match &*inner {
                 // Busy, full or failing disk: the write may succeed later.
-                store::Error::Database(_) => Status::unavailable(message),
+                store::Error::Database(_) | store::Error::Sqlite(_) => Status::unavailable(message),
                 store::Error::Migrate(_)
                 | store::Error::Corrupt(_)
                 | store::Error::Locked(_)

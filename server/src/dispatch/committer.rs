@@ -279,7 +279,8 @@ impl Loop {
             "batch"
         );
         let started = std::time::Instant::now();
-        let applied = self.store.apply(&ops, now).await;
+        let ops: Arc<[Op]> = ops.into();
+        let applied = self.store.apply(ops.clone(), now).await;
         tracing::trace!(micros = started.elapsed().as_micros() as u64, "applied");
         match applied {
             Ok(mut outcomes) => {
@@ -297,7 +298,7 @@ impl Loop {
                 let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
                 if owned_end > 0 {
                     let mine = &ops[..owned_end];
-                    match self.store.apply(mine, now).await {
+                    match self.store.apply(Arc::from(mine), now).await {
                         Ok(mut outcomes) => self.apply_effects(mine, &mut outcomes, now),
                         Err(e) => {
                             tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
@@ -306,7 +307,7 @@ impl Loop {
                 }
                 for request in requests {
                     let mine = &ops[request.range.clone()];
-                    let result = match self.store.apply(mine, now).await {
+                    let result = match self.store.apply(Arc::from(mine), now).await {
                         Ok(mut outcomes) => {
                             self.apply_effects(mine, &mut outcomes, now);
                             Ok(outcomes)

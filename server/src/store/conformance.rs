@@ -88,7 +88,7 @@ fn new(id: &str, ty: &str) -> NewActivity {
 
 async fn apply(store: &dyn Store, ops: Vec<Op>, now: i64) -> Vec<Outcome> {
     store
-        .apply(&ops, now)
+        .apply(ops.into(), now)
         .await
         .unwrap_or_else(|e| panic!("apply failed: {e}"))
 }

@@ -13,8 +13,22 @@
 //! - `(namespace, workflow_id, activity_id)` is unique; a second submit of a key
 //!   never changes the stored row.
 
+/// The columns every row decoder reads, in this order, so every query returns the
+/// same shape.
+macro_rules! columns {
+    () => {
+        "id, namespace, workflow_id, activity_id, activity_type, status, attempt, uncounted, \
+         max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+         heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
+         input, output_type, output, error_kind, error_type, error_message, error_details_type, \
+         error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
+         finished_at, lease_expires_at, worker_id"
+    };
+}
+
 pub mod sqlite;
-mod sqlite_bulk;
+mod sqlite_raw;
+mod sqlite_writer;
 
 use std::sync::Arc;
 
@@ -45,6 +59,10 @@ pub enum Error {
     /// The database URL names nothing this build can open.
     #[error("unsupported database URL {0:?}: expected sqlite://PATH")]
     UnsupportedUrl(String),
+    /// SQLite failed a statement on the writing connection (disk full, I/O error);
+    /// the transaction was rolled back.
+    #[error("database error: {0}")]
+    Sqlite(String),
     /// Opening or locking the database file failed.
     #[error("cannot open database {path}: {source}")]
     Open {
@@ -262,8 +280,9 @@ pub struct StatusCounts {
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Runs `ops` in order in one transaction, committed durably before it returns.
-    /// An `Err` means nothing of the batch was written.
-    async fn apply(&self, ops: &[Op], now: UnixMillis) -> Result<Vec<Outcome>, Error>;
+    /// An `Err` means nothing of the batch was written. (Shared, not borrowed: a
+    /// backend may hand the batch to a thread of its own.)
+    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error>;
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
 

@@ -1,0 +1,376 @@
+//! A small safe layer over the SQLite C API (through `libsqlite3-sys`, the same
+//! library sqlx links), for the one connection the writer thread owns.
+//!
+//! Why not sqlx here: sqlx runs every statement on a connection thread of its own,
+//! and each statement and each returned row is a cross-thread hand-off. The writer
+//! runs a whole batch on its own thread instead, so a batch costs one hand-off.
+//!
+//! Safety rests on two rules this module enforces: a [`Connection`] is owned by one
+//! thread at a time (it is `Send`, not `Sync`, and every method takes `&mut self`),
+//! and a statement is only used through a [`Query`] that mutably borrows the
+//! connection, so no two statements step at once and none outlives the connection
+//! (statements are finalized before the connection is closed, in `Drop`).
+
+use std::{
+    collections::HashMap,
+    ffi::{CStr, CString, c_int},
+    ptr::{self, NonNull},
+};
+
+use libsqlite3_sys as ffi;
+
+/// A SQLite failure: the result code and SQLite's message.
+#[derive(Debug, thiserror::Error)]
+#[error("sqlite error {code}: {message}")]
+pub struct SqliteError {
+    pub code: c_int,
+    pub message: String,
+}
+
+pub type Result<T> = std::result::Result<T, SqliteError>;
+
+pub struct Connection {
+    db: NonNull<ffi::sqlite3>,
+    /// Prepared statements by SQL text, kept for the connection's life.
+    statements: HashMap<&'static str, NonNull<ffi::sqlite3_stmt>>,
+}
+
+// Safety: SQLite connections opened with SQLITE_OPEN_NOMUTEX may move between
+// threads as long as one thread uses them at a time, which `&mut self` ensures.
+unsafe impl Send for Connection {}
+
+impl Connection {
+    /// Opens the database file (which must exist) for reading and writing.
+    pub fn open(path: &std::path::Path) -> Result<Self> {
+        let path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| SqliteError {
+            code: ffi::SQLITE_MISUSE,
+            message: "database path contains a NUL byte".to_owned(),
+        })?;
+        let mut db = ptr::null_mut();
+        let flags = ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_NOMUTEX;
+        // Safety: valid C string, out-pointer to a local.
+        let rc = unsafe { ffi::sqlite3_open_v2(path.as_ptr(), &mut db, flags, ptr::null()) };
+        let Some(db) = NonNull::new(db) else {
+            return Err(SqliteError {
+                code: rc,
+                message: "cannot allocate a connection".to_owned(),
+            });
+        };
+        let mut conn = Self {
+            db,
+            statements: HashMap::new(),
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(conn.error(rc));
+        }
+        // Safety: the handle is open.
+        unsafe {
+            ffi::sqlite3_extended_result_codes(conn.db.as_ptr(), 1);
+            ffi::sqlite3_busy_timeout(conn.db.as_ptr(), 10_000);
+        }
+        conn.batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")?;
+        conn.disable_reprepare();
+        Ok(conn)
+    }
+
+    /// The bundled SQLite is built with STAT4, which marks statements whose plan
+    /// could depend on a bound value for re-preparation whenever that value is
+    /// rebound: a needless recompile per claim. The query planner stability
+    /// guarantee turns that off; our plans do not depend on bound values.
+    fn disable_reprepare(&mut self) {
+        let mut current: c_int = 0;
+        // Safety: the documented variadic form (int, int*).
+        unsafe {
+            ffi::sqlite3_db_config(
+                self.db.as_ptr(),
+                ffi::SQLITE_DBCONFIG_ENABLE_QPSG,
+                1 as c_int,
+                &mut current as *mut c_int,
+            );
+        }
+    }
+
+    /// Runs SQL text without parameters or results (several statements allowed).
+    pub fn batch(&mut self, sql: &str) -> Result<()> {
+        let sql = CString::new(sql).map_err(|_| SqliteError {
+            code: ffi::SQLITE_MISUSE,
+            message: "SQL contains a NUL byte".to_owned(),
+        })?;
+        // Safety: open handle, valid C string, no callback.
+        let rc = unsafe {
+            ffi::sqlite3_exec(
+                self.db.as_ptr(),
+                sql.as_ptr(),
+                None,
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        };
+        self.check(rc)
+    }
+
+    /// A prepared (and cached) statement, ready for binding from parameter 1.
+    pub fn query(&mut self, sql: &'static str) -> Result<Query<'_>> {
+        let stmt = match self.statements.get(sql) {
+            Some(stmt) => *stmt,
+            None => {
+                let mut stmt = ptr::null_mut();
+                let len = c_int::try_from(sql.len()).map_err(|_| SqliteError {
+                    code: ffi::SQLITE_TOOBIG,
+                    message: "SQL text too long".to_owned(),
+                })?;
+                // Safety: open handle; the text lives for 'static; out-pointer to a local.
+                let rc = unsafe {
+                    ffi::sqlite3_prepare_v3(
+                        self.db.as_ptr(),
+                        sql.as_ptr().cast(),
+                        len,
+                        ffi::SQLITE_PREPARE_PERSISTENT as _,
+                        &mut stmt,
+                        ptr::null_mut(),
+                    )
+                };
+                self.check(rc)?;
+                let stmt = NonNull::new(stmt).ok_or_else(|| SqliteError {
+                    code: ffi::SQLITE_MISUSE,
+                    message: format!("no statement in {sql:?}"),
+                })?;
+                self.statements.insert(sql, stmt);
+                stmt
+            }
+        };
+        Ok(Query {
+            conn: self,
+            stmt,
+            next: 1,
+            bind_error: None,
+        })
+    }
+
+    /// Rows changed by the last INSERT, UPDATE or DELETE.
+    pub fn changes(&mut self) -> u64 {
+        // Safety: open handle.
+        u64::try_from(unsafe { ffi::sqlite3_changes64(self.db.as_ptr()) }).unwrap_or(0)
+    }
+
+    fn check(&self, rc: c_int) -> Result<()> {
+        if rc == ffi::SQLITE_OK {
+            Ok(())
+        } else {
+            Err(self.error(rc))
+        }
+    }
+
+    fn error(&self, code: c_int) -> SqliteError {
+        // Safety: open handle; errmsg returns a NUL-terminated string owned by SQLite,
+        // copied at once.
+        let message = unsafe { CStr::from_ptr(ffi::sqlite3_errmsg(self.db.as_ptr())) }
+            .to_string_lossy()
+            .into_owned();
+        SqliteError { code, message }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Safety: every statement belongs to this handle and none is in use (no
+        // `Query` can outlive the `&mut self` it borrows).
+        unsafe {
+            for stmt in self.statements.values() {
+                ffi::sqlite3_finalize(stmt.as_ptr());
+            }
+            ffi::sqlite3_close(self.db.as_ptr());
+        }
+    }
+}
+
+/// A value that can be bound to a statement parameter.
+pub trait Bind {
+    /// Binds at `index`; returns SQLite's result code.
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int;
+}
+
+impl Bind for i64 {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        // Safety: a live statement (see `Query`).
+        unsafe { ffi::sqlite3_bind_int64(stmt, index, *self) }
+    }
+}
+
+impl Bind for f64 {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        // Safety: a live statement.
+        unsafe { ffi::sqlite3_bind_double(stmt, index, *self) }
+    }
+}
+
+impl Bind for str {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        let Ok(len) = c_int::try_from(self.len()) else {
+            return ffi::SQLITE_TOOBIG;
+        };
+        // Safety: SQLITE_TRANSIENT makes SQLite copy the bytes before returning.
+        unsafe {
+            ffi::sqlite3_bind_text(
+                stmt,
+                index,
+                self.as_ptr().cast(),
+                len,
+                ffi::SQLITE_TRANSIENT(),
+            )
+        }
+    }
+}
+
+impl Bind for String {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        self.as_str().bind_to(stmt, index)
+    }
+}
+
+impl Bind for [u8] {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        let Ok(len) = c_int::try_from(self.len()) else {
+            return ffi::SQLITE_TOOBIG;
+        };
+        // Safety: SQLITE_TRANSIENT makes SQLite copy the bytes; a zero-length blob
+        // is bound from a dangling-but-aligned pointer, which SQLite never reads.
+        unsafe {
+            ffi::sqlite3_bind_blob(
+                stmt,
+                index,
+                self.as_ptr().cast(),
+                len,
+                ffi::SQLITE_TRANSIENT(),
+            )
+        }
+    }
+}
+
+impl Bind for Vec<u8> {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        self.as_slice().bind_to(stmt, index)
+    }
+}
+
+impl<T: Bind + ?Sized> Bind for &T {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        (**self).bind_to(stmt, index)
+    }
+}
+
+impl<T: Bind> Bind for Option<T> {
+    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+        match self {
+            Some(v) => v.bind_to(stmt, index),
+            // Safety: a live statement.
+            None => unsafe { ffi::sqlite3_bind_null(stmt, index) },
+        }
+    }
+}
+
+/// A statement in use: bind parameters in order, then `execute` or read rows.
+/// Dropping it resets the statement for its next use.
+pub struct Query<'c> {
+    conn: &'c mut Connection,
+    stmt: NonNull<ffi::sqlite3_stmt>,
+    next: c_int,
+    bind_error: Option<c_int>,
+}
+
+impl Query<'_> {
+    /// Binds the next parameter (`?1`, `?2`, … in call order).
+    pub fn bind<T: Bind + ?Sized>(mut self, value: &T) -> Self {
+        let rc = value.bind_to(self.stmt.as_ptr(), self.next);
+        if rc != ffi::SQLITE_OK && self.bind_error.is_none() {
+            self.bind_error = Some(rc);
+        }
+        self.next += 1;
+        self
+    }
+
+    /// Runs to completion, ignoring rows; returns the rows changed.
+    pub fn execute(mut self) -> Result<u64> {
+        while self.step()? {}
+        Ok(self.conn.changes())
+    }
+
+    /// Steps to the next row; false when done.
+    pub fn step(&mut self) -> Result<bool> {
+        if let Some(rc) = self.bind_error {
+            return Err(self.conn.error(rc));
+        }
+        // Safety: a live, bound statement owned by this connection.
+        match unsafe { ffi::sqlite3_step(self.stmt.as_ptr()) } {
+            ffi::SQLITE_ROW => Ok(true),
+            ffi::SQLITE_DONE => Ok(false),
+            rc => Err(self.conn.error(rc)),
+        }
+    }
+
+    /// The current row's column `i` (valid after `step` returned true).
+    pub fn int(&self, i: c_int) -> i64 {
+        // Safety: a live statement positioned on a row.
+        unsafe { ffi::sqlite3_column_int64(self.stmt.as_ptr(), i) }
+    }
+
+    pub fn opt_int(&self, i: c_int) -> Option<i64> {
+        (!self.is_null(i)).then(|| self.int(i))
+    }
+
+    pub fn real(&self, i: c_int) -> f64 {
+        // Safety: as above.
+        unsafe { ffi::sqlite3_column_double(self.stmt.as_ptr(), i) }
+    }
+
+    pub fn is_null(&self, i: c_int) -> bool {
+        // Safety: as above.
+        unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), i) == ffi::SQLITE_NULL }
+    }
+
+    pub fn opt_text(&self, i: c_int) -> Option<String> {
+        if self.is_null(i) {
+            return None;
+        }
+        // Safety: text pointer and byte count read back to back, copied at once.
+        unsafe {
+            let ptr = ffi::sqlite3_column_text(self.stmt.as_ptr(), i);
+            let len =
+                usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
+            if ptr.is_null() {
+                return Some(String::new());
+            }
+            Some(String::from_utf8_lossy(std::slice::from_raw_parts(ptr, len)).into_owned())
+        }
+    }
+
+    pub fn text(&self, i: c_int) -> String {
+        self.opt_text(i).unwrap_or_default()
+    }
+
+    pub fn opt_blob(&self, i: c_int) -> Option<Vec<u8>> {
+        if self.is_null(i) {
+            return None;
+        }
+        // Safety: blob pointer and byte count read back to back, copied at once.
+        unsafe {
+            let ptr = ffi::sqlite3_column_blob(self.stmt.as_ptr(), i);
+            let len =
+                usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
+            if ptr.is_null() || len == 0 {
+                return Some(Vec::new());
+            }
+            Some(std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec())
+        }
+    }
+}
+
+impl Drop for Query<'_> {
+    fn drop(&mut self) {
+        // Safety: a live statement; reset ends any step in progress.
+        unsafe {
+            ffi::sqlite3_reset(self.stmt.as_ptr());
+            ffi::sqlite3_clear_bindings(self.stmt.as_ptr());
+        }
+    }
+}

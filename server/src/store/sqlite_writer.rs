@@ -1,0 +1,589 @@
+//! The SQLite writer: a thread of its own that owns the one writing connection and
+//! runs each batch of ops as one `BEGIN IMMEDIATE` … `COMMIT` transaction
+//! (`synchronous=FULL`: durable before the reply is sent).
+//!
+//! A batch crosses threads once each way (the ops in, the outcomes out); every
+//! statement inside runs on this thread against prepared, cached statements.
+//!
+//! Invariant: a batch is all or nothing. Any error rolls the whole transaction back
+//! and is returned; nothing of that batch is written.
+
+use std::{path::Path, sync::Arc, thread::JoinHandle};
+
+use spool_proto::time::UnixMillis;
+use tokio::sync::oneshot;
+
+use super::{
+    ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
+    Op, Outcome, Payload, RetrySpec, Submitted, Timeouts, Transition,
+    sqlite::{cancelled_error, encode_list, status_from, u32_from},
+    sqlite_raw::{Connection, Query, SqliteError},
+};
+
+struct Job {
+    ops: Arc<[Op]>,
+    now: UnixMillis,
+    reply: oneshot::Sender<Result<Vec<Outcome>, Error>>,
+}
+
+pub struct Writer {
+    /// To the writer thread; dropping it (with the `Writer`) ends the thread.
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Opens the writing connection on `path` (migrated already) and starts the thread.
+    pub fn start(path: &Path) -> Result<Self, Error> {
+        let mut conn = Connection::open(path).map_err(sqlite)?;
+        let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("spool-sqlite-writer".to_owned())
+            .spawn(move || {
+                while let Ok(job) = inbox.recv() {
+                    let result = run_batch(&mut conn, &job.ops, job.now);
+                    let _ = job.reply.send(result);
+                }
+            })
+            .map_err(|source| Error::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    pub async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+        let (reply, outcome) = oneshot::channel();
+        let gone = || Error::Corrupt("the SQLite writer thread has stopped".to_owned());
+        self.jobs
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(Job { ops, now, reply })
+            .map_err(|_| gone())?;
+        outcome.await.map_err(|_| gone())?
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after its current batch; joining
+        // makes sure the connection is closed (and the WAL checkpointed) before
+        // the database lock is released.
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn sqlite(e: SqliteError) -> Error {
+    Error::Sqlite(e.to_string())
+}
+
+fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+    conn.query("BEGIN IMMEDIATE")
+        .and_then(|q| q.execute())
+        .map_err(sqlite)?;
+    let result = ops
+        .iter()
+        .map(|op| apply_one(conn, op, now))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|outcomes| {
+            conn.query("COMMIT")
+                .and_then(|q| q.execute())
+                .map_err(sqlite)?;
+            Ok(outcomes)
+        });
+    if result.is_err() {
+        let _ = conn.query("ROLLBACK").and_then(|q| q.execute());
+    }
+    result
+}
+
+fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
+    match op {
+        Op::Submit(batch) => submit_all(conn, batch, now),
+        Op::Claim(claim) => claim_rows(conn, claim, now).map(Outcome::Claimed),
+        Op::Finish {
+            attempt,
+            transition,
+            lease_expired_by,
+        } => finish(
+            conn,
+            attempt.id,
+            attempt.attempt,
+            transition,
+            *lease_expired_by,
+            now,
+        )
+        .map(|accepted| Outcome::Finished { accepted }),
+        Op::Cancel { key, reason } => cancel(conn, key, reason, now),
+        Op::Redrive { key } => redrive(conn, key, now),
+        Op::Prune { before, limit } => conn
+            .query(
+                "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
+                 WHERE status >= 3 AND finished_at < ?1 LIMIT ?2)",
+            )
+            .map(|q| q.bind(before).bind(&i64::from(*limit)))
+            .and_then(Query::execute)
+            .map(Outcome::Pruned)
+            .map_err(sqlite),
+        Op::Renew {
+            ids,
+            lease_expires_at,
+        } => {
+            let mut renewed = 0;
+            for id in ids {
+                renewed += conn
+                    .query(
+                        "UPDATE activities SET lease_expires_at = ?1 WHERE id = ?2 AND status = 2",
+                    )
+                    .map(|q| q.bind(lease_expires_at).bind(id))
+                    .and_then(Query::execute)
+                    .map_err(sqlite)?;
+            }
+            Ok(Outcome::Renewed(renewed))
+        }
+        Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).map(Outcome::Recorded),
+        Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now).map(Outcome::Expired),
+    }
+}
+
+fn submit_all(
+    conn: &mut Connection,
+    batch: &[NewActivity],
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    // A savepoint makes a multi-activity submit all or nothing inside the larger
+    // group-commit transaction.
+    let atomic = batch.len() > 1;
+    if atomic {
+        conn.query("SAVEPOINT submit")
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
+    }
+    let mut submitted = Vec::with_capacity(batch.len());
+    for (index, new) in batch.iter().enumerate() {
+        match submit(conn, new, now)? {
+            Ok(s) => submitted.push(s),
+            Err(existing_type) => {
+                if atomic {
+                    conn.query("ROLLBACK TO submit")
+                        .and_then(Query::execute)
+                        .map_err(sqlite)?;
+                    conn.query("RELEASE submit")
+                        .and_then(Query::execute)
+                        .map_err(sqlite)?;
+                }
+                return Ok(Outcome::Conflict {
+                    index,
+                    existing_type,
+                });
+            }
+        }
+    }
+    if atomic {
+        conn.query("RELEASE submit")
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
+    }
+    Ok(Outcome::Submitted(submitted))
+}
+
+/// Inserts one activity; `Err(existing_type)` when its key exists with another type.
+fn submit(
+    conn: &mut Connection,
+    new: &NewActivity,
+    now: UnixMillis,
+) -> Result<Result<Submitted, String>, Error> {
+    let non_retryable = encode_list(&new.retry.non_retryable);
+    let mut q = conn
+        .query(
+            "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
+             max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+             heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
+             input, created_at, next_at, expires_at) \
+             VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+                     ?16 + ?12) \
+             ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
+        )
+        .map_err(sqlite)?
+        .bind(&new.key.namespace)
+        .bind(&new.key.workflow_id)
+        .bind(&new.key.activity_id)
+        .bind(&new.activity_type)
+        .bind(&i64::from(new.retry.max_attempts))
+        .bind(&new.retry.initial_interval_ms)
+        .bind(&new.retry.backoff_coefficient)
+        .bind(&new.retry.max_interval_ms)
+        .bind(&non_retryable)
+        .bind(&new.timeouts.heartbeat_ms)
+        .bind(&new.timeouts.start_to_close_ms)
+        .bind(&new.timeouts.schedule_to_close_ms)
+        .bind(&i64::from(new.priority))
+        .bind(&new.input.content_type)
+        .bind(&new.input.data)
+        .bind(&now)
+        .bind(&new.next_at);
+    let inserted = if q.step().map_err(sqlite)? {
+        Some(q.int(0))
+    } else {
+        None
+    };
+    drop(q);
+    if let Some(id) = inserted {
+        return Ok(Ok(Submitted {
+            row: new_row(id, new, now),
+            created: true,
+        }));
+    }
+    let existing = select_by_key(conn, &new.key)?.ok_or_else(|| {
+        Error::Corrupt(format!(
+            "{:?} conflicted on insert but cannot be read",
+            new.key
+        ))
+    })?;
+    if existing.activity_type == new.activity_type {
+        Ok(Ok(Submitted {
+            row: existing,
+            created: false,
+        }))
+    } else {
+        Ok(Err(existing.activity_type))
+    }
+}
+
+/// A freshly inserted row, built from what was inserted.
+fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRow {
+    ActivityRow {
+        id,
+        key: new.key.clone(),
+        activity_type: new.activity_type.clone(),
+        status: ActivityStatus::Scheduled,
+        attempt: 0,
+        uncounted: 0,
+        retry: new.retry.clone(),
+        timeouts: new.timeouts,
+        priority: new.priority,
+        input: new.input.clone(),
+        output: None,
+        last_error: None,
+        heartbeat_details: None,
+        created_at: now,
+        next_at: new.next_at,
+        started_at: None,
+        finished_at: None,
+        lease_expires_at: None,
+        worker_id: None,
+    }
+}
+
+fn claim_rows(
+    conn: &mut Connection,
+    claim: &Claim,
+    now: UnixMillis,
+) -> Result<Vec<ActivityRow>, Error> {
+    let mut claimed = Vec::new();
+    for activity_type in &claim.activity_types {
+        let left = i64::from(claim.limit) - claimed.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let mut q = conn
+            .query(concat!(
+                "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+                 worker_id = ?2, lease_expires_at = ?3 \
+                 WHERE id IN (SELECT id FROM activities \
+                   WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
+                   ORDER BY priority DESC, next_at, id LIMIT ?6) \
+                 RETURNING ",
+                columns!()
+            ))
+            .map_err(sqlite)?
+            .bind(&now)
+            .bind(&*claim.worker_id)
+            .bind(&claim.lease_expires_at)
+            .bind(&*claim.namespace)
+            .bind(&**activity_type)
+            .bind(&left);
+        while q.step().map_err(sqlite)? {
+            claimed.push(decode(&q)?);
+        }
+    }
+    Ok(claimed)
+}
+
+/// Ends an attempt, fenced by attempt and status (and the lease guard if given);
+/// true if the row changed.
+fn finish(
+    conn: &mut Connection,
+    id: i64,
+    attempt: u32,
+    transition: &Transition,
+    lease_expired_by: Option<UnixMillis>,
+    now: UnixMillis,
+) -> Result<bool, Error> {
+    let attempt = i64::from(attempt);
+    // The last parameter of each statement is the lease guard: NULL for every
+    // ending but a reclaim.
+    let changed = match transition {
+        Transition::Complete { output } => conn
+            .query(
+                "UPDATE activities SET status = 3, output_type = ?3, output = ?4, \
+                 finished_at = ?5, lease_expires_at = NULL \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?6 IS NULL OR lease_expires_at < ?6)",
+            )
+            .map(|q| {
+                q.bind(&id)
+                    .bind(&attempt)
+                    .bind(&output.content_type)
+                    .bind(&output.data)
+                    .bind(&now)
+                    .bind(&lease_expired_by)
+            })
+            .and_then(Query::execute),
+        Transition::Retry { next_at, error } => conn
+            .query(
+                "UPDATE activities SET status = 1, next_at = ?3, lease_expires_at = NULL, \
+                 error_kind = ?4, error_type = ?5, error_message = ?6, \
+                 error_details_type = ?7, error_details = ?8 \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?9 IS NULL OR lease_expires_at < ?9)",
+            )
+            .map(|q| {
+                bind_error(q.bind(&id).bind(&attempt).bind(next_at), error).bind(&lease_expired_by)
+            })
+            .and_then(Query::execute),
+        Transition::Snooze { .. } | Transition::Release => {
+            let next_at = match transition {
+                Transition::Snooze { next_at } => *next_at,
+                _ => now,
+            };
+            conn.query(
+                "UPDATE activities SET status = 1, next_at = ?3, uncounted = uncounted + 1, \
+                 lease_expires_at = NULL WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?4 IS NULL OR lease_expires_at < ?4)",
+            )
+            .map(|q| {
+                q.bind(&id)
+                    .bind(&attempt)
+                    .bind(&next_at)
+                    .bind(&lease_expired_by)
+            })
+            .and_then(Query::execute)
+        }
+        Transition::Fail { error } => conn
+            .query(
+                "UPDATE activities SET status = 4, finished_at = ?3, lease_expires_at = NULL, \
+                 error_kind = ?4, error_type = ?5, error_message = ?6, \
+                 error_details_type = ?7, error_details = ?8 \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
+                 AND (?9 IS NULL OR lease_expires_at < ?9)",
+            )
+            .map(|q| {
+                bind_error(q.bind(&id).bind(&attempt).bind(&now), error).bind(&lease_expired_by)
+            })
+            .and_then(Query::execute),
+    }
+    .map_err(sqlite)?;
+    Ok(changed == 1)
+}
+
+/// Binds an error's five columns: kind, type, message, details type, details.
+fn bind_error<'c>(q: Query<'c>, e: &ActivityError) -> Query<'c> {
+    q.bind(&i64::from(e.kind))
+        .bind(&e.r#type)
+        .bind(&e.message)
+        .bind(&e.details.as_ref().map(|d| d.content_type.as_str()))
+        .bind(&e.details.as_ref().map(|d| d.data.as_slice()))
+}
+
+fn cancel(
+    conn: &mut Connection,
+    key: &Key,
+    reason: &str,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key)? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(
+        row.status,
+        ActivityStatus::Scheduled | ActivityStatus::Running
+    ) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    let error = cancelled_error(reason);
+    conn.query(
+        "UPDATE activities SET status = 5, finished_at = ?2, lease_expires_at = NULL, \
+         error_kind = ?3, error_type = ?4, error_message = ?5, \
+         error_details_type = ?6, error_details = ?7 WHERE id = ?1",
+    )
+    .map(|q| bind_error(q.bind(&row.id).bind(&now), &error))
+    .and_then(Query::execute)
+    .map_err(sqlite)?;
+    let prior = row.status;
+    row.status = ActivityStatus::Cancelled;
+    row.finished_at = Some(now);
+    row.lease_expires_at = None;
+    row.last_error = Some(error);
+    Ok(Outcome::Cancelled { prior, row })
+}
+
+fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key)? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(
+        row.status,
+        ActivityStatus::Failed | ActivityStatus::Cancelled
+    ) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
+    // growing so late results of old attempts stay fenced out.
+    conn.query(
+        "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
+         finished_at = NULL, output_type = NULL, output = NULL WHERE id = ?1",
+    )
+    .map(|q| q.bind(&row.id).bind(&now))
+    .and_then(Query::execute)
+    .map_err(sqlite)?;
+    row.status = ActivityStatus::Scheduled;
+    row.next_at = now;
+    row.uncounted = row.attempt;
+    row.finished_at = None;
+    row.output = None;
+    Ok(Outcome::Redriven { row })
+}
+
+fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Result<u64, Error> {
+    let mut recorded = 0;
+    for beat in beats {
+        recorded += conn
+            .query(
+                "UPDATE activities SET heartbeat_type = ?3, heartbeat_details = ?4 \
+                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
+            )
+            .map(|q| {
+                q.bind(&beat.id)
+                    .bind(&i64::from(beat.attempt))
+                    .bind(&beat.details.as_ref().map(|d| d.content_type.as_str()))
+                    .bind(&beat.details.as_ref().map(|d| d.data.as_slice()))
+            })
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
+    }
+    Ok(recorded)
+}
+
+fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Result<Vec<Key>, Error> {
+    let error = crate::lifecycle::server_error(
+        spool_proto::v1::ErrorKind::Timeout,
+        "ScheduleToCloseTimeout",
+        "schedule_to_close_timeout passed before the activity finished".to_owned(),
+    );
+    let mut q = conn
+        .query(
+            "UPDATE activities SET status = 4, finished_at = ?1, \
+             error_kind = ?3, error_type = ?4, error_message = ?5, \
+             error_details_type = ?6, error_details = ?7 \
+             WHERE id IN (SELECT id FROM activities \
+               WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2) \
+             RETURNING namespace, workflow_id, activity_id",
+        )
+        .map_err(sqlite)?;
+    q = bind_error(q.bind(&now).bind(&i64::from(limit)), &error);
+    let mut keys = Vec::new();
+    while q.step().map_err(sqlite)? {
+        keys.push(Key {
+            namespace: q.text(0),
+            workflow_id: q.text(1),
+            activity_id: q.text(2),
+        });
+    }
+    Ok(keys)
+}
+
+fn select_by_key(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
+    let mut q = conn
+        .query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
+        ))
+        .map_err(sqlite)?
+        .bind(&key.namespace)
+        .bind(&key.workflow_id)
+        .bind(&key.activity_id);
+    if q.step().map_err(sqlite)? {
+        decode(&q).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// A row in `columns!()` order.
+fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
+    let non_retryable = match q.opt_text(12) {
+        Some(json) => serde_json::from_str(&json)
+            .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
+        None => Vec::new(),
+    };
+    let payload = |ty: i32, data: i32| {
+        q.opt_blob(data).map(|data| Payload {
+            content_type: q.opt_text(ty).unwrap_or_default(),
+            data,
+        })
+    };
+    let last_error = q.opt_int(21).map(|kind| ActivityError {
+        kind: i32::try_from(kind).unwrap_or_default(),
+        r#type: q.text(22),
+        message: q.text(23),
+        details: payload(24, 25),
+        next_retry_delay: None,
+    });
+    Ok(ActivityRow {
+        id: q.int(0),
+        key: Key {
+            namespace: q.text(1),
+            workflow_id: q.text(2),
+            activity_id: q.text(3),
+        },
+        activity_type: q.text(4),
+        status: status_from(q.int(5))?,
+        attempt: u32_from(q.int(6), "attempt")?,
+        uncounted: u32_from(q.int(7), "uncounted")?,
+        retry: RetrySpec {
+            max_attempts: u32_from(q.int(8), "max_attempts")?,
+            initial_interval_ms: q.int(9),
+            backoff_coefficient: q.real(10),
+            max_interval_ms: q.int(11),
+            non_retryable,
+        },
+        timeouts: Timeouts {
+            heartbeat_ms: q.opt_int(13),
+            start_to_close_ms: q.opt_int(14),
+            schedule_to_close_ms: q.opt_int(15),
+        },
+        priority: i32::try_from(q.int(16))
+            .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
+        input: Payload {
+            content_type: q.text(17),
+            data: q.opt_blob(18).unwrap_or_default(),
+        },
+        output: payload(19, 20),
+        last_error,
+        heartbeat_details: payload(26, 27),
+        created_at: q.int(28),
+        next_at: q.int(29),
+        started_at: q.opt_int(30),
+        finished_at: q.opt_int(31),
+        lease_expires_at: q.opt_int(32),
+        worker_id: q.opt_text(33),
+    })
+}
