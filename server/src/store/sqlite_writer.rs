@@ -8,7 +8,7 @@
 //! Invariant: a batch is all or nothing. Any error rolls the whole transaction back
 //! and is returned; nothing of that batch is written.
 
-use std::{path::Path, sync::Arc, thread::JoinHandle};
+use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
 use spool_proto::time::UnixMillis;
 use tokio::sync::oneshot;
@@ -157,38 +157,71 @@ fn submit_all(
     batch: &[NewActivity],
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    // A savepoint makes a multi-activity submit all or nothing inside the larger
-    // group-commit transaction.
-    let atomic = batch.len() > 1;
-    if atomic {
-        conn.query("SAVEPOINT submit")
-            .and_then(Query::execute)
-            .map_err(sqlite)?;
+    if let [new] = batch {
+        return Ok(match submit(conn, new, now)? {
+            Ok(submitted) => Outcome::Submitted(vec![submitted]),
+            Err(existing_type) => Outcome::Conflict {
+                index: 0,
+                existing_type,
+            },
+        });
     }
-    let mut submitted = Vec::with_capacity(batch.len());
+    // All or nothing without a savepoint (which would copy every page it touches
+    // into a sub-journal): check every key first, write only if all can be.
+    // Nothing else writes between the check and the inserts: this is the one
+    // writer, inside one transaction.
+    enum Plan {
+        Insert,
+        Existing(Box<ActivityRow>),
+        SameAs(usize),
+    }
+    let mut first: HashMap<&Key, usize> = HashMap::with_capacity(batch.len());
+    let mut plans = Vec::with_capacity(batch.len());
     for (index, new) in batch.iter().enumerate() {
-        match submit(conn, new, now)? {
-            Ok(s) => submitted.push(s),
-            Err(existing_type) => {
-                if atomic {
-                    conn.query("ROLLBACK TO submit")
-                        .and_then(Query::execute)
-                        .map_err(sqlite)?;
-                    conn.query("RELEASE submit")
-                        .and_then(Query::execute)
-                        .map_err(sqlite)?;
-                }
+        if let Some(&earlier) = first.get(&new.key) {
+            if batch[earlier].activity_type != new.activity_type {
                 return Ok(Outcome::Conflict {
                     index,
-                    existing_type,
+                    existing_type: batch[earlier].activity_type.clone(),
                 });
             }
+            plans.push(Plan::SameAs(earlier));
+            continue;
+        }
+        first.insert(&new.key, index);
+        match select_by_key(conn, &new.key)? {
+            Some(row) if row.activity_type != new.activity_type => {
+                return Ok(Outcome::Conflict {
+                    index,
+                    existing_type: row.activity_type,
+                });
+            }
+            Some(row) => plans.push(Plan::Existing(Box::new(row))),
+            None => plans.push(Plan::Insert),
         }
     }
-    if atomic {
-        conn.query("RELEASE submit")
-            .and_then(Query::execute)
-            .map_err(sqlite)?;
+    let mut submitted: Vec<Submitted> = Vec::with_capacity(batch.len());
+    for (new, plan) in batch.iter().zip(plans) {
+        let s = match plan {
+            Plan::Insert => match submit(conn, new, now)? {
+                Ok(s) => s,
+                Err(_) => {
+                    return Err(Error::Corrupt(format!(
+                        "{:?} appeared during its own batch",
+                        new.key
+                    )));
+                }
+            },
+            Plan::Existing(row) => Submitted {
+                row: *row,
+                created: false,
+            },
+            Plan::SameAs(earlier) => Submitted {
+                row: submitted[earlier].row.clone(),
+                created: false,
+            },
+        };
+        submitted.push(s);
     }
     Ok(Outcome::Submitted(submitted))
 }
