@@ -250,7 +250,7 @@ impl Bench {
     fn submit_request(&self, activity_type: &str, tag: &str, i: usize) -> v1::SubmitRequest {
         v1::SubmitRequest {
             namespace: NAMESPACE.to_owned(),
-            workflow_id: format!("{}-{tag}", self.run_id),
+            workflow_id: format!("{}-{activity_type}-{tag}", self.run_id),
             activity_id: i.to_string(),
             activity_type: activity_type.to_owned(),
             input: Some(self.input()),
@@ -278,7 +278,7 @@ impl Bench {
         tag: &str,
     ) -> Result<(), Error> {
         let next = Arc::new(AtomicUsize::new(0));
-        let progress = Progress::start(tag, count, next.clone());
+        let progress = (!tag.is_empty()).then(|| Progress::start(tag, count, next.clone()));
         let mut callers = JoinSet::new();
         let batch = self.options.batch.max(1);
         for _ in 0..self.options.submit_concurrency.max(1) {
@@ -304,7 +304,9 @@ impl Bench {
             });
         }
         let result = join_all(callers).await;
-        progress.finish();
+        if let Some(progress) = progress {
+            progress.finish();
+        }
         result
     }
 
@@ -542,7 +544,8 @@ impl Bench {
         let stop = self.start_workers("bench.e2e", Arc::new(|_| {}));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
-        let submitting = self.submit_batched("bench.e2e", count, "e2e (submit)");
+        // The completion count draws the progress line.
+        let submitting = self.submit_batched("bench.e2e", count, "");
         let completing =
             self.await_completed(before + count as u64, handled_before + count, "e2e", count);
         let (submitted, last) = tokio::join!(submitting, completing);

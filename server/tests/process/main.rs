@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod child;
+mod cli;
 mod support;
 
 use std::time::{Duration, Instant};

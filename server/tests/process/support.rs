@@ -41,6 +41,13 @@ impl Env {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Writes a file in this environment's directory.
+    pub fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, contents).expect("write file");
+        path
+    }
+
     /// Starts `spool serve` on this environment's port and database.
     pub fn server(&self, args: &[&str]) -> ServerProcess {
         let log = std::fs::OpenOptions::new()

@@ -1,0 +1,203 @@
+//! The `spool` client subcommands against a real server process: output, JSON, exit
+//! codes, and errors a person can act on.
+
+use std::process::Output;
+
+use crate::support::*;
+
+async fn spool(env: &Env, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .arg("--server")
+        .arg(env.url())
+        .args(args)
+        .output()
+        .await
+        .expect("run spool")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_subcommands_work_and_fail_clearly() {
+    let env = Env::new();
+    let server = env.server(&[]);
+    server.client().await;
+
+    let out = spool(
+        &env,
+        &[
+            "submit",
+            "greet",
+            "--input",
+            r#"{"name":"Ada"}"#,
+            "--workflow-id",
+            "w",
+            "--activity-id",
+            "a",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "submitted default/w/a");
+    let again = spool(
+        &env,
+        &[
+            "submit",
+            "greet",
+            "--workflow-id",
+            "w",
+            "--activity-id",
+            "a",
+        ],
+    )
+    .await;
+    assert_eq!(stdout(&again).trim(), "exists default/w/a");
+
+    let got = json(&spool(&env, &["--json", "get", "w", "a"]).await);
+    assert_eq!(
+        (got["status"].as_str(), got["input"]["name"].as_str()),
+        (Some("SCHEDULED"), Some("Ada"))
+    );
+    let table = stdout(&spool(&env, &["get", "w", "a"]).await);
+    assert!(table.contains("status        SCHEDULED"), "{table}");
+
+    let input = env.file("input.json", br#"{"name":"Bob"}"#);
+    let out = spool(
+        &env,
+        &[
+            "submit",
+            "greet",
+            "--input",
+            &format!("@{}", input.display()),
+            "--workflow-id",
+            "w",
+            "--activity-id",
+            "b",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let listed = json(
+        &spool(
+            &env,
+            &["--json", "ls", "--status", "scheduled", "--type", "greet"],
+        )
+        .await,
+    );
+    assert_eq!(listed.as_array().map(Vec::len), Some(2));
+    let stats = json(&spool(&env, &["--json", "stats"]).await);
+    assert_eq!(stats["scheduled"], 2);
+
+    let cancelled =
+        json(&spool(&env, &["--json", "cancel", "w", "b", "--reason", "not now"]).await);
+    assert_eq!(cancelled["status"], "CANCELLED");
+    let retried = json(&spool(&env, &["--json", "retry", "w", "b"]).await);
+    assert_eq!(retried["status"], "SCHEDULED");
+
+    // Waiting: completed exits 0, a dead letter exits 3.
+    let _worker = in_process_worker(&server, "greet");
+    let done = spool(
+        &env,
+        &[
+            "--json",
+            "submit",
+            "greet",
+            "--workflow-id",
+            "w",
+            "--activity-id",
+            "c",
+            "--wait",
+        ],
+    )
+    .await;
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    assert_eq!(json(&done)["status"], "COMPLETED");
+    let waited = spool(&env, &["wait", "w", "a", "--timeout", "5s"]).await;
+    assert!(waited.status.success());
+    spool(
+        &env,
+        &[
+            "submit",
+            "unserved",
+            "--workflow-id",
+            "w",
+            "--activity-id",
+            "d",
+        ],
+    )
+    .await;
+    spool(&env, &["cancel", "w", "d"]).await;
+    let failed = spool(&env, &["wait", "w", "d"]).await;
+    assert_eq!(
+        failed.status.code(),
+        Some(3),
+        "a CANCELLED activity exits 3"
+    );
+
+    let workers = json(&spool(&env, &["--json", "workers"]).await);
+    assert_eq!(workers[0]["identity"], "in-process");
+
+    // Errors: not found, bad input, server down.
+    let missing = spool(&env, &["get", "w", "nope"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("NotFound") && stderr(&missing).contains("default/w/nope"),
+        "{}",
+        stderr(&missing)
+    );
+    let bad = spool(&env, &["submit", "greet", "--input", "{not json"]).await;
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("--input is not valid JSON"),
+        "{}",
+        stderr(&bad)
+    );
+    let down = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["--server", "http://127.0.0.1:1", "stats"])
+        .output()
+        .await
+        .expect("run spool");
+    assert_eq!(down.status.code(), Some(1));
+    assert!(
+        stderr(&down).contains("cannot reach the Spool server"),
+        "{}",
+        stderr(&down)
+    );
+
+    let drained = spool(&env, &["drain", "--timeout", "1s"]).await;
+    assert!(drained.status.success(), "{}", stderr(&drained));
+    assert!(
+        stdout(&drained).starts_with("drained:"),
+        "{}",
+        stdout(&drained)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_client_asks_for_a_token_when_one_is_required() {
+    let env = Env::new();
+    let _server = env.server(&["--auth-token", "s3cret"]);
+    let anonymous = eventually("the server to answer", || async {
+        let out = spool(&env, &["stats"]).await;
+        (out.status.code() == Some(1) && stderr(&out).contains("Unauthenticated")).then_some(out)
+    })
+    .await;
+    assert!(
+        stderr(&anonymous).contains("--token"),
+        "{}",
+        stderr(&anonymous)
+    );
+    let with_token = spool(&env, &["--token", "s3cret", "stats"]).await;
+    assert!(with_token.status.success(), "{}", stderr(&with_token));
+}
