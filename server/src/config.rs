@@ -35,6 +35,8 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// A single bearer token every client and worker must present; `None`: no auth.
     pub auth_token: Option<String>,
+    /// Per-token roles and namespaces (see `api::auth`).
+    pub tokens_file: Option<std::path::PathBuf>,
     /// The largest payload (input, output, details) accepted.
     pub max_payload_bytes: usize,
     /// How long finished rows are kept.
@@ -50,6 +52,7 @@ impl Config {
             lease_timeout: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(5),
             auth_token: None,
+            tokens_file: None,
             max_payload_bytes: 4 * 1024 * 1024,
             retention: Duration::from_secs(7 * 86_400),
             retry_defaults: RetryDefaults::default(),

@@ -200,6 +200,9 @@ struct ServeArgs {
     /// A bearer token every client and worker must present.
     #[arg(long, env = "SPOOL_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// A JSON file of tokens with roles and namespaces (see README).
+    #[arg(long, env = "SPOOL_TOKENS_FILE")]
+    tokens_file: Option<std::path::PathBuf>,
     /// The largest payload accepted, in bytes.
     #[arg(long, env = "SPOOL_MAX_PAYLOAD_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_payload_bytes: usize,
@@ -231,9 +234,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.lease_timeout = args.lease_timeout;
     config.heartbeat_interval = args.heartbeat_interval;
     config.auth_token = args.auth_token.filter(|t| !t.is_empty());
+    config.tokens_file = args.tokens_file;
     config.max_payload_bytes = args.max_payload_bytes;
     config.retention = args.retention;
-    if config.auth_token.is_none() && !args.listen.ip().is_loopback() {
+    if config.auth_token.is_none()
+        && config.tokens_file.is_none()
+        && !args.listen.ip().is_loopback()
+    {
         tracing::warn!(listen = %args.listen, "no --auth-token set and the address is not loopback: anyone who can reach it can submit and run activities");
     }
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -48,6 +48,9 @@ pub enum Error {
     Transport(#[from] tonic::transport::Error),
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The tokens file is missing or invalid; the message says where.
+    #[error(transparent)]
+    Tokens(#[from] crate::api::auth::TokensFileError),
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains and stops cleanly.
@@ -56,6 +59,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    let auth = Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?;
     let store = store::open(&config.database).await?;
     reclaim(&store).await?;
     let next_due = store.next_due(now_millis()).await?;
@@ -93,7 +97,6 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let auth = Auth::new(config.auth_token.clone());
     let max_message = config.max_message_bytes();
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message);

@@ -407,3 +407,118 @@ async fn a_configured_token_is_required() {
     let done = anonymous.wait(right).await.unwrap().into_inner();
     assert_eq!(status(&done), ActivityStatus::Completed);
 }
+
+fn with_token<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn tokens_have_roles_and_namespaces() {
+    const CLIENT: &str = "client-orders-0123456789";
+    const WORKER: &str = "worker-orders-0123456789";
+    const ADMIN: &str = "admin-everything-0123456";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.json");
+    std::fs::write(
+        &tokens,
+        serde_json::json!({"tokens": [
+            {"token": CLIENT, "role": "client", "namespaces": ["orders"]},
+            {"token": WORKER, "role": "worker", "namespaces": ["orders"]},
+            {"token": ADMIN, "role": "admin"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let server = TestServer::start_with(|c| c.tokens_file = Some(tokens.clone())).await;
+    let mut client = server.client().await;
+    let in_orders = || {
+        let mut r = request("t", "wf", "a");
+        r.namespace = "orders".into();
+        r
+    };
+
+    // A client token: its namespace only, the client API only.
+    assert!(client.submit(with_token(in_orders(), CLIENT)).await.is_ok());
+    let err = client
+        .submit(with_token(request("t", "wf", "a"), CLIENT))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(err.message().contains("\"default\""), "{}", err.message());
+    let err = client
+        .stats(with_token(
+            v1::StatsRequest {
+                namespace: "billing".into(),
+            },
+            CLIENT,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let mut admin = server.admin().await;
+    let err = admin
+        .drain(with_token(v1::DrainRequest::default(), CLIENT))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+
+    // A worker token cannot submit; it may serve its namespace only.
+    let err = client
+        .submit(with_token(in_orders(), WORKER))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let refused = server.worker(|w| {
+        w.token(WORKER)
+            .activity("t", |_, _| async { Ok(Payload::default()) })
+    });
+    let err = tokio::time::timeout(WAIT, refused.stop_when_done())
+        .await
+        .unwrap();
+    assert!(
+        matches!(err, Err(spool_worker::Error::Rejected(s)) if s.code() == Code::PermissionDenied)
+    );
+    let _worker = server.worker(|w| {
+        w.token(WORKER)
+            .namespace("orders")
+            .activity("t", |_, _| async { Ok(Payload::default()) })
+    });
+    let mut waited = with_token(
+        v1::WaitRequest {
+            key: Some(v1::ActivityKey {
+                namespace: "orders".into(),
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+            }),
+            timeout: Some(prost_types_duration(WAIT)),
+        },
+        CLIENT,
+    );
+    waited.set_timeout(WAIT);
+    let done = client.wait(waited).await.unwrap().into_inner();
+    assert_eq!(status(&done), ActivityStatus::Completed);
+
+    // An admin token: everything.
+    let workers = admin
+        .list_workers(with_token(v1::ListWorkersRequest::default(), ADMIN))
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(workers.len(), 1);
+    assert!(
+        client
+            .submit(with_token(request("t", "wf", "b"), ADMIN))
+            .await
+            .is_ok()
+    );
+    let err = client
+        .submit(with_token(request("t", "wf", "c"), "not-a-token-at-all"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+}

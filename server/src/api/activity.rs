@@ -9,7 +9,11 @@ use spool_proto::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::{Core, Error, convert, validate};
+use super::{
+    Core, Error,
+    auth::{Principal, Role, authorize, authorize_principal},
+    convert, validate,
+};
 use crate::store::{ActivityStatus, ListQuery, NewActivity, Op, Outcome};
 
 pub struct ActivityApi {
@@ -74,7 +78,9 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::SubmitRequest>,
     ) -> Result<Response<v1::SubmitResponse>, Status> {
+        let principal = request.extensions().get::<Principal>().cloned();
         let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
+        authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
         let mut results = self.submit_all(vec![new]).await?;
         let result = results
             .pop()
@@ -86,6 +92,7 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::SubmitBatchRequest>,
     ) -> Result<Response<v1::SubmitBatchResponse>, Status> {
+        let principal = request.extensions().get::<Principal>().cloned();
         let activities = request.into_inner().activities;
         if activities.len() > validate::MAX_BATCH {
             return Err(Error::InvalidArgument(format!(
@@ -113,6 +120,9 @@ impl ActivityService for ActivityApi {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        for new in &batch {
+            authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
+        }
         if batch.is_empty() {
             return Ok(Response::new(v1::SubmitBatchResponse::default()));
         }
@@ -125,6 +135,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
+        authorize(&request, Role::Client, &key.namespace)?;
         let row = self.get_row(&key).await?;
         Ok(Response::new(convert::activity(row)))
     }
@@ -133,6 +144,11 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::WaitRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
+        authorize(
+            &request,
+            Role::Client,
+            &validate::key(request.get_ref().key.as_ref())?.namespace,
+        )?;
         let request = request.into_inner();
         let key = validate::key(request.key.as_ref())?;
         let timeout =
@@ -165,6 +181,11 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::CancelRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
+        authorize(
+            &request,
+            Role::Client,
+            &validate::key(request.get_ref().key.as_ref())?.namespace,
+        )?;
         let request = request.into_inner();
         let key = validate::key(request.key.as_ref())?;
         let reason = validate::truncate(request.reason, validate::MAX_MESSAGE_BYTES);
@@ -195,6 +216,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::RetryRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
+        authorize(&request, Role::Client, &key.namespace)?;
         let mut outcomes = self
             .core
             .committer
@@ -218,6 +240,11 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
+        authorize(
+            &request,
+            Role::Client,
+            &validate::namespace(&request.get_ref().namespace)?,
+        )?;
         let request = request.into_inner();
         let namespace = validate::namespace(&request.namespace)?;
         let status = match ActivityStatus::try_from(request.status) {
@@ -286,6 +313,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let namespace = validate::namespace(&request.get_ref().namespace)?;
+        authorize(&request, Role::Client, &namespace)?;
         let counts = self
             .core
             .store

@@ -5,7 +5,11 @@ use std::sync::Arc;
 use spool_proto::v1::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
-use super::{Core, validate};
+use super::{
+    Core,
+    auth::{Role, authorize, authorize_everywhere},
+    validate,
+};
 use crate::drain::Drainer;
 
 pub struct AdminApi {
@@ -25,6 +29,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::DrainRequest>,
     ) -> Result<Response<v1::DrainResponse>, Status> {
+        authorize_everywhere(&request, Role::Admin)?;
         let timeout = validate::duration("timeout", request.get_ref().timeout.as_ref())?
             .filter(|d| !d.is_zero())
             .unwrap_or(self.core.config.drain_timeout);
@@ -41,9 +46,12 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::ListWorkersResponse>, Status> {
         let namespace = &request.get_ref().namespace;
         let namespace = if namespace.is_empty() {
+            authorize_everywhere(&request, Role::Admin)?;
             None
         } else {
-            Some(validate::namespace(namespace)?)
+            let namespace = validate::namespace(namespace)?;
+            authorize(&request, Role::Admin, &namespace)?;
+            Some(namespace)
         };
         Ok(Response::new(v1::ListWorkersResponse {
             workers: self.core.registry.workers(namespace.as_deref()),

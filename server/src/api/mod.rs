@@ -74,6 +74,9 @@ pub enum Error {
     Unavailable(String),
     #[error("{0}")]
     Unauthenticated(&'static str),
+    /// The token is valid but does not cover this role or namespace.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The store failed; nothing was written.
     #[error("storage failure: {0}")]
     Store(Arc<store::Error>),
@@ -91,6 +94,7 @@ impl From<Error> for Status {
             Error::UnsupportedProtocol { .. } => Status::failed_precondition(message),
             Error::Unavailable(_) => Status::unavailable(message),
             Error::Unauthenticated(_) => Status::unauthenticated(message),
+            Error::PermissionDenied(_) => Status::permission_denied(message),
             Error::Store(inner) => match &*inner {
                 // Busy, full or failing disk: the write may succeed later.
                 store::Error::Database(_) | store::Error::Sqlite(_) => Status::unavailable(message),

@@ -30,7 +30,11 @@ use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Core, Error, validate};
+use super::{
+    Core, Error,
+    auth::{Principal, Role, authorize_principal},
+    validate,
+};
 use crate::{
     dispatch::registry::{ACK_WINDOW, Answer, Outgoing},
     lifecycle::{self, Attempt},
@@ -82,9 +86,11 @@ impl WorkerService for WorkerApi {
             )
             .into());
         }
+        let principal = request.extensions().get::<Principal>().cloned();
         let mut inbound = request.into_inner();
         let hello = handshake(&mut inbound).await?;
         let registration = validate::hello(hello)?;
+        authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
         let heartbeat_interval = self.core.config.heartbeat_interval;
         let (worker_id, tx, rx, evict) =
             self.core
