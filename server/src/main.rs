@@ -206,6 +206,9 @@ struct ServeArgs {
     /// The largest payload accepted, in bytes.
     #[arg(long, env = "SPOOL_MAX_PAYLOAD_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_payload_bytes: usize,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, env = "SPOOL_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
     /// How long finished activities are kept.
     #[arg(long, env = "SPOOL_RETENTION", default_value = "7d", value_parser = duration)]
     retention: Duration,
@@ -242,6 +245,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         && !args.listen.ip().is_loopback()
     {
         tracing::warn!(listen = %args.listen, "no --auth-token set and the address is not loopback: anyone who can reach it can submit and run activities");
+    }
+    if let Some(addr) = args.metrics_listen {
+        spool_server::metrics::serve(addr)
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        tracing::info!(%addr, "metrics at http://{addr}/metrics");
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

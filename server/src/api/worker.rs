@@ -263,6 +263,7 @@ impl Session {
         ) {
             Answer::Held(attempt, details) => (attempt, details),
             Answer::Ended | Answer::Unknown => {
+                crate::metrics::result_refused();
                 send_ack(&self.tx, ack, false, permit);
                 return;
             }
@@ -325,6 +326,7 @@ impl Session {
             .collect();
         match &end {
             End::Lost(why) => {
+                crate::metrics::worker_lost();
                 tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}")
             }
             End::Shutdown => {

@@ -281,7 +281,9 @@ impl Loop {
         let started = std::time::Instant::now();
         let ops: Arc<[Op]> = ops.into();
         let applied = self.store.apply(ops.clone(), now).await;
-        tracing::trace!(micros = started.elapsed().as_micros() as u64, "applied");
+        let took = started.elapsed();
+        crate::metrics::commit(ops.len(), took.as_secs_f64(), applied.is_ok());
+        tracing::trace!(micros = took.as_micros() as u64, "applied");
         match applied {
             Ok(mut outcomes) => {
                 self.apply_effects(&ops, &mut outcomes, now);
@@ -331,6 +333,7 @@ impl Loop {
         for (op, outcome) in ops.iter().zip(outcomes.iter_mut()) {
             match (op, outcome) {
                 (Op::Submit(_), Outcome::Submitted(submitted)) => {
+                    crate::metrics::submitted(submitted.iter().filter(|s| s.created).count() as u64);
                     for s in submitted.iter().filter(|s| s.created) {
                         self.due(
                             &s.row.key.namespace,
@@ -341,6 +344,7 @@ impl Loop {
                     }
                 }
                 (Op::Claim(claim), Outcome::Claimed(rows)) => {
+                    crate::metrics::dispatched(rows.len() as u64);
                     let released = self.registry.assign(claim, std::mem::take(rows));
                     self.carry.extend(released);
                 }
@@ -351,23 +355,30 @@ impl Loop {
                         ..
                     },
                     Outcome::Finished { accepted: true },
-                ) => match transition {
-                    Transition::Complete { .. } | Transition::Fail { .. } => {
-                        self.pending.notify(&attempt.key)
+                ) => {
+                    crate::metrics::finished(transition_name(transition));
+                    match transition {
+                        Transition::Complete { .. } | Transition::Fail { .. } => {
+                            self.pending.notify(&attempt.key)
+                        }
+                        Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
+                            self.due(
+                                &attempt.key.namespace,
+                                &attempt.activity_type,
+                                *next_at,
+                                now,
+                            );
+                        }
+                        Transition::Release => {
+                            self.due(&attempt.key.namespace, &attempt.activity_type, now, now)
+                        }
                     }
-                    Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
-                        self.due(
-                            &attempt.key.namespace,
-                            &attempt.activity_type,
-                            *next_at,
-                            now,
-                        );
-                    }
-                    Transition::Release => {
-                        self.due(&attempt.key.namespace, &attempt.activity_type, now, now)
-                    }
-                },
+                }
+                (Op::Finish { .. }, Outcome::Finished { accepted: false }) => {
+                    crate::metrics::result_refused()
+                }
                 (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
+                    crate::metrics::cancelled();
                     self.pending.notify(&row.key);
                     if *prior == ActivityStatus::Running
                         && let Some(worker_id) = &row.worker_id
@@ -396,6 +407,16 @@ impl Loop {
             self.timer
                 .insert(at, Some((namespace.into(), activity_type.into())));
         }
+    }
+}
+
+fn transition_name(transition: &Transition) -> &'static str {
+    match transition {
+        Transition::Complete { .. } => "completed",
+        Transition::Retry { .. } => "retried",
+        Transition::Snooze { .. } => "snoozed",
+        Transition::Fail { .. } => "failed",
+        Transition::Release => "released",
     }
 }
 

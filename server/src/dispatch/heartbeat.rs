@@ -56,6 +56,7 @@ pub async fn run(
         }
         let now = now_millis();
         let sweep = registry.sweep(now, now.saturating_sub(interval_ms.saturating_mul(3)));
+        crate::metrics::liveness(registry.worker_count(), registry.running_count());
         for worker_id in &sweep.lost_workers {
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
         }
@@ -67,6 +68,7 @@ pub async fn run(
         }
         for timed_out in sweep.timed_out {
             tracing::info!(activity_id = %timed_out.attempt.key.activity_id, attempt = timed_out.attempt.attempt, "{}", timed_out.message);
+            crate::metrics::timed_out(timed_out.error_type);
             let error = timed_out.error();
             let transition = if timed_out.final_ {
                 Transition::Fail { error }

@@ -611,6 +611,11 @@ impl Registry {
         out
     }
 
+    /// Connected workers, in every namespace.
+    pub fn worker_count(&self) -> usize {
+        self.lock().workers.len()
+    }
+
     pub fn connected(&self, namespace: &str) -> usize {
         self.lock()
             .workers

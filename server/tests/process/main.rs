@@ -6,6 +6,7 @@
 
 mod child;
 mod cli;
+mod metrics;
 mod support;
 
 use std::time::{Duration, Instant};
