@@ -62,7 +62,6 @@ pub async fn run(
     let auth = Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?;
     let store = store::open(&config.database).await?;
     reclaim(&store).await?;
-    let next_due = store.next_due(now_millis()).await?;
 
     let registry = Arc::new(Registry::default());
     let pending = Arc::new(Pending::default());
@@ -73,7 +72,6 @@ pub async fn run(
         committer::Options {
             lease: config.lease_timeout,
         },
-        next_due,
     );
     // Rows already due wait for the first worker of their type.
     registry.mark_all_due();

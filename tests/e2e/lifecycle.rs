@@ -379,3 +379,24 @@ async fn a_restart_keeps_every_activity_and_reclaims_running_ones() {
         released.last_error
     );
 }
+
+#[tokio::test]
+async fn delayed_rows_from_before_a_restart_each_come_due() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    for (id, ms) in [("soon", 300), ("later", 700), ("latest", 1_100)] {
+        let mut req = request("delayed", "wf", id);
+        req.delay = Some(prost_types_duration(Duration::from_millis(ms)));
+        submit(&mut client, req).await;
+    }
+    // After the restart, only the store knows these rows; the worker is idle when
+    // each comes due, so nothing but the timer can dispatch them.
+    let server = server.restart().await;
+    let _worker = server.worker(|w| w.activity("delayed", |_, _| async { Ok(Payload::default()) }));
+    server.await_workers(1).await;
+    let mut client = server.client().await;
+    for id in ["soon", "later", "latest"] {
+        let done = wait(&mut client, key("wf", id)).await;
+        assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
+    }
+}

@@ -352,3 +352,83 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
         "{details:?}"
     );
 }
+
+#[tokio::test]
+async fn an_ended_attempt_and_its_retry_on_one_worker_take_two_slots() {
+    let server =
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(200)).await;
+    let mut raw = RawWorker::connect(&server, &["t"], 2).await;
+    // Heartbeats for attempt 2 only (they also keep the worker alive): attempt 1
+    // must time out, attempt 2 must not.
+    let keepalive = {
+        let tx = raw.tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let beat = v1::WorkerMessage {
+                    message: Some(worker_message::Message::Heartbeat(v1::Heartbeat {
+                        workflow_id: "wf".into(),
+                        activity_id: "a".into(),
+                        attempt: 2,
+                        details: None,
+                    })),
+                };
+                if tx.send(beat).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let mut client = server.client().await;
+    let mut req = request("t", "wf", "a");
+    req.heartbeat_timeout = ms(150);
+    req.retry_policy = fast_retries(5);
+    submit(&mut client, req).await;
+    let first = raw.task().await;
+    // Attempt 1 times out; this worker keeps running it (it never answers), and its
+    // retry, attempt 2, comes back to the same worker's second slot.
+    let mut cancelled = false;
+    let mut second = None;
+    while !(cancelled && second.is_some()) {
+        match raw.next().await {
+            server_message::Message::Cancel(c) => {
+                assert_eq!(c.attempt, 1);
+                cancelled = true;
+            }
+            server_message::Message::Task(t) => second = Some(t),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(second.as_ref().map(|t| t.attempt), Some(2));
+    // Both slots are taken: another activity must wait.
+    submit(&mut client, request("t", "wf", "b")).await;
+    let workers = server
+        .admin()
+        .await
+        .list_workers(v1::ListWorkersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(workers[0].in_flight, 2);
+    raw.quiet_for(Duration::from_millis(300)).await;
+    // Answering attempt 1 (refused) frees its slot, and only then does b arrive.
+    raw.complete(&first, 1).await;
+    let mut got_b = false;
+    let mut refused = false;
+    while !(got_b && refused) {
+        match raw.next().await {
+            server_message::Message::Ack(a) => {
+                assert_eq!((a.attempt, a.accepted), (1, false));
+                refused = true;
+            }
+            server_message::Message::Task(t) => {
+                assert_eq!(t.activity_id, "b");
+                got_b = true;
+            }
+            server_message::Message::Cancel(c) => panic!("unexpected cancel {c:?}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    keepalive.abort();
+}

@@ -27,7 +27,10 @@ use tokio::{
     time::Instant,
 };
 
-use super::{Pending, Registry, timer::Timer};
+use super::{
+    Pending, Registry,
+    timer::{self, Timer},
+};
 use crate::store::{self, ActivityStatus, Op, Outcome, Store, Transition};
 
 /// The most ops one transaction takes (a larger single request still goes whole).
@@ -71,19 +74,16 @@ pub struct Options {
 }
 
 impl Committer {
-    /// Starts the loop. `next_due` arms the timer for rows already delayed in the store.
+    /// Starts the loop. Its timer first reads the store's due times, so rows already
+    /// delayed in the store come due on time.
     pub fn spawn(
         store: Arc<dyn Store>,
         registry: Arc<Registry>,
         pending: Arc<Pending>,
         options: Options,
-        next_due: Option<UnixMillis>,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let mut timer = Timer::default();
-        if let Some(at) = next_due {
-            timer.insert(at, None);
-        }
+        let timer = Timer::default();
         let event_loop = Loop {
             store,
             registry,
@@ -250,15 +250,22 @@ impl Loop {
                 None => self.registry.mark_all_due(),
             }
         }
-        if self.timer.needs_refill() {
-            match self.store.next_due(now).await {
-                Ok(next) => {
-                    self.timer.refilled();
-                    if let Some(at) = next {
-                        self.timer.insert(at, None);
-                    }
+        if self.timer.must_read_store(now) {
+            // Rows the timer lost track of may be due now, of any type.
+            self.registry.mark_all_due();
+            match self.store.due_times(now, timer::CAPACITY as u32).await {
+                Ok(times) => self.timer.read(
+                    times
+                        .into_iter()
+                        .map(|(at, namespace, activity_type)| {
+                            (at, Some((namespace.into(), activity_type.into())))
+                        })
+                        .collect(),
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the next due times; retrying in 1 s");
+                    self.timer.read_again_at(now.saturating_add(1_000));
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot read the next due time; retrying"),
             }
         }
     }

@@ -9,7 +9,9 @@
 //!   `max_concurrency`: `inflight + reserved <= max_concurrency`;
 //! - an attempt stays in `inflight` until the worker answers for it, even after the
 //!   server ended it (cancel, timeout): its slot stays taken while the worker may
-//!   still be running it;
+//!   still be running it (attempts are keyed with their number, so a later attempt
+//!   of the same activity on the same worker takes a slot of its own);
+//! - a task that cannot be put on the worker's channel is released, never held;
 //! - a worker's outbound channel never overflows: it holds at most
 //!   `max_concurrency` tasks, one cancel per held attempt, the welcome, a drain,
 //!   and [`ACK_WINDOW`] acks (each carries a permit of the session's ack window).
@@ -80,6 +82,12 @@ pub enum Answer {
 
 type GroupKey = (Arc<str>, Vec<Arc<str>>);
 
+type AttemptKey = (String, String, u32);
+
+fn attempt_key(workflow_id: &str, activity_id: &str, attempt: u32) -> AttemptKey {
+    (workflow_id.to_owned(), activity_id.to_owned(), attempt)
+}
+
 struct Inflight {
     attempt: Arc<Attempt>,
     /// The server ended the attempt and told the worker to stop.
@@ -131,8 +139,11 @@ struct Worker {
     max_concurrency: u32,
     connected_at: UnixMillis,
     last_seen: UnixMillis,
-    /// Attempts sent to the worker and not yet answered, by `(workflow_id, activity_id)`.
-    inflight: HashMap<(String, String), Inflight>,
+    /// Attempts sent to the worker and not yet answered, by `(workflow_id,
+    /// activity_id, attempt)`: the attempt is part of the key because a worker may
+    /// still run attempt n (ended by the server, not yet answered) when attempt n+1
+    /// of the same activity is handed to it.
+    inflight: HashMap<AttemptKey, Inflight>,
     /// Slots promised to claims the committer is running now.
     reserved: u32,
     /// Everything sent to the worker, in order. The session owns the receiver;
@@ -291,9 +302,11 @@ impl Registry {
             return false;
         };
         worker.last_seen = now;
-        let key = (workflow_id.to_owned(), activity_id.to_owned());
-        match worker.inflight.get_mut(&key) {
-            Some(i) if i.attempt.attempt == attempt && !i.cancel_sent => {
+        match worker
+            .inflight
+            .get_mut(&attempt_key(workflow_id, activity_id, attempt))
+        {
+            Some(i) if !i.cancel_sent => {
                 i.last_heartbeat = now;
                 i.unflushed = Some(details);
                 true
@@ -314,7 +327,7 @@ impl Registry {
                 sweep.lost_workers.push(worker.id.clone());
                 continue;
             }
-            for ((workflow_id, activity_id), inflight) in worker.inflight.iter_mut() {
+            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
                 if inflight.cancel_sent {
                     continue;
                 }
@@ -342,6 +355,11 @@ impl Registry {
                     .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
                 sweep.timed_out.push(timed_out);
             }
+        }
+        drop(inner);
+        if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {
+            // Fewer attempts run now: a drain may be waiting on that.
+            self.answered.notify_waiters();
         }
         sweep
     }
@@ -381,7 +399,7 @@ impl Registry {
     pub fn end_all(&self, reason: &str) -> Vec<Arc<Attempt>> {
         let mut ended = Vec::new();
         for worker in self.lock().workers.values_mut() {
-            for ((workflow_id, activity_id), inflight) in worker.inflight.iter_mut() {
+            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
                 if inflight.cancel_sent {
                     continue;
                 }
@@ -502,6 +520,7 @@ impl Registry {
                 .collect();
         };
         worker.reserved = worker.reserved.saturating_sub(claim.limit);
+        let mut undelivered = Vec::new();
         for row in rows {
             let attempt = Arc::new(Attempt::from_row(&row));
             let task = task_for(row, &attempt);
@@ -509,17 +528,24 @@ impl Registry {
                 .outbound
                 .try_send(Outgoing::message(server_message::Message::Task(task)))
             {
-                // Closed: the session is ending and its clean-up, which has not run
-                // yet (the worker is still registered), will end this attempt too.
+                // The worker never got it: back to SCHEDULED, uncounted. Closed is a
+                // session ending; full would be a broken budget.
                 if matches!(e, mpsc::error::TrySendError::Full(_)) {
                     tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
                 }
+                undelivered.push(Op::Finish {
+                    attempt,
+                    transition: Transition::Release,
+                    lease_expired_by: None,
+                });
+                continue;
             }
             let now = attempt.started_at;
             worker.inflight.insert(
-                (
-                    attempt.key.workflow_id.clone(),
-                    attempt.key.activity_id.clone(),
+                attempt_key(
+                    &attempt.key.workflow_id,
+                    &attempt.key.activity_id,
+                    attempt.attempt,
                 ),
                 Inflight::new(attempt, now),
             );
@@ -528,7 +554,7 @@ impl Registry {
         if short && let Some(g) = inner.groups.get_mut(&group) {
             g.exhausted = true;
         }
-        Vec::new()
+        undelivered
     }
 
     /// Takes the attempt a worker's result answers, freeing its slot.
@@ -543,12 +569,11 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Answer::Unknown;
         };
-        let key = (workflow_id.to_owned(), activity_id.to_owned());
-        match worker.inflight.get(&key) {
-            Some(i) if i.attempt.attempt == attempt => {}
-            _ => return Answer::Unknown,
-        }
-        let Some(inflight) = worker.inflight.remove(&key) else {
+        let Some(inflight) =
+            worker
+                .inflight
+                .remove(&attempt_key(workflow_id, activity_id, attempt))
+        else {
             return Answer::Unknown;
         };
         drop(inner);
@@ -568,11 +593,14 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return;
         };
-        let slot = (key.workflow_id.clone(), key.activity_id.clone());
-        let Some(inflight) = worker.inflight.get_mut(&slot) else {
+        let Some(inflight) =
+            worker
+                .inflight
+                .get_mut(&attempt_key(&key.workflow_id, &key.activity_id, attempt))
+        else {
             return;
         };
-        if inflight.attempt.attempt != attempt || inflight.cancel_sent {
+        if inflight.cancel_sent {
             return;
         }
         inflight.cancel_sent = true;
@@ -587,6 +615,9 @@ impl Registry {
         let _ = worker
             .outbound
             .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+        drop(inner);
+        // The attempt no longer counts as running: a drain may be waiting on that.
+        self.answered.notify_waiters();
     }
 
     /// Connected workers, optionally of one namespace.

@@ -1,9 +1,12 @@
-//! When delayed rows come due. The committer arms one sleep for the earliest entry;
-//! when it fires, the types named become claimable again.
+//! When delayed rows come due. The committer arms one sleep for the earliest time
+//! the timer knows of; when it fires, the types named become claimable again.
 //!
-//! Bounded: at most [`CAPACITY`] distinct entries are kept. Past that, later entries
-//! are dropped and `overflowed` is set; once the kept ones are spent, the committer
-//! asks the store for the next due time, so nothing is forgotten, only re-read.
+//! The store is the source of truth; the timer is a bounded cache of its next due
+//! times. It keeps at most [`CAPACITY`] entries. Whatever it cannot keep (a later
+//! time when full, or one evicted for an earlier one), and everything before the
+//! first read, it records as `unknown_after`: from that instant on, the caller must
+//! mark everything due and re-read the next due times from the store. So no row is
+//! ever forgotten, only re-read.
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -14,10 +17,21 @@ pub const CAPACITY: usize = 4096;
 /// What becomes due: one type of a namespace, or (`None`) everything.
 pub type Due = Option<(Arc<str>, Arc<str>)>;
 
-#[derive(Default)]
 pub struct Timer {
     entries: BTreeSet<(UnixMillis, Due)>,
-    overflowed: bool,
+    /// The earliest time this timer may have lost track of (`None`: it knows every
+    /// due time the store has).
+    unknown_after: Option<UnixMillis>,
+}
+
+impl Default for Timer {
+    /// A timer that knows nothing yet: the store must be read at once.
+    fn default() -> Self {
+        Self {
+            entries: BTreeSet::new(),
+            unknown_after: Some(UnixMillis::MIN),
+        }
+    }
 }
 
 impl Timer {
@@ -25,20 +39,31 @@ impl Timer {
         if self.entries.len() >= CAPACITY {
             match self.entries.last() {
                 Some(last) if last.0 > at => {
+                    let evicted = last.0;
                     self.entries.pop_last();
+                    self.lose(evicted);
                 }
                 _ => {
-                    self.overflowed = true;
+                    self.lose(at);
                     return;
                 }
             }
-            self.overflowed = true;
         }
         self.entries.insert((at, due));
     }
 
+    fn lose(&mut self, at: UnixMillis) {
+        self.unknown_after = Some(self.unknown_after.map_or(at, |t| t.min(at)));
+    }
+
+    /// When the caller must next act: the earliest entry, or the time from which
+    /// the store must be read again.
     pub fn next(&self) -> Option<UnixMillis> {
-        self.entries.first().map(|e| e.0)
+        let first = self.entries.first().map(|e| e.0);
+        match (first, self.unknown_after) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Removes and returns everything due at `now`.
@@ -55,14 +80,29 @@ impl Timer {
         due
     }
 
-    /// True once the kept entries are spent but some were dropped: the caller must
-    /// re-read the next due time from the store (and then call [`Timer::refilled`]).
-    pub fn needs_refill(&self) -> bool {
-        self.overflowed && self.entries.is_empty()
+    /// True when rows this timer does not know of may be due by `now`: the caller
+    /// marks everything due and re-reads the store (then calls [`Timer::read`]).
+    pub fn must_read_store(&self, now: UnixMillis) -> bool {
+        self.unknown_after.is_some_and(|t| t <= now)
     }
 
-    pub fn refilled(&mut self) {
-        self.overflowed = false;
+    /// After a failed read: try again at `at`.
+    pub fn read_again_at(&mut self, at: UnixMillis) {
+        self.unknown_after = Some(at);
+    }
+
+    /// Records a read of the store's next due times (`times`, earliest first, at
+    /// most `CAPACITY`); a full read may have left later ones out.
+    pub fn read(&mut self, times: Vec<(UnixMillis, Due)>) {
+        let full = times.len() >= CAPACITY;
+        self.unknown_after = if full {
+            times.last().map(|t| t.0)
+        } else {
+            None
+        };
+        for (at, due) in times {
+            self.insert(at, due);
+        }
     }
 }
 
@@ -71,24 +111,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keeps_the_earliest_and_reports_overflow() {
+    fn starts_by_asking_for_the_store() {
+        let t = Timer::default();
+        assert!(t.must_read_store(0));
+        assert_eq!(t.next(), Some(UnixMillis::MIN));
+    }
+
+    #[test]
+    fn what_it_cannot_keep_makes_it_read_the_store_in_time() {
         let mut t = Timer::default();
-        for i in 0..(CAPACITY as i64 + 10) {
+        t.read(Vec::new());
+        assert!(!t.must_read_store(i64::MAX));
+        for i in 0..CAPACITY as i64 {
             t.insert(1_000 + i, None);
         }
+        // Full: a later time is not kept, but remembered as unknown.
+        t.insert(50_000, None);
+        assert!(!t.must_read_store(49_999));
+        assert!(t.must_read_store(50_000));
+        // An earlier time evicts the latest kept one, which becomes the unknown.
         t.insert(5, None);
         assert_eq!(t.next(), Some(5));
-        assert!(!t.needs_refill());
-        let due = t.take_due(i64::MAX);
-        assert_eq!(due.len(), CAPACITY);
-        assert!(t.needs_refill());
-        t.refilled();
-        assert!(!t.needs_refill());
+        assert!(t.must_read_store(1_000 + CAPACITY as i64 - 1));
+        assert!(!t.must_read_store(1_000 + CAPACITY as i64 - 2));
+    }
+
+    #[test]
+    fn a_full_read_leaves_the_rest_for_later() {
+        let mut t = Timer::default();
+        let times: Vec<_> = (0..CAPACITY as i64).map(|i| (100 + i, None)).collect();
+        t.read(times);
+        let last = 100 + CAPACITY as i64 - 1;
+        assert!(!t.must_read_store(last - 1));
+        assert!(t.must_read_store(last));
+        let mut partial = Timer::default();
+        partial.read(vec![(10, None)]);
+        assert!(!partial.must_read_store(i64::MAX));
     }
 
     #[test]
     fn take_due_leaves_the_future() {
         let mut t = Timer::default();
+        t.read(Vec::new());
         t.insert(10, None);
         t.insert(20, Some(("ns".into(), "ty".into())));
         assert_eq!(t.take_due(15).len(), 1);

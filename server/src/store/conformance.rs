@@ -51,7 +51,7 @@ conformance!(
     list_pages_and_filters,
     stats_count_by_status,
     prune_deletes_only_old_finished_rows,
-    running_and_next_due,
+    running_and_due_times,
     runs_of_like_ops_behave_as_op_by_op,
 );
 
@@ -534,13 +534,28 @@ async fn prune_deletes_only_old_finished_rows(store: &dyn Store) {
     assert!(store.get(&key("open")).await.ok().flatten().is_some());
 }
 
-async fn running_and_next_due(store: &dyn Store) {
+async fn running_and_due_times(store: &dyn Store) {
     let mut later = new("later", "t");
     later.next_at = T0 + 5_000;
+    let mut later_too = new("later-too", "t");
+    later_too.next_at = T0 + 5_000;
+    let mut other = new("other", "u");
+    other.next_at = T0 + 9_000;
     submit(store, new("now", "t")).await;
     submit(store, later).await;
-    assert_eq!(store.next_due(T0).await.ok().flatten(), Some(T0 + 5_000));
-    assert_eq!(store.next_due(T0 - 1).await.ok().flatten(), Some(T0));
+    submit(store, later_too).await;
+    submit(store, other).await;
+    let due = |after, limit| async move { store.due_times(after, limit).await.unwrap_or_default() };
+    let ns = || "default".to_string();
+    assert_eq!(
+        due(T0, 10).await,
+        vec![
+            (T0 + 5_000, ns(), "t".to_string()),
+            (T0 + 9_000, ns(), "u".to_string())
+        ],
+        "one entry per time, namespace and type"
+    );
+    assert_eq!(due(T0 - 1, 1).await, vec![(T0, ns(), "t".to_string())]);
     claim(store, &["t"], 1, T0).await;
     let running = store.running().await.unwrap_or_default();
     assert_eq!(running.len(), 1);

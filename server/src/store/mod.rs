@@ -297,9 +297,14 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `limit` RUNNING rows whose lease expired before `now`.
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error>;
 
-    /// The earliest `next_at` after `after` of any SCHEDULED row, to arm the
-    /// dispatch timer.
-    async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error>;
+    /// The next times after `after` at which SCHEDULED rows come due, earliest
+    /// first, with the namespace and type of each (one entry per distinct triple),
+    /// at most `limit`: what arms the dispatch timer.
+    async fn due_times(
+        &self,
+        after: UnixMillis,
+        limit: u32,
+    ) -> Result<Vec<(UnixMillis, String, String)>, Error>;
 }
 
 /// Opens the store a database URL names, running migrations.

@@ -163,13 +163,23 @@ impl Store for SqliteStore {
         rows.iter().map(decode).collect()
     }
 
-    async fn next_due(&self, after: UnixMillis) -> Result<Option<UnixMillis>, Error> {
-        let row =
-            sqlx::query("SELECT MIN(next_at) FROM activities WHERE status = 1 AND next_at > ?1")
-                .bind(after)
-                .fetch_one(&self.readers)
-                .await?;
-        Ok(row.try_get::<Option<i64>, _>(0)?)
+    async fn due_times(
+        &self,
+        after: UnixMillis,
+        limit: u32,
+    ) -> Result<Vec<(UnixMillis, String, String)>, Error> {
+        let rows = sqlx::query(
+            "SELECT next_at, namespace, activity_type FROM activities \
+             WHERE status = 1 AND next_at > ?1 \
+             GROUP BY next_at, namespace, activity_type ORDER BY next_at LIMIT ?2",
+        )
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect()
     }
 }
 
