@@ -32,6 +32,9 @@ use crate::{
     store::{Op, Transition},
 };
 
+/// A deadline beyond any real drain, for timeouts too large for the clock.
+const FAR: Duration = Duration::from_secs(365 * 86_400);
+
 /// What a drain did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
@@ -61,8 +64,13 @@ impl Drainer {
     }
 
     pub async fn drain(&self, timeout: Duration) -> Report {
-        let _one = self.running.lock().await;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(timeout).unwrap_or(now + FAR);
+        // One drain at a time, but never past this one's deadline: a shutdown must
+        // not wait behind an operator's long drain (the phases are idempotent).
+        let _one = tokio::time::timeout_at(deadline, self.running.lock())
+            .await
+            .ok();
         let deadline_ms =
             now_millis().saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
 

@@ -25,6 +25,8 @@ pub struct Attempt {
     pub timeouts: Timeouts,
     pub created_at: UnixMillis,
     pub started_at: UnixMillis,
+    /// The schedule-to-close deadline, if any (see `ActivityRow::expires_at`).
+    pub expires_at: Option<UnixMillis>,
 }
 
 impl Attempt {
@@ -39,14 +41,13 @@ impl Attempt {
             timeouts: row.timeouts,
             created_at: row.created_at,
             started_at: row.started_at.unwrap_or(row.created_at),
+            expires_at: row.expires_at,
         }
     }
 
     /// When the whole activity must be finished, if the submitter bounded it.
     pub fn schedule_to_close_deadline(&self) -> Option<UnixMillis> {
-        self.timeouts
-            .schedule_to_close_ms
-            .map(|ms| self.created_at.saturating_add(ms))
+        self.expires_at
     }
 
     /// When this attempt must be finished: the earlier of start-to-close and
@@ -145,6 +146,7 @@ mod tests {
             timeouts: Timeouts::default(),
             created_at: 0,
             started_at: 0,
+            expires_at: None,
         }
     }
 
@@ -237,6 +239,7 @@ mod tests {
     fn a_retry_past_schedule_to_close_fails_now() {
         let mut a = attempt(1, 10);
         a.timeouts.schedule_to_close_ms = Some(1_500);
+        a.expires_at = Some(1_500);
         let t = on_failure(&a, error(ErrorKind::Retryable, "X"), 1_000, 0.5);
         assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
     }

@@ -137,6 +137,12 @@ pub struct WorkerGuard {
 }
 
 impl WorkerGuard {
+    /// Asks the worker to shut down; returns what `run` returned.
+    pub async fn shutdown(self) -> Result<(), spool_worker::Error> {
+        self.stop.cancel();
+        self.stop_when_done().await
+    }
+
     /// Waits for the worker to stop on its own (a permanent error).
     pub async fn stop_when_done(mut self) -> Result<(), spool_worker::Error> {
         (&mut self.task).await.expect("worker task")

@@ -400,3 +400,54 @@ async fn delayed_rows_from_before_a_restart_each_come_due() {
         assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
     }
 }
+
+#[tokio::test]
+async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() {
+    let server = TestServer::start().await;
+    let (started_tx, mut started) = tokio::sync::mpsc::channel(4);
+    let leaving = server.worker(move |w| {
+        w.max_concurrency(2).activity("job", move |ctx, _| {
+            let started_tx = started_tx.clone();
+            async move {
+                let _ = started_tx.send(ctx.info().activity_id.clone()).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok(spool_worker::json(&"finished by the leaving worker"))
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut x = request("job", "wf", "x");
+    x.retry_policy = fast_retries(1);
+    submit(&mut client, x).await;
+    assert_eq!(started.recv().await.as_deref(), Some("x"));
+    let stopped = tokio::spawn(leaving.shutdown());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The leaving worker still holds a free slot: y goes to it and is handed back.
+    let mut y = request("job", "wf", "y");
+    y.retry_policy = fast_retries(1);
+    submit(&mut client, y).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _stayer = server.worker(|w| {
+        w.activity("job", |_, _| async {
+            Ok(spool_worker::json(&"finished by the stayer"))
+        })
+    });
+    let x = wait(&mut client, key("wf", "x")).await;
+    assert_eq!(
+        (status(&x), x.attempt),
+        (ActivityStatus::Completed, 1),
+        "x ran to the end on the leaving worker"
+    );
+    let y = wait(&mut client, key("wf", "y")).await;
+    assert_eq!(
+        status(&y),
+        ActivityStatus::Completed,
+        "handing back does not spend y's only attempt"
+    );
+    assert_eq!(y.output.unwrap().data, br#""finished by the stayer""#);
+    tokio::time::timeout(WAIT, stopped)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -21,8 +21,10 @@
 //! - every task received gets exactly one result, even if its handler panics;
 //! - results are sent on the session that received the task (the server fences
 //!   results to the attempt and the session that ran it);
-//! - on shutdown it stops sending first, then reads until the server closes, so no
-//!   ack still in flight is lost.
+//! - on shutdown it takes no new work (a task that still arrives is handed back as
+//!   a short snooze, which does not count as an attempt), lets running handlers
+//!   finish up to the shutdown timeout, then stops sending and reads until the
+//!   server closes, so no ack still in flight is lost.
 
 mod context;
 mod error;
@@ -52,6 +54,7 @@ pub struct Worker {
     handlers: HashMap<String, Handler>,
     reconnect_min: Duration,
     reconnect_max: Duration,
+    shutdown_timeout: Duration,
 }
 
 impl Worker {
@@ -67,6 +70,7 @@ impl Worker {
             handlers: HashMap::new(),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(30),
         }
     }
 
@@ -97,6 +101,13 @@ impl Worker {
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.reconnect_min = min;
         self.reconnect_max = max.max(min);
+        self
+    }
+
+    /// How long running activities may take to finish once `run`'s shutdown token
+    /// is cancelled (default 30 s); then they are cancelled.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
         self
     }
 

@@ -20,6 +20,13 @@ use tonic::{Request, Status, metadata::MetadataValue, transport::Endpoint};
 
 use crate::{ActivityContext, ActivityError, ActivityInfo, Error, Worker, context::system_time};
 
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// How a session ended without an error.
 pub(crate) struct Ended {
     /// The server welcomed this session (so reconnect backoff starts over).
@@ -107,7 +114,10 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         worker,
         out: Some(out_tx),
         running: HashMap::new(),
-        cancel: shutdown.child_token(),
+        // Not a child of `shutdown`: a worker shutting down lets running handlers
+        // finish (up to its shutdown timeout) before it tells them to stop.
+        cancel: CancellationToken::new(),
+        stopping: false,
         results: mpsc::channel(capacity),
         heartbeats: mpsc::channel(256),
     };
@@ -129,7 +139,17 @@ struct Loop<'a> {
     ),
     /// Handlers' heartbeats; full means the newest ones are dropped.
     heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
+    /// Taking no new work (shutdown, or the server's drain).
+    stopping: bool,
 }
+
+/// While stopping, a task that still arrives is handed back after this delay, as a
+/// snooze (not counted as an attempt): long enough not to bounce straight back to
+/// this worker, short enough not to hold the activity up.
+const HAND_BACK: Duration = Duration::from_millis(200);
+
+/// After the shutdown timeout cancels handlers, how long their results may take.
+const AFTER_CANCEL: Duration = Duration::from_secs(2);
 
 impl Loop<'_> {
     async fn serve(
@@ -142,10 +162,12 @@ impl Loop<'_> {
         let mut keepalive = tokio::time::interval(interval / 2);
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Shutdown or a server's drain: take no new work, let what runs finish and
-        // report, then close.
-        let mut stopping = false;
+        // report, then close. On shutdown, handlers still running at the shutdown
+        // timeout are cancelled, and given a moment to report.
+        let mut give_up: Option<tokio::time::Instant> = None;
+        let mut cancelled_handlers = false;
         let ended = loop {
-            if stopping && self.running.is_empty() && self.out.is_some() {
+            if self.stopping && self.running.is_empty() && self.out.is_some() {
                 // Everything answered: stop sending, then read until the server
                 // closes so acks still in flight are not lost.
                 self.out = None;
@@ -154,7 +176,7 @@ impl Loop<'_> {
                 message = inbound.message() => match message {
                     Ok(Some(ServerMessage { message: Some(server_message::Message::Drain(drain)) })) => {
                         tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
-                        stopping = true;
+                        self.stopping = true;
                     }
                     Ok(Some(ServerMessage { message: Some(m) })) => self.on_message(m),
                     Ok(Some(ServerMessage { message: None })) => {}
@@ -181,14 +203,49 @@ impl Loop<'_> {
                 _ = keepalive.tick() => {
                     self.send(worker_message::Message::Heartbeat(v1::Heartbeat::default())).await;
                 }
-                _ = shutdown.cancelled(), if !stopping => {
-                    stopping = true;
+                _ = shutdown.cancelled(), if give_up.is_none() => {
+                    tracing::info!(running = self.running.len(), "shutting down: finishing running activities");
+                    self.stopping = true;
+                    give_up = Some(tokio::time::Instant::now() + self.worker.shutdown_timeout);
+                }
+                _ = sleep_until(give_up), if give_up.is_some() => {
+                    if cancelled_handlers {
+                        tracing::warn!(running = self.running.len(), "handlers did not stop; their attempts will be retried elsewhere");
+                        break Ok(Ended { welcomed: true });
+                    }
+                    tracing::warn!(running = self.running.len(), "shutdown timeout: cancelling running activities");
+                    self.cancel.cancel();
+                    cancelled_handlers = true;
+                    give_up = Some(tokio::time::Instant::now() + AFTER_CANCEL);
                 }
             }
         };
         // Handlers whose results can no longer be delivered are told to stop.
         self.cancel.cancel();
         ended
+    }
+
+    /// Gives a task back unrun while stopping (see [`HAND_BACK`]).
+    fn hand_back(&mut self, task: v1::ActivityTask) {
+        let result = v1::ActivityResult {
+            workflow_id: task.workflow_id,
+            activity_id: task.activity_id,
+            attempt: task.attempt,
+            outcome: Some(activity_result::Outcome::Snooze(duration::to_proto(
+                HAND_BACK,
+            ))),
+        };
+        if let Some(out) = &self.out
+            && out
+                .try_send(WorkerMessage {
+                    message: Some(worker_message::Message::Result(result)),
+                })
+                .is_err()
+        {
+            tracing::warn!(
+                "could not hand a task back while stopping; it will be retried elsewhere"
+            );
+        }
     }
 
     async fn send(&mut self, message: worker_message::Message) {
@@ -224,6 +281,10 @@ impl Loop<'_> {
     }
 
     fn start(&mut self, task: v1::ActivityTask) {
+        if self.stopping {
+            self.hand_back(task);
+            return;
+        }
         let key: AttemptKey = (
             task.workflow_id.clone(),
             task.activity_id.clone(),

@@ -153,7 +153,8 @@ impl ActivityService for ActivityApi {
         let key = validate::key(request.key.as_ref())?;
         let timeout =
             validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        // A timeout too large to add to the clock waits as long as no timeout.
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         let waiter = self.core.pending.watch(key.clone());
         loop {
             // Armed before the read: a change committed after it still wakes us.

@@ -36,6 +36,8 @@ use crate::store::{self, ActivityStatus, Op, Outcome, Store, Transition};
 /// The most ops one transaction takes (a larger single request still goes whole).
 pub const MAX_BATCH_OPS: usize = 2048;
 
+const FIRST_FAILURE_PAUSE: Duration = Duration::from_millis(100);
+
 /// How many requests may queue before submitters wait: backpressure on clients.
 const QUEUE: usize = 8192;
 
@@ -91,6 +93,7 @@ impl Committer {
             lease_ms: i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX),
             rx,
             timer,
+            failure_pause: FIRST_FAILURE_PAUSE,
             carry: Vec::new(),
         };
         (Self { tx }, tokio::spawn(event_loop.run()))
@@ -151,6 +154,9 @@ struct Loop {
     /// Requests from every handle; closed when all handles are gone.
     rx: mpsc::Receiver<Message>,
     timer: Timer,
+    /// How long to pause after a failed batch (doubling to 2 s while failures
+    /// last): a broken disk must not turn the loop into a spin.
+    failure_pause: Duration,
     /// Writes the loop owes itself (releases of rows whose worker vanished
     /// mid-claim); they go into the next batch.
     carry: Vec<Op>,
@@ -293,6 +299,7 @@ impl Loop {
         tracing::trace!(micros = took.as_micros() as u64, "applied");
         match applied {
             Ok(mut outcomes) => {
+                self.failure_pause = FIRST_FAILURE_PAUSE;
                 self.apply_effects(&ops, &mut outcomes, now);
                 answer(requests, outcomes);
             }
@@ -330,6 +337,8 @@ impl Loop {
                         reply(result);
                     }
                 }
+                tokio::time::sleep(self.failure_pause).await;
+                self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -440,7 +449,10 @@ fn answer(requests: Vec<Request>, mut outcomes: Vec<Outcome>) {
 
 fn instant_for(at: UnixMillis) -> Instant {
     let wait = at.saturating_sub(now_millis()).max(0);
-    Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0))
+    let now = Instant::now();
+    // Past what the clock can hold, a year is as good: the loop re-arms on waking.
+    now.checked_add(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
+        .unwrap_or(now + Duration::from_secs(365 * 86_400))
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -22,7 +22,7 @@ macro_rules! columns {
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, output_type, output, error_kind, error_type, error_message, error_details_type, \
          error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
-         finished_at, lease_expires_at, worker_id"
+         finished_at, lease_expires_at, worker_id, expires_at"
     };
 }
 
@@ -132,6 +132,9 @@ pub struct ActivityRow {
     pub finished_at: Option<UnixMillis>,
     pub lease_expires_at: Option<UnixMillis>,
     pub worker_id: Option<String>,
+    /// When schedule-to-close fails the activity: submit (or re-drive) time plus
+    /// `schedule_to_close_ms`.
+    pub expires_at: Option<UnixMillis>,
 }
 
 impl ActivityRow {

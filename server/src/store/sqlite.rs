@@ -308,5 +308,6 @@ fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
         finished_at: row.try_get("finished_at")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
         worker_id: row.try_get("worker_id")?,
+        expires_at: row.try_get("expires_at")?,
     })
 }

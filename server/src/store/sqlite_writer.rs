@@ -311,6 +311,10 @@ fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRow {
         finished_at: None,
         lease_expires_at: None,
         worker_id: None,
+        expires_at: new
+            .timeouts
+            .schedule_to_close_ms
+            .map(|ms| now.saturating_add(ms)),
     }
 }
 
@@ -478,10 +482,12 @@ fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome,
         return Ok(Outcome::WrongStatus(row.status));
     }
     // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
-    // growing so late results of old attempts stay fenced out.
+    // growing so late results of old attempts stay fenced out. The schedule-to-close
+    // window starts again too.
     conn.query(
         "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
-         finished_at = NULL, output_type = NULL, output = NULL WHERE id = ?1",
+         finished_at = NULL, output_type = NULL, output = NULL, \
+         expires_at = ?2 + schedule_to_close_ms WHERE id = ?1",
     )
     .map(|q| q.bind(&row.id).bind(&now))
     .and_then(Query::execute)
@@ -491,6 +497,10 @@ fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome,
     row.uncounted = row.attempt;
     row.finished_at = None;
     row.output = None;
+    row.expires_at = row
+        .timeouts
+        .schedule_to_close_ms
+        .map(|ms| now.saturating_add(ms));
     Ok(Outcome::Redriven { row })
 }
 
@@ -618,5 +628,6 @@ fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
         finished_at: q.opt_int(31),
         lease_expires_at: q.opt_int(32),
         worker_id: q.opt_text(33),
+        expires_at: q.opt_int(34),
     })
 }
