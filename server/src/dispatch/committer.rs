@@ -260,13 +260,14 @@ impl Loop {
             // Rows the timer lost track of may be due now, of any type.
             self.registry.mark_all_due();
             match self.store.due_times(now, timer::CAPACITY as u32).await {
-                Ok(times) => self.timer.read(
-                    times
+                Ok(due) => self.timer.read(
+                    due.times
                         .into_iter()
                         .map(|(at, namespace, activity_type)| {
                             (at, Some((namespace.into(), activity_type.into())))
                         })
                         .collect(),
+                    due.complete,
                 ),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the next due times; retrying in 1 s");

@@ -91,14 +91,13 @@ impl Timer {
         self.unknown_after = Some(at);
     }
 
-    /// Records a read of the store's next due times (`times`, earliest first, at
-    /// most `CAPACITY`); a full read may have left later ones out.
-    pub fn read(&mut self, times: Vec<(UnixMillis, Due)>) {
-        let full = times.len() >= CAPACITY;
-        self.unknown_after = if full {
-            times.last().map(|t| t.0)
-        } else {
+    /// Records a read of the store's next due times (earliest first). An
+    /// incomplete read may have left out rows due at or after its last time.
+    pub fn read(&mut self, times: Vec<(UnixMillis, Due)>, complete: bool) {
+        self.unknown_after = if complete {
             None
+        } else {
+            times.last().map(|t| t.0)
         };
         for (at, due) in times {
             self.insert(at, due);
@@ -120,7 +119,7 @@ mod tests {
     #[test]
     fn what_it_cannot_keep_makes_it_read_the_store_in_time() {
         let mut t = Timer::default();
-        t.read(Vec::new());
+        t.read(Vec::new(), true);
         assert!(!t.must_read_store(i64::MAX));
         for i in 0..CAPACITY as i64 {
             t.insert(1_000 + i, None);
@@ -137,22 +136,20 @@ mod tests {
     }
 
     #[test]
-    fn a_full_read_leaves_the_rest_for_later() {
+    fn an_incomplete_read_leaves_the_rest_for_later() {
         let mut t = Timer::default();
-        let times: Vec<_> = (0..CAPACITY as i64).map(|i| (100 + i, None)).collect();
-        t.read(times);
-        let last = 100 + CAPACITY as i64 - 1;
-        assert!(!t.must_read_store(last - 1));
-        assert!(t.must_read_store(last));
-        let mut partial = Timer::default();
-        partial.read(vec![(10, None)]);
-        assert!(!partial.must_read_store(i64::MAX));
+        t.read(vec![(100, None), (200, None)], false);
+        assert!(!t.must_read_store(199));
+        assert!(t.must_read_store(200));
+        let mut complete = Timer::default();
+        complete.read(vec![(10, None)], true);
+        assert!(!complete.must_read_store(i64::MAX));
     }
 
     #[test]
     fn take_due_leaves_the_future() {
         let mut t = Timer::default();
-        t.read(Vec::new());
+        t.read(Vec::new(), true);
         t.insert(10, None);
         t.insert(20, Some(("ns".into(), "ty".into())));
         assert_eq!(t.take_due(15).len(), 1);

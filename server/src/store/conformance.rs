@@ -547,15 +547,19 @@ async fn running_and_due_times(store: &dyn Store) {
     submit(store, other).await;
     let due = |after, limit| async move { store.due_times(after, limit).await.unwrap_or_default() };
     let ns = || "default".to_string();
+    let all = due(T0, 10).await;
     assert_eq!(
-        due(T0, 10).await,
+        all.times,
         vec![
             (T0 + 5_000, ns(), "t".to_string()),
             (T0 + 9_000, ns(), "u".to_string())
         ],
         "one entry per time, namespace and type"
     );
-    assert_eq!(due(T0 - 1, 1).await, vec![(T0, ns(), "t".to_string())]);
+    assert!(all.complete);
+    let first = due(T0 - 1, 1).await;
+    assert_eq!(first.times, vec![(T0, ns(), "t".to_string())]);
+    assert!(!first.complete, "a read that stopped at its limit says so");
     claim(store, &["t"], 1, T0).await;
     let running = store.running().await.unwrap_or_default();
     assert_eq!(running.len(), 1);

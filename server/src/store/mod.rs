@@ -260,6 +260,16 @@ pub struct Submitted {
     pub created: bool,
 }
 
+/// Upcoming due times of scheduled rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DueTimes {
+    /// `(next_at, namespace, activity_type)`, earliest first, without repeats.
+    pub times: Vec<(UnixMillis, String, String)>,
+    /// False when the read stopped at its limit: rows due after the last time
+    /// listed (or at it) may be missing.
+    pub complete: bool,
+}
+
 /// A page of `List`.
 #[derive(Debug, Clone)]
 pub struct ListQuery {
@@ -300,14 +310,9 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `limit` RUNNING rows whose lease expired before `now`.
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error>;
 
-    /// The next times after `after` at which SCHEDULED rows come due, earliest
-    /// first, with the namespace and type of each (one entry per distinct triple),
-    /// at most `limit`: what arms the dispatch timer.
-    async fn due_times(
-        &self,
-        after: UnixMillis,
-        limit: u32,
-    ) -> Result<Vec<(UnixMillis, String, String)>, Error>;
+    /// The next times after `after` at which SCHEDULED rows come due, read from at
+    /// most `limit` rows: what arms the dispatch timer.
+    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
 }
 
 /// Opens the store a database URL names, running migrations.

@@ -15,8 +15,8 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityError, ActivityRow, ActivityStatus, Error, Key, ListQuery, Op, Outcome, Payload,
-    RetrySpec, StatusCounts, Store, Timeouts, sqlite_writer::Writer,
+    ActivityError, ActivityRow, ActivityStatus, DueTimes, Error, Key, ListQuery, Op, Outcome,
+    Payload, RetrySpec, StatusCounts, Store, Timeouts, sqlite_writer::Writer,
 };
 use spool_proto::time::UnixMillis;
 use sqlx::{
@@ -163,23 +163,26 @@ impl Store for SqliteStore {
         rows.iter().map(decode).collect()
     }
 
-    async fn due_times(
-        &self,
-        after: UnixMillis,
-        limit: u32,
-    ) -> Result<Vec<(UnixMillis, String, String)>, Error> {
+    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
+        // Walks the narrow `(next_at)` index in order and stops at `limit` rows;
+        // rows sharing a time, namespace and type are folded here, not by a GROUP
+        // BY (which would read every row before the limit applies).
         let rows = sqlx::query(
             "SELECT next_at, namespace, activity_type FROM activities \
-             WHERE status = 1 AND next_at > ?1 \
-             GROUP BY next_at, namespace, activity_type ORDER BY next_at LIMIT ?2",
+             WHERE status = 1 AND next_at > ?1 ORDER BY next_at LIMIT ?2",
         )
         .bind(after)
         .bind(i64::from(limit))
         .fetch_all(&self.readers)
         .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect()
+        let mut times = std::collections::BTreeSet::new();
+        for r in &rows {
+            times.insert((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
+        }
+        Ok(DueTimes {
+            times: times.into_iter().collect(),
+            complete: rows.len() < limit as usize,
+        })
     }
 }
 

@@ -49,8 +49,7 @@ CREATE INDEX activities_due
     WHERE status = 1;
 
 -- The dispatch timer: the next due times of delayed rows, in order.
-CREATE INDEX activities_upcoming ON activities (next_at, namespace, activity_type)
-    WHERE status = 1;
+CREATE INDEX activities_upcoming ON activities (next_at) WHERE status = 1;
 
 -- Schedule-to-close sweeps of rows still waiting.
 CREATE INDEX activities_expiry ON activities (expires_at)
