@@ -144,13 +144,9 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::WaitRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        authorize(
-            &request,
-            Role::Client,
-            &validate::key(request.get_ref().key.as_ref())?.namespace,
-        )?;
+        let key = validate::key(request.get_ref().key.as_ref())?;
+        authorize(&request, Role::Client, &key.namespace)?;
         let request = request.into_inner();
-        let key = validate::key(request.key.as_ref())?;
         let timeout =
             validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
         // A timeout too large to add to the clock waits as long as no timeout.
@@ -182,13 +178,9 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::CancelRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        authorize(
-            &request,
-            Role::Client,
-            &validate::key(request.get_ref().key.as_ref())?.namespace,
-        )?;
+        let key = validate::key(request.get_ref().key.as_ref())?;
+        authorize(&request, Role::Client, &key.namespace)?;
         let request = request.into_inner();
-        let key = validate::key(request.key.as_ref())?;
         let reason = validate::truncate(request.reason, validate::MAX_MESSAGE_BYTES);
         let mut outcomes = self
             .core
@@ -241,13 +233,9 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
-        authorize(
-            &request,
-            Role::Client,
-            &validate::namespace(&request.get_ref().namespace)?,
-        )?;
+        let namespace = validate::namespace(&request.get_ref().namespace)?;
+        authorize(&request, Role::Client, &namespace)?;
         let request = request.into_inner();
-        let namespace = validate::namespace(&request.namespace)?;
         let status = match ActivityStatus::try_from(request.status) {
             Ok(ActivityStatus::Unspecified) => None,
             Ok(status) => Some(status),
