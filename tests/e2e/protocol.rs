@@ -288,3 +288,83 @@ async fn the_handshake_checks_hello() {
     assert_eq!(workers[0].max_concurrency, 1);
     assert_eq!(workers[0].activity_types, vec!["t".to_string()]);
 }
+
+#[tokio::test]
+async fn higher_priority_first_then_oldest_first() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    for (id, priority) in [("low-1", 0), ("low-2", 0), ("high", 5), ("low-3", 0)] {
+        let mut req = request("t", "wf", id);
+        req.priority = priority;
+        submit(&mut client, req).await;
+    }
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    // One slot: each task comes only after the previous one is answered (its ack
+    // and the next task may arrive in either order).
+    let mut order = Vec::new();
+    while order.len() < 4 {
+        match raw.next().await {
+            server_message::Message::Task(task) => {
+                order.push(task.activity_id.clone());
+                raw.complete(&task, task.attempt).await;
+            }
+            server_message::Message::Ack(ack) => assert!(ack.accepted),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(order, ["high", "low-1", "low-2", "low-3"]);
+}
+
+#[tokio::test]
+async fn namespaces_do_not_mix() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut in_orders = request("t", "wf", "a");
+    in_orders.namespace = "orders".into();
+    submit(&mut client, in_orders).await;
+    // A worker of the default namespace never sees it.
+    let mut default_worker = RawWorker::connect(&server, &["t"], 1).await;
+    default_worker.quiet_for(Duration::from_millis(200)).await;
+    let err = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "a")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        tonic::Code::NotFound,
+        "the same ids in another namespace are another activity"
+    );
+    let mut orders_hello = hello(&["t"], 1);
+    orders_hello.namespace = "orders".into();
+    let mut orders_worker = RawWorker::open(&server, worker_message::Message::Hello(orders_hello))
+        .await
+        .unwrap();
+    let task = orders_worker.task().await;
+    assert_eq!(
+        (task.namespace.as_str(), task.activity_id.as_str()),
+        ("orders", "a")
+    );
+    let stats = |namespace: &str| {
+        let mut client = client.clone();
+        let namespace = namespace.to_owned();
+        async move {
+            client
+                .stats(v1::StatsRequest { namespace })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let (orders, default) = (stats("orders").await, stats("").await);
+    assert_eq!((orders.running, orders.connected_workers), (1, 1));
+    assert_eq!(
+        (
+            default.running,
+            default.scheduled,
+            default.connected_workers
+        ),
+        (0, 0, 1)
+    );
+}
