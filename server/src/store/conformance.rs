@@ -9,19 +9,59 @@ use crate::lifecycle::{self, Attempt};
 /// A fresh, empty store of one backend, and what keeps it alive.
 struct Fixture {
     store: Arc<dyn Store>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
-async fn sqlite() -> Fixture {
+async fn sqlite() -> Option<Fixture> {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let url = format!("sqlite://{}", dir.path().join("spool.db").display());
     let store = SqliteStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("open {url}: {e}"));
-    Fixture {
+    Some(Fixture {
         store: Arc::new(store),
-        _dir: dir,
-    }
+        _dir: Some(dir),
+    })
+}
+
+/// The environment variable naming the PostgreSQL server the suite runs against.
+const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
+
+/// A store in a schema of its own, so tests run in parallel on one server.
+/// Without a server configured the PostgreSQL half is skipped, but not under
+/// `CI=true`: there it must run.
+async fn postgres() -> Option<Fixture> {
+    use sqlx::{
+        Connection,
+        postgres::{PgConnectOptions, PgConnection},
+    };
+    use std::str::FromStr;
+    let Ok(url) = std::env::var(POSTGRES_URL) else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{POSTGRES_URL} must name a PostgreSQL server under CI=true"
+        );
+        eprintln!("skipping the PostgreSQL store: {POSTGRES_URL} is not set");
+        return None;
+    };
+    let schema = format!("spool_test_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {POSTGRES_URL}: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("create schema: {e}"));
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap_or_else(|e| panic!("{POSTGRES_URL}: {e}"))
+        .options([("search_path", schema.as_str())]);
+    let store = PostgresStore::open_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("open the PostgreSQL store: {e}"));
+    Some(Fixture {
+        store: Arc::new(store),
+        _dir: None,
+    })
 }
 
 /// Runs one conformance check against every backend.
@@ -31,8 +71,19 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    let f = super::sqlite().await;
-                    super::$name(f.store.as_ref()).await;
+                    if let Some(f) = super::sqlite().await {
+                        super::$name(f.store.as_ref()).await;
+                    }
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(f) = super::postgres().await {
+                        super::$name(f.store.as_ref()).await;
+                    }
                 }
             )*
         }

@@ -15,8 +15,9 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityError, ActivityRow, ActivityStatus, DueTimes, Error, Key, ListQuery, Op, Outcome,
-    Payload, RetrySpec, StatusCounts, Store, Timeouts, sqlite_writer::Writer,
+    ActivityRow, ActivityStatus, DueTimes, Error, Key, ListQuery, Op, Outcome, StatusCounts, Store,
+    rows::{self, status_from},
+    sqlite_writer::Writer,
 };
 use spool_proto::time::UnixMillis;
 use sqlx::{
@@ -186,21 +187,6 @@ impl Store for SqliteStore {
     }
 }
 
-/// What a cancelled activity shows as its last error: who stopped it and why.
-pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
-    ActivityError {
-        kind: spool_proto::v1::ErrorKind::Terminal as i32,
-        r#type: "Cancelled".to_owned(),
-        message: if reason.is_empty() {
-            "cancelled by request".to_owned()
-        } else {
-            reason.to_owned()
-        },
-        details: None,
-        next_retry_delay: None,
-    }
-}
-
 async fn select_by_key(
     conn: &mut SqliteConnection,
     key: &Key,
@@ -218,99 +204,6 @@ async fn select_by_key(
     row.as_ref().map(decode).transpose()
 }
 
-pub(super) fn encode_list(items: &[String]) -> Option<String> {
-    if items.is_empty() {
-        None
-    } else {
-        serde_json::to_string(items).ok()
-    }
-}
-
-pub(super) fn status_from(value: i64) -> Result<ActivityStatus, Error> {
-    i32::try_from(value)
-        .ok()
-        .and_then(|v| ActivityStatus::try_from(v).ok())
-        .filter(|s| *s != ActivityStatus::Unspecified)
-        .ok_or_else(|| Error::Corrupt(format!("unknown status {value}")))
-}
-
-pub(super) fn u32_from(value: i64, column: &str) -> Result<u32, Error> {
-    u32::try_from(value).map_err(|_| Error::Corrupt(format!("{column} out of range: {value}")))
-}
-
-fn payload(content_type: Option<String>, data: Option<Vec<u8>>) -> Option<Payload> {
-    data.map(|data| Payload {
-        content_type: content_type.unwrap_or_default(),
-        data,
-    })
-}
-
 fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
-    let non_retryable: Option<String> = row.try_get("non_retryable")?;
-    let non_retryable = match non_retryable {
-        Some(json) => serde_json::from_str(&json)
-            .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
-        None => Vec::new(),
-    };
-    let error_kind: Option<i64> = row.try_get("error_kind")?;
-    let last_error = match error_kind {
-        Some(kind) => Some(ActivityError {
-            kind: i32::try_from(kind).unwrap_or_default(),
-            r#type: row
-                .try_get::<Option<String>, _>("error_type")?
-                .unwrap_or_default(),
-            message: row
-                .try_get::<Option<String>, _>("error_message")?
-                .unwrap_or_default(),
-            details: payload(
-                row.try_get("error_details_type")?,
-                row.try_get("error_details")?,
-            ),
-            next_retry_delay: None,
-        }),
-        None => None,
-    };
-    Ok(ActivityRow {
-        id: row.try_get("id")?,
-        key: Key {
-            namespace: row.try_get("namespace")?,
-            workflow_id: row.try_get("workflow_id")?,
-            activity_id: row.try_get("activity_id")?,
-        },
-        activity_type: row.try_get("activity_type")?,
-        status: status_from(row.try_get("status")?)?,
-        attempt: u32_from(row.try_get("attempt")?, "attempt")?,
-        uncounted: u32_from(row.try_get("uncounted")?, "uncounted")?,
-        retry: RetrySpec {
-            max_attempts: u32_from(row.try_get("max_attempts")?, "max_attempts")?,
-            initial_interval_ms: row.try_get("initial_interval_ms")?,
-            backoff_coefficient: row.try_get("backoff_coefficient")?,
-            max_interval_ms: row.try_get("max_interval_ms")?,
-            non_retryable,
-        },
-        timeouts: Timeouts {
-            heartbeat_ms: row.try_get("heartbeat_timeout_ms")?,
-            start_to_close_ms: row.try_get("start_to_close_ms")?,
-            schedule_to_close_ms: row.try_get("schedule_to_close_ms")?,
-        },
-        priority: i32::try_from(row.try_get::<i64, _>("priority")?)
-            .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
-        input: Payload {
-            content_type: row.try_get("input_type")?,
-            data: row.try_get("input")?,
-        },
-        output: payload(row.try_get("output_type")?, row.try_get("output")?),
-        last_error,
-        heartbeat_details: payload(
-            row.try_get("heartbeat_type")?,
-            row.try_get("heartbeat_details")?,
-        ),
-        created_at: row.try_get("created_at")?,
-        next_at: row.try_get("next_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        worker_id: row.try_get("worker_id")?,
-        expires_at: row.try_get("expires_at")?,
-    })
+    rows::decode(row)
 }

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
     Op, Outcome, Payload, RetrySpec, Submitted, Timeouts, Transition,
-    sqlite::{cancelled_error, encode_list, status_from, u32_from},
+    rows::{self, cancelled_error, encode_list, status_from, u32_from},
     sqlite_raw::{Connection, Query, SqliteError},
 };
 
@@ -269,7 +269,7 @@ fn submit(
     drop(q);
     if let Some(id) = inserted {
         return Ok(Ok(Submitted {
-            row: new_row(id, new, now),
+            row: rows::new_row(id, new, now),
             created: true,
         }));
     }
@@ -286,35 +286,6 @@ fn submit(
         }))
     } else {
         Ok(Err(existing.activity_type))
-    }
-}
-
-/// A freshly inserted row, built from what was inserted.
-fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRow {
-    ActivityRow {
-        id,
-        key: new.key.clone(),
-        activity_type: new.activity_type.clone(),
-        status: ActivityStatus::Scheduled,
-        attempt: 0,
-        uncounted: 0,
-        retry: new.retry.clone(),
-        timeouts: new.timeouts,
-        priority: new.priority,
-        input: new.input.clone(),
-        output: None,
-        last_error: None,
-        heartbeat_details: None,
-        created_at: now,
-        next_at: new.next_at,
-        started_at: None,
-        finished_at: None,
-        lease_expires_at: None,
-        worker_id: None,
-        expires_at: new
-            .timeouts
-            .schedule_to_close_ms
-            .map(|ms| now.saturating_add(ms)),
     }
 }
 

@@ -1,0 +1,591 @@
+//! PostgreSQL, for more than one node: several servers share one database.
+//!
+//! Each batch is one transaction. Claims take rows with `FOR UPDATE SKIP LOCKED`,
+//! so nodes claiming at once never take the same row and never wait on each other;
+//! cancels, re-drives and expiries lock the rows they change. A multi-activity
+//! submit is all or nothing through a savepoint (cheap here).
+//!
+//! The schema is `migrations/postgres`, the same table as SQLite's in PostgreSQL's
+//! types; statuses are the wire enum's numbers.
+
+use std::{str::FromStr, sync::Arc};
+
+use sqlx::{
+    PgConnection, Row,
+    migrate::{Migration, MigrationType, Migrator},
+    postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow},
+};
+
+use super::{
+    ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, HeartbeatDetails, Key,
+    ListQuery, NewActivity, Op, Outcome, StatusCounts, Store, Submitted, Transition,
+    rows::{self, cancelled_error, encode_list, status_from},
+};
+use spool_proto::time::UnixMillis;
+
+fn migrator() -> Migrator {
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "activities".into(),
+        MigrationType::Simple,
+        sqlx::SqlSafeStr::into_sql_str(include_str!("migrations/postgres/0001_activities.sql")),
+        false,
+    )])
+}
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to `postgres://…` and runs migrations.
+    pub async fn open(url: &str) -> Result<Self, Error> {
+        Self::open_with(PgConnectOptions::from_str(url)?).await
+    }
+
+    pub async fn open_with(options: PgConnectOptions) -> Result<Self, Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await?;
+        let mut conn = pool.acquire().await?;
+        migrator().run_direct(None, &mut *conn, false).await?;
+        drop(conn);
+        Ok(Self { pool })
+    }
+}
+
+fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
+    rows::decode(row)
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+        let mut tx = self.pool.begin().await?;
+        let mut outcomes = Vec::with_capacity(ops.len());
+        for op in ops.iter() {
+            outcomes.push(apply_one(&mut tx, op, now).await?);
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        select_by_key(&mut conn, key, false).await
+    }
+
+    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = $1 AND id > $2 \
+              AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
+              ORDER BY id LIMIT $5"
+        ))
+        .bind(&query.namespace)
+        .bind(query.after_id)
+        .bind(query.status.map(|s| s as i64))
+        .bind(query.activity_type.as_deref())
+        .bind(i64::from(query.limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
+        let rows = sqlx::query(
+            "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status",
+        )
+        .bind(namespace)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut counts = StatusCounts::default();
+        for row in rows {
+            let n = u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0);
+            match status_from(row.try_get(0)?)? {
+                ActivityStatus::Scheduled => counts.scheduled = n,
+                ActivityStatus::Running => counts.running = n,
+                ActivityStatus::Completed => counts.completed = n,
+                ActivityStatus::Failed => counts.failed = n,
+                ActivityStatus::Cancelled => counts.cancelled = n,
+                ActivityStatus::Unspecified => {}
+            }
+        }
+        Ok(counts)
+    }
+
+    async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE status = 2 ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE status = 2 AND lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(decode).collect()
+    }
+
+    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
+        let rows = sqlx::query(
+            "SELECT next_at, namespace, activity_type FROM activities \
+             WHERE status = 1 AND next_at > $1 ORDER BY next_at LIMIT $2",
+        )
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut times = std::collections::BTreeSet::new();
+        for r in &rows {
+            times.insert((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
+        }
+        Ok(DueTimes {
+            times: times.into_iter().collect(),
+            complete: rows.len() < limit as usize,
+        })
+    }
+}
+
+async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
+    match op {
+        Op::Submit(batch) => submit_all(conn, batch, now).await,
+        Op::Claim(claim) => claim_rows(conn, claim, now).await.map(Outcome::Claimed),
+        Op::Finish {
+            attempt,
+            transition,
+            lease_expired_by,
+        } => finish(
+            conn,
+            attempt.id,
+            attempt.attempt,
+            transition,
+            *lease_expired_by,
+            now,
+        )
+        .await
+        .map(|accepted| Outcome::Finished { accepted }),
+        Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
+        Op::Redrive { key } => redrive(conn, key, now).await,
+        Op::Prune { before, limit } => {
+            let done = sqlx::query(
+                "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
+                 WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(before)
+            .bind(i64::from(*limit))
+            .execute(&mut *conn)
+            .await?;
+            Ok(Outcome::Pruned(done.rows_affected()))
+        }
+        Op::Renew {
+            ids,
+            lease_expires_at,
+        } => {
+            let done = sqlx::query(
+                "UPDATE activities SET lease_expires_at = $1 WHERE status = 2 AND id = ANY($2)",
+            )
+            .bind(lease_expires_at)
+            .bind(ids)
+            .execute(&mut *conn)
+            .await?;
+            Ok(Outcome::Renewed(done.rows_affected()))
+        }
+        Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).await.map(Outcome::Recorded),
+        Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now)
+            .await
+            .map(Outcome::Expired),
+    }
+}
+
+async fn submit_all(
+    conn: &mut PgConnection,
+    batch: &[NewActivity],
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let atomic = batch.len() > 1;
+    if atomic {
+        sqlx::query("SAVEPOINT submit").execute(&mut *conn).await?;
+    }
+    let mut submitted = Vec::with_capacity(batch.len());
+    for (index, new) in batch.iter().enumerate() {
+        match submit(conn, new, now).await? {
+            Ok(s) => submitted.push(s),
+            Err(existing_type) => {
+                if atomic {
+                    sqlx::query("ROLLBACK TO SAVEPOINT submit")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("RELEASE SAVEPOINT submit")
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                return Ok(Outcome::Conflict {
+                    index,
+                    existing_type,
+                });
+            }
+        }
+    }
+    if atomic {
+        sqlx::query("RELEASE SAVEPOINT submit")
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(Outcome::Submitted(submitted))
+}
+
+/// Inserts one activity; `Err(existing_type)` when its key exists with another type.
+async fn submit(
+    conn: &mut PgConnection,
+    new: &NewActivity,
+    now: UnixMillis,
+) -> Result<Result<Submitted, String>, Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
+         max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+         heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
+         input, created_at, next_at, expires_at) \
+         VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+                 $16 + $12) \
+         ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
+    )
+    .bind(&new.key.namespace)
+    .bind(&new.key.workflow_id)
+    .bind(&new.key.activity_id)
+    .bind(&new.activity_type)
+    .bind(i64::from(new.retry.max_attempts))
+    .bind(new.retry.initial_interval_ms)
+    .bind(new.retry.backoff_coefficient)
+    .bind(new.retry.max_interval_ms)
+    .bind(encode_list(&new.retry.non_retryable))
+    .bind(new.timeouts.heartbeat_ms)
+    .bind(new.timeouts.start_to_close_ms)
+    .bind(new.timeouts.schedule_to_close_ms)
+    .bind(i64::from(new.priority))
+    .bind(&new.input.content_type)
+    .bind(&new.input.data)
+    .bind(now)
+    .bind(new.next_at)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(inserted) = inserted {
+        return Ok(Ok(Submitted {
+            row: rows::new_row(inserted.try_get(0)?, new, now),
+            created: true,
+        }));
+    }
+    let existing = select_by_key(conn, &new.key, false).await?.ok_or_else(|| {
+        Error::Corrupt(format!(
+            "{:?} conflicted on insert but cannot be read",
+            new.key
+        ))
+    })?;
+    if existing.activity_type == new.activity_type {
+        Ok(Ok(Submitted {
+            row: existing,
+            created: false,
+        }))
+    } else {
+        Ok(Err(existing.activity_type))
+    }
+}
+
+async fn claim_rows(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    now: UnixMillis,
+) -> Result<Vec<ActivityRow>, Error> {
+    let mut claimed = Vec::new();
+    for activity_type in &claim.activity_types {
+        let left = i64::from(claim.limit) - claimed.len() as i64;
+        if left <= 0 {
+            break;
+        }
+        let rows = sqlx::query(concat!(
+            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = $1, \
+             worker_id = $2, lease_expires_at = $3 \
+             WHERE id IN (SELECT id FROM activities \
+               WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
+               ORDER BY priority DESC, next_at, id LIMIT $6 FOR UPDATE SKIP LOCKED) \
+             RETURNING ",
+            columns!()
+        ))
+        .bind(now)
+        .bind(&*claim.worker_id)
+        .bind(claim.lease_expires_at)
+        .bind(&*claim.namespace)
+        .bind(&**activity_type)
+        .bind(left)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in &rows {
+            claimed.push(decode(row)?);
+        }
+    }
+    Ok(claimed)
+}
+
+/// Ends an attempt, fenced by attempt and status (and the lease guard if given);
+/// true if the row changed.
+async fn finish(
+    conn: &mut PgConnection,
+    id: i64,
+    attempt: u32,
+    transition: &Transition,
+    lease_expired_by: Option<UnixMillis>,
+    now: UnixMillis,
+) -> Result<bool, Error> {
+    let attempt = i64::from(attempt);
+    // The last parameter of each statement is the lease guard: NULL for every
+    // ending but a reclaim.
+    let done =
+        match transition {
+            Transition::Complete { output } => {
+                sqlx::query(
+                    "UPDATE activities SET status = 3, output_type = $3, output = $4, \
+                 finished_at = $5, lease_expires_at = NULL \
+                 WHERE id = $1 AND attempt = $2 AND status = 2 \
+                 AND ($6::BIGINT IS NULL OR lease_expires_at < $6)",
+                )
+                .bind(id)
+                .bind(attempt)
+                .bind(&output.content_type)
+                .bind(&output.data)
+                .bind(now)
+                .bind(lease_expired_by)
+                .execute(&mut *conn)
+                .await?
+            }
+            Transition::Retry { next_at, error } => {
+                bind_error(
+                    sqlx::query(
+                        "UPDATE activities SET status = 1, next_at = $3, lease_expires_at = NULL, \
+                     error_kind = $4, error_type = $5, error_message = $6, \
+                     error_details_type = $7, error_details = $8 \
+                     WHERE id = $1 AND attempt = $2 AND status = 2 \
+                     AND ($9::BIGINT IS NULL OR lease_expires_at < $9)",
+                    )
+                    .bind(id)
+                    .bind(attempt)
+                    .bind(next_at),
+                    error,
+                )
+                .bind(lease_expired_by)
+                .execute(&mut *conn)
+                .await?
+            }
+            Transition::Snooze { .. } | Transition::Release => {
+                let next_at = match transition {
+                    Transition::Snooze { next_at } => *next_at,
+                    _ => now,
+                };
+                sqlx::query(
+                    "UPDATE activities SET status = 1, next_at = $3, uncounted = uncounted + 1, \
+                 lease_expires_at = NULL WHERE id = $1 AND attempt = $2 AND status = 2 \
+                 AND ($4::BIGINT IS NULL OR lease_expires_at < $4)",
+                )
+                .bind(id)
+                .bind(attempt)
+                .bind(next_at)
+                .bind(lease_expired_by)
+                .execute(&mut *conn)
+                .await?
+            }
+            Transition::Fail { error } => bind_error(
+                sqlx::query(
+                    "UPDATE activities SET status = 4, finished_at = $3, lease_expires_at = NULL, \
+                     error_kind = $4, error_type = $5, error_message = $6, \
+                     error_details_type = $7, error_details = $8 \
+                     WHERE id = $1 AND attempt = $2 AND status = 2 \
+                     AND ($9::BIGINT IS NULL OR lease_expires_at < $9)",
+                )
+                .bind(id)
+                .bind(attempt)
+                .bind(now),
+                error,
+            )
+            .bind(lease_expired_by)
+            .execute(&mut *conn)
+            .await?,
+        };
+    Ok(done.rows_affected() == 1)
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Binds an error's five columns: kind, type, message, details type, details.
+fn bind_error<'q>(q: PgQuery<'q>, e: &'q ActivityError) -> PgQuery<'q> {
+    q.bind(i64::from(e.kind))
+        .bind(&e.r#type)
+        .bind(&e.message)
+        .bind(e.details.as_ref().map(|d| d.content_type.as_str()))
+        .bind(e.details.as_ref().map(|d| d.data.as_slice()))
+}
+
+async fn cancel(
+    conn: &mut PgConnection,
+    key: &Key,
+    reason: &str,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key, true).await? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(
+        row.status,
+        ActivityStatus::Scheduled | ActivityStatus::Running
+    ) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    let error = cancelled_error(reason);
+    bind_error(
+        sqlx::query(
+            "UPDATE activities SET status = 5, finished_at = $2, lease_expires_at = NULL, \
+             error_kind = $3, error_type = $4, error_message = $5, \
+             error_details_type = $6, error_details = $7 WHERE id = $1",
+        )
+        .bind(row.id)
+        .bind(now),
+        &error,
+    )
+    .execute(&mut *conn)
+    .await?;
+    let prior = row.status;
+    row.status = ActivityStatus::Cancelled;
+    row.finished_at = Some(now);
+    row.lease_expires_at = None;
+    row.last_error = Some(error);
+    Ok(Outcome::Cancelled { prior, row })
+}
+
+async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+    let Some(mut row) = select_by_key(conn, key, true).await? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !matches!(
+        row.status,
+        ActivityStatus::Failed | ActivityStatus::Cancelled
+    ) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    // As in SQLite: a fresh budget and schedule-to-close window; `attempt` keeps growing.
+    sqlx::query(
+        "UPDATE activities SET status = 1, next_at = $2, uncounted = attempt, \
+         finished_at = NULL, output_type = NULL, output = NULL, \
+         expires_at = $2 + schedule_to_close_ms WHERE id = $1",
+    )
+    .bind(row.id)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    row.status = ActivityStatus::Scheduled;
+    row.next_at = now;
+    row.uncounted = row.attempt;
+    row.finished_at = None;
+    row.output = None;
+    row.expires_at = row
+        .timeouts
+        .schedule_to_close_ms
+        .map(|ms| now.saturating_add(ms));
+    Ok(Outcome::Redriven { row })
+}
+
+async fn record_heartbeats(
+    conn: &mut PgConnection,
+    beats: &[HeartbeatDetails],
+) -> Result<u64, Error> {
+    let mut recorded = 0;
+    for beat in beats {
+        let done = sqlx::query(
+            "UPDATE activities SET heartbeat_type = $3, heartbeat_details = $4 \
+             WHERE id = $1 AND attempt = $2 AND status = 2",
+        )
+        .bind(beat.id)
+        .bind(i64::from(beat.attempt))
+        .bind(beat.details.as_ref().map(|d| d.content_type.as_str()))
+        .bind(beat.details.as_ref().map(|d| d.data.as_slice()))
+        .execute(&mut *conn)
+        .await?;
+        recorded += done.rows_affected();
+    }
+    Ok(recorded)
+}
+
+async fn expire_scheduled(
+    conn: &mut PgConnection,
+    limit: u32,
+    now: UnixMillis,
+) -> Result<Vec<Key>, Error> {
+    let error = crate::lifecycle::server_error(
+        spool_proto::v1::ErrorKind::Timeout,
+        "ScheduleToCloseTimeout",
+        "schedule_to_close_timeout passed before the activity finished".to_owned(),
+    );
+    let rows = bind_error(
+        sqlx::query(
+            "UPDATE activities SET status = 4, finished_at = $1, \
+             error_kind = $3, error_type = $4, error_message = $5, \
+             error_details_type = $6, error_details = $7 \
+             WHERE id IN (SELECT id FROM activities \
+               WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $1 \
+               LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             RETURNING namespace, workflow_id, activity_id",
+        )
+        .bind(now)
+        .bind(i64::from(limit)),
+        &error,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Key {
+                namespace: r.try_get(0)?,
+                workflow_id: r.try_get(1)?,
+                activity_id: r.try_get(2)?,
+            })
+        })
+        .collect()
+}
+
+/// One row by key; with `lock`, locked for the rest of the transaction.
+async fn select_by_key(
+    conn: &mut PgConnection,
+    key: &Key,
+    lock: bool,
+) -> Result<Option<ActivityRow>, Error> {
+    let query = if lock {
+        sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 FOR UPDATE"
+        ))
+    } else {
+        sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
+        ))
+    };
+    let row = query
+        .bind(&key.namespace)
+        .bind(&key.workflow_id)
+        .bind(&key.activity_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.as_ref().map(decode).transpose()
+}
