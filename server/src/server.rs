@@ -61,7 +61,12 @@ pub async fn run(
 ) -> Result<(), Error> {
     let auth = Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?;
     let store = store::open(&config.database).await?;
-    reclaim(&store).await?;
+    if store.single_node() {
+        reclaim(&store).await?;
+    }
+    // Several nodes share the store: listen before anything commits, so no change
+    // another node makes from now on goes unheard.
+    let remote = store.subscribe().await?;
 
     let registry = Arc::new(Registry::default());
     let pending = Arc::new(Pending::default());
@@ -72,6 +77,7 @@ pub async fn run(
         committer::Options {
             lease: config.lease_timeout,
         },
+        remote,
     );
     // Rows already due wait for the first worker of their type.
     registry.mark_all_due();
@@ -178,8 +184,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Ends every attempt a previous process left RUNNING: with one SQLite node, the
-/// process that ran them is gone, so they count as lost workers.
+/// Ends every attempt a previous process left RUNNING: with a single-node store
+/// (SQLite), the process that ran them is gone, so they count as lost workers.
+/// Nodes sharing a store reclaim only expired leases, in the liveness sweep.
 async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
     let running = store.running().await?;
     if running.is_empty() {

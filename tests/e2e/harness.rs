@@ -62,6 +62,12 @@ impl TestServer {
         }
     }
 
+    /// A server on `database` (a URL), sharing it with whoever else uses it.
+    pub async fn start_on_database(database: &str) -> Self {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        Self::start_on(dir, database.to_owned(), |_| {}).await
+    }
+
     /// Stops this server and starts a new one on the same database file.
     pub async fn restart(mut self) -> Self {
         self.shutdown().await;
@@ -356,4 +362,41 @@ impl RawWorker {
 #[allow(dead_code)]
 pub fn database_path(server: &TestServer) -> PathBuf {
     PathBuf::from(server.database.trim_start_matches("sqlite://"))
+}
+
+/// The environment variable naming a PostgreSQL server for multi-node tests.
+pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
+
+/// A database URL for a fresh schema of its own on the PostgreSQL server the
+/// environment names; `None` (the test is skipped) without one, except under
+/// `CI=true`, where it must run.
+pub async fn postgres_schema() -> Option<String> {
+    use sqlx::Connection;
+    let Ok(base) = std::env::var(POSTGRES_URL) else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{POSTGRES_URL} must name a PostgreSQL server under CI=true"
+        );
+        eprintln!("skipping: {POSTGRES_URL} is not set");
+        return None;
+    };
+    let schema = format!("spool_e2e_{}", uuid_like());
+    let mut admin = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connect to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut admin)
+        .await
+        .expect("create schema");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{separator}options=-csearch_path%3D{schema}"))
+}
+
+fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{nanos:x}{:x}", std::process::id())
 }

@@ -8,4 +8,5 @@ mod api;
 mod interop;
 mod lifecycle;
 mod liveness;
+mod multinode;
 mod protocol;

@@ -16,6 +16,9 @@ use super::{
 };
 use crate::store::{ActivityStatus, ListQuery, NewActivity, Op, Outcome};
 
+/// How often a `Wait` re-reads its activity when other nodes share the store.
+const REMOTE_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct ActivityApi {
     core: Arc<Core>,
     /// Cancelled when the server shuts down: parked `Wait`s answer at once.
@@ -166,8 +169,18 @@ impl ActivityService for ActivityApi {
                     None => std::future::pending().await,
                 }
             };
+            // With other nodes, a missed notification must not strand a waiter:
+            // read again now and then.
+            let recheck = async {
+                if self.core.store.single_node() {
+                    std::future::pending::<()>().await
+                } else {
+                    tokio::time::sleep(REMOTE_RECHECK).await
+                }
+            };
             tokio::select! {
                 _ = changed => {}
+                _ = recheck => {}
                 _ = expired => return Ok(Response::new(convert::activity(self.get_row(&key).await?))),
                 _ = self.shutdown.cancelled() => return Ok(Response::new(convert::activity(row))),
             }

@@ -102,7 +102,6 @@ impl From<Error> for Status {
                 | store::Error::Corrupt(_)
                 | store::Error::Locked(_)
                 | store::Error::UnsupportedUrl(_)
-                | store::Error::NotYetServing(_)
                 | store::Error::Open { .. } => Status::internal(message),
             },
         }

@@ -19,7 +19,7 @@
 //! - a batch that fails is retried request by request, so one bad request cannot
 //!   fail its neighbours.
 
-use std::{ops::Range, sync::Arc, time::Duration};
+use std::{collections::HashMap, ops::Range, sync::Arc, time::Duration};
 
 use spool_proto::time::{UnixMillis, now_millis};
 use tokio::{
@@ -31,7 +31,7 @@ use super::{
     Pending, Registry,
     timer::{self, Timer},
 };
-use crate::store::{self, ActivityStatus, Op, Outcome, Store, Transition};
+use crate::store::{self, ActivityStatus, Event, Key, Op, Outcome, Remote, Store, Transition};
 
 /// The most ops one transaction takes (a larger single request still goes whole).
 pub const MAX_BATCH_OPS: usize = 2048;
@@ -78,15 +78,20 @@ pub struct Options {
 impl Committer {
     /// Starts the loop. Its timer first reads the store's due times, so rows already
     /// delayed in the store come due on time.
+    /// `remote` carries other nodes' events when several share the store.
     pub fn spawn(
         store: Arc<dyn Store>,
         registry: Arc<Registry>,
         pending: Arc<Pending>,
         options: Options,
+        remote: Option<mpsc::Receiver<Remote>>,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         let timer = Timer::default();
         let event_loop = Loop {
+            publish: !store.single_node(),
+            outgoing: Vec::new(),
+            remote,
             store,
             registry,
             pending,
@@ -160,6 +165,13 @@ struct Loop {
     /// Writes the loop owes itself (releases of rows whose worker vanished
     /// mid-claim); they go into the next batch.
     carry: Vec<Op>,
+    /// Whether other nodes share the store and must hear of committed changes.
+    publish: bool,
+    /// Events of the batch being applied, published after it.
+    outgoing: Vec<Event>,
+    /// Other nodes' events; `None` when no other node shares the store (or the
+    /// listener is gone).
+    remote: Option<mpsc::Receiver<Remote>>,
 }
 
 impl Loop {
@@ -179,6 +191,13 @@ impl Loop {
                     },
                     _ = self.registry.woken() => {}
                     _ = sleep_until(deadline), if deadline.is_some() => {}
+                    remote = recv_remote(&mut self.remote), if self.remote.is_some() => match remote {
+                        Some(remote) => self.on_remote(remote),
+                        None => {
+                            tracing::error!("stopped hearing from other nodes; their changes reach this one only by timers now");
+                            self.remote = None;
+                        }
+                    },
                 }
             }
             while ops.len() < MAX_BATCH_OPS && stop.is_none() {
@@ -338,10 +357,13 @@ impl Loop {
                         reply(result);
                     }
                 }
+                self.publish_outgoing();
                 tokio::time::sleep(self.failure_pause).await;
                 self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
+                return;
             }
         }
+        self.publish_outgoing();
     }
 
     /// What committed writes mean for the rest of the server, in op order.
@@ -352,7 +374,7 @@ impl Loop {
                 (Op::Submit(_), Outcome::Submitted(submitted)) => {
                     crate::metrics::submitted(submitted.iter().filter(|s| s.created).count() as u64);
                     for s in submitted.iter().filter(|s| s.created) {
-                        self.due(
+                        self.came_due(
                             &s.row.key.namespace,
                             &s.row.activity_type,
                             s.row.next_at,
@@ -376,10 +398,10 @@ impl Loop {
                     crate::metrics::finished(transition_name(transition));
                     match transition {
                         Transition::Complete { .. } | Transition::Fail { .. } => {
-                            self.pending.notify(&attempt.key)
+                            self.finished(&attempt.key)
                         }
                         Transition::Retry { next_at, .. } | Transition::Snooze { next_at } => {
-                            self.due(
+                            self.came_due(
                                 &attempt.key.namespace,
                                 &attempt.activity_type,
                                 *next_at,
@@ -387,7 +409,7 @@ impl Loop {
                             );
                         }
                         Transition::Release => {
-                            self.due(&attempt.key.namespace, &attempt.activity_type, now, now)
+                            self.came_due(&attempt.key.namespace, &attempt.activity_type, now, now)
                         }
                     }
                 }
@@ -396,24 +418,112 @@ impl Loop {
                 }
                 (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
                     crate::metrics::cancelled();
-                    self.pending.notify(&row.key);
+                    self.finished(&row.key);
                     if *prior == ActivityStatus::Running
                         && let Some(worker_id) = &row.worker_id
                     {
+                        // The worker may be connected here, or to another node.
                         self.registry
                             .cancel_running(worker_id, &row.key, row.attempt, reason);
+                        if self.publish {
+                            self.outgoing.push(Event::Cancelled {
+                                worker_id: worker_id.clone(),
+                                key: row.key.clone(),
+                                attempt: row.attempt,
+                                reason: reason.clone(),
+                            });
+                        }
                     }
                 }
                 (Op::Redrive { .. }, Outcome::Redriven { row }) => {
-                    self.due(&row.key.namespace, &row.activity_type, row.next_at, now);
+                    self.came_due(&row.key.namespace, &row.activity_type, row.next_at, now);
                 }
                 (Op::ExpireScheduled { .. }, Outcome::Expired(keys)) => {
-                    for key in keys {
-                        self.pending.notify(key);
+                    for key in keys.iter() {
+                        self.finished(key);
                     }
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// A committed change made rows due: here, and on other nodes.
+    fn came_due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis, now: UnixMillis) {
+        self.due(namespace, activity_type, at, now);
+        if self.publish {
+            self.outgoing.push(Event::Due {
+                namespace: namespace.to_owned(),
+                activity_type: activity_type.to_owned(),
+                at,
+            });
+        }
+    }
+
+    /// A committed change made the activity terminal: wake its waiters, here and
+    /// on other nodes.
+    fn finished(&mut self, key: &Key) {
+        self.pending.notify(key);
+        if self.publish {
+            self.outgoing.push(Event::Finished { key: key.clone() });
+        }
+    }
+
+    /// Tells the other nodes what the last batch changed, without holding up the
+    /// next batch. Several rows of one type coming due make one event.
+    fn publish_outgoing(&mut self) {
+        if self.outgoing.is_empty() {
+            return;
+        }
+        let mut due: HashMap<(String, String), UnixMillis> = HashMap::new();
+        let mut events = Vec::new();
+        for event in self.outgoing.drain(..) {
+            match event {
+                Event::Due {
+                    namespace,
+                    activity_type,
+                    at,
+                } => {
+                    let earliest = due.entry((namespace, activity_type)).or_insert(at);
+                    *earliest = (*earliest).min(at);
+                }
+                other => events.push(other),
+            }
+        }
+        events.extend(
+            due.into_iter()
+                .map(|((namespace, activity_type), at)| Event::Due {
+                    namespace,
+                    activity_type,
+                    at,
+                }),
+        );
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.publish(events).await {
+                tracing::warn!(error = %e, "could not tell other nodes of a commit; they catch up by their timers");
+            }
+        });
+    }
+
+    /// Another node's committed change.
+    fn on_remote(&mut self, remote: Remote) {
+        match remote {
+            Remote::Event(Event::Due {
+                namespace,
+                activity_type,
+                at,
+            }) => self.due(&namespace, &activity_type, at, now_millis()),
+            Remote::Event(Event::Finished { key }) => self.pending.notify(&key),
+            Remote::Event(Event::Cancelled {
+                worker_id,
+                key,
+                attempt,
+                reason,
+            }) => self
+                .registry
+                .cancel_running(&worker_id, &key, attempt, &reason),
+            Remote::Resync => self.registry.mark_all_due(),
         }
     }
 
@@ -454,6 +564,13 @@ fn instant_for(at: UnixMillis) -> Instant {
     // Past what the clock can hold, a year is as good: the loop re-arms on waking.
     now.checked_add(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
         .unwrap_or(now + Duration::from_secs(365 * 86_400))
+}
+
+async fn recv_remote(remote: &mut Option<mpsc::Receiver<Remote>>) -> Option<Remote> {
+    match remote {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

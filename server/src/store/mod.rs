@@ -59,11 +59,8 @@ pub enum Error {
     /// Another process holds the database; only one `spool serve` may use a SQLite file.
     #[error("database {0} is in use by another spool process")]
     Locked(String),
-    /// The backend exists but the server cannot run on it yet.
-    #[error("the server cannot run on {0} yet; use sqlite://PATH")]
-    NotYetServing(&'static str),
     /// The database URL names nothing this build can open.
-    #[error("unsupported database URL {0:?}: expected sqlite://PATH")]
+    #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
     /// SQLite failed a statement on the writing connection (disk full, I/O error);
     /// the transaction was rolled back.
@@ -78,7 +75,7 @@ pub enum Error {
 }
 
 /// The identity of an activity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Key {
     pub namespace: String,
     pub workflow_id: String,
@@ -266,6 +263,35 @@ pub struct Submitted {
     pub created: bool,
 }
 
+/// What one node tells the others sharing its database, after a commit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Event {
+    /// Rows of this type become claimable at `at`.
+    Due {
+        namespace: String,
+        activity_type: String,
+        at: UnixMillis,
+    },
+    /// The activity reached a terminal state: wake its waiters.
+    Finished { key: Key },
+    /// The activity was cancelled while this worker ran this attempt: tell it.
+    Cancelled {
+        worker_id: String,
+        key: Key,
+        attempt: u32,
+        reason: String,
+    },
+}
+
+/// Events from other nodes, as a store delivers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remote {
+    Event(Event),
+    /// Events may have been missed (the listening connection was re-established):
+    /// treat every type as due.
+    Resync,
+}
+
 /// Upcoming due times of scheduled rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DueTimes {
@@ -319,6 +345,24 @@ pub trait Store: Send + Sync + 'static {
     /// The next times after `after` at which SCHEDULED rows come due, read from at
     /// most `limit` rows: what arms the dispatch timer.
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
+
+    /// True when one process owns the database (SQLite, with its file lock): at
+    /// start, every RUNNING row is a dead process's, to reclaim at once. Otherwise
+    /// only rows whose lease expired are (by the liveness sweep).
+    fn single_node(&self) -> bool;
+
+    /// Tells the other nodes sharing the database about committed changes. A
+    /// single-node store has no one to tell.
+    async fn publish(&self, events: Vec<Event>) -> Result<(), Error> {
+        let _ = events;
+        Ok(())
+    }
+
+    /// Events other nodes publish, for as long as the receiver is kept; `None` for
+    /// a single-node store.
+    async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Remote>>, Error> {
+        Ok(None)
+    }
 }
 
 /// Opens the store a database URL names, running migrations.
@@ -326,10 +370,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, Error> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::open(url).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        // `PostgresStore` passes the conformance suite, but a server on it would
-        // need what several nodes sharing one database need first: waking each
-        // other's dispatchers and waiters, and reclaiming only expired leases.
-        Err(Error::NotYetServing("PostgreSQL"))
+        Ok(Arc::new(PostgresStore::open(url).await?))
     } else {
         Err(Error::UnsupportedUrl(url.to_owned()))
     }

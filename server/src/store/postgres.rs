@@ -7,20 +7,37 @@
 //!
 //! The schema is `migrations/postgres`, the same table as SQLite's in PostgreSQL's
 //! types; statuses are the wire enum's numbers.
+//!
+//! Nodes tell each other about committed changes with `NOTIFY` on one channel
+//! ([`CHANNEL`]): each notification is a JSON envelope of events from one node,
+//! which every other node's listener turns into wake-ups. A node ignores its own.
 
 use std::{str::FromStr, sync::Arc};
 
 use sqlx::{
     PgConnection, Row,
     migrate::{Migration, MigrationType, Migrator},
-    postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow},
+    postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow},
 };
+use tokio::sync::mpsc;
 
 use super::{
-    ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, HeartbeatDetails, Key,
-    ListQuery, NewActivity, Op, Outcome, StatusCounts, Store, Submitted, Transition,
+    ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, Event, HeartbeatDetails,
+    Key, ListQuery, NewActivity, Op, Outcome, Remote, StatusCounts, Store, Submitted, Transition,
     rows::{self, cancelled_error, encode_list, status_from},
 };
+
+/// The notification channel nodes share.
+pub const CHANNEL: &str = "spool_events";
+
+/// PostgreSQL refuses notification payloads of 8,000 bytes or more.
+const MAX_PAYLOAD: usize = 7_000;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Envelope {
+    node: String,
+    events: Vec<Event>,
+}
 use spool_proto::time::UnixMillis;
 
 fn migrator() -> Migrator {
@@ -35,6 +52,8 @@ fn migrator() -> Migrator {
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// This node's id in notifications, so it can ignore its own.
+    node: String,
 }
 
 impl PostgresStore {
@@ -51,7 +70,10 @@ impl PostgresStore {
         let mut conn = pool.acquire().await?;
         migrator().run_direct(None, &mut *conn, false).await?;
         drop(conn);
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            node: uuid::Uuid::now_v7().to_string(),
+        })
     }
 }
 
@@ -138,6 +160,70 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(decode).collect()
+    }
+
+    fn single_node(&self) -> bool {
+        false
+    }
+
+    async fn publish(&self, events: Vec<Event>) -> Result<(), Error> {
+        let payloads = envelopes(&self.node, events);
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("SELECT pg_notify($1, payload) FROM unnest($2::TEXT[]) AS payload")
+            .bind(CHANNEL)
+            .bind(payloads)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        let (tx, rx) = mpsc::channel(1024);
+        let node = self.node.clone();
+        tokio::spawn(async move {
+            loop {
+                let received = tokio::select! {
+                    r = listener.try_recv() => r,
+                    // The receiver is gone: the server is stopping.
+                    _ = tx.closed() => return,
+                };
+                let remote = match received {
+                    Ok(Some(notification)) => {
+                        match serde_json::from_str::<Envelope>(notification.payload()) {
+                            Ok(envelope) if envelope.node != node => envelope.events,
+                            Ok(_) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "unreadable notification ignored");
+                                continue;
+                            }
+                        }
+                    }
+                    // The connection dropped and was re-established: whatever was
+                    // sent meanwhile is lost.
+                    Ok(None) => {
+                        if tx.send(Remote::Resync).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listening for other nodes failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                for event in remote {
+                    if tx.send(Remote::Event(event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Some(rx))
     }
 
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
@@ -588,4 +674,62 @@ async fn select_by_key(
         .fetch_optional(&mut *conn)
         .await?;
     row.as_ref().map(decode).transpose()
+}
+
+/// Packs events into notification payloads under PostgreSQL's size limit.
+fn envelopes(node: &str, events: Vec<Event>) -> Vec<String> {
+    let mut payloads = Vec::new();
+    let mut batch: Vec<Event> = Vec::new();
+    let mut size = 0;
+    for event in events {
+        let len = serde_json::to_string(&event).map_or(0, |t| t.len());
+        if !batch.is_empty() && size + len + node.len() + 64 > MAX_PAYLOAD {
+            payloads.extend(envelope(node, std::mem::take(&mut batch)));
+            size = 0;
+        }
+        size += len + 1;
+        batch.push(event);
+    }
+    if !batch.is_empty() {
+        payloads.extend(envelope(node, batch));
+    }
+    payloads
+}
+
+fn envelope(node: &str, events: Vec<Event>) -> Option<String> {
+    serde_json::to_string(&Envelope {
+        node: node.to_owned(),
+        events,
+    })
+    .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelopes_stay_under_the_payload_limit() {
+        let events: Vec<Event> = (0..500)
+            .map(|i| Event::Finished {
+                key: Key {
+                    namespace: "default".into(),
+                    workflow_id: format!("workflow-{i:0>40}"),
+                    activity_id: format!("activity-{i:0>40}"),
+                },
+            })
+            .collect();
+        let payloads = envelopes("node", events.clone());
+        assert!(payloads.len() > 1);
+        assert!(payloads.iter().all(|p| p.len() < 8_000));
+        let back: Vec<Event> = payloads
+            .iter()
+            .flat_map(|p| {
+                serde_json::from_str::<Envelope>(p)
+                    .map(|e| e.events)
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(back, events);
+    }
 }

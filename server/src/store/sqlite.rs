@@ -164,6 +164,10 @@ impl Store for SqliteStore {
         rows.iter().map(decode).collect()
     }
 
+    fn single_node(&self) -> bool {
+        true
+    }
+
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
         // Walks the narrow `(next_at)` index in order and stops at `limit` rows;
         // rows sharing a time, namespace and type are folded here, not by a GROUP

@@ -1,0 +1,61 @@
+//! Several servers sharing one PostgreSQL database: a node dispatches only to its
+//! own workers, and nodes tell each other about committed changes.
+
+use std::time::{Duration, Instant};
+
+use spool_proto::v1::{self, ActivityStatus, server_message};
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn nodes_sharing_a_database_hand_work_to_each_other() {
+    let Some(database) = postgres_schema().await else {
+        return;
+    };
+    let a = TestServer::start_on_database(&database).await;
+    let b = TestServer::start_on_database(&database).await;
+    let _worker_on_b =
+        b.worker(|w| w.activity("t", |_, _| async { Ok(spool_worker::json(&"ran on b")) }));
+    b.await_workers(1).await;
+    let mut client_a = a.client().await;
+
+    // Submitted on A, run by B's worker; A's Wait hears of the outcome.
+    let started = Instant::now();
+    submit(&mut client_a, request("t", "wf", "x")).await;
+    let done = wait(&mut client_a, key("wf", "x")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    assert_eq!(done.output.unwrap().data, br#""ran on b""#);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_500),
+        "woken by the other node's notification, not by a re-read: {:?}",
+        started.elapsed()
+    );
+
+    // A delayed submit on A comes due on B.
+    let mut later = request("t", "wf", "later");
+    later.delay = Some(prost_types_duration(Duration::from_millis(300)));
+    submit(&mut client_a, later).await;
+    let done = wait(&mut client_a, key("wf", "later")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+
+    // A cancel on A reaches the worker on B running the attempt.
+    let mut raw_on_b = RawWorker::connect(&b, &["held"], 1).await;
+    submit(&mut client_a, request("held", "wf", "c")).await;
+    let task = raw_on_b.task().await;
+    client_a
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "c")),
+            reason: "from node a".into(),
+        })
+        .await
+        .unwrap();
+    match raw_on_b.next().await {
+        server_message::Message::Cancel(c) => {
+            assert_eq!(
+                (c.activity_id.as_str(), c.attempt, c.reason.as_str()),
+                ("c", task.attempt, "from node a")
+            );
+        }
+        other => panic!("expected CancelActivity, got {other:?}"),
+    }
+}
