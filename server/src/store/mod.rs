@@ -27,6 +27,7 @@ macro_rules! columns {
 }
 
 pub mod postgres;
+mod postgres_bulk;
 mod rows;
 pub mod sqlite;
 mod sqlite_raw;

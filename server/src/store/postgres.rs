@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, Event, HeartbeatDetails,
     Key, ListQuery, NewActivity, Op, Outcome, Remote, StatusCounts, Store, Submitted, Transition,
+    postgres_bulk,
     rows::{self, cancelled_error, encode_list, status_from},
 };
 
@@ -86,8 +87,18 @@ impl Store for PostgresStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
         let mut tx = self.pool.begin().await?;
         let mut outcomes = Vec::with_capacity(ops.len());
-        for op in ops.iter() {
-            outcomes.push(apply_one(&mut tx, op, now).await?);
+        let mut start = 0;
+        while start < ops.len() {
+            let end = rows::run_end(&ops, start);
+            match bulk(&mut tx, &ops[start..end], now).await? {
+                Some(bulk) => outcomes.extend(bulk),
+                None => {
+                    for op in &ops[start..end] {
+                        outcomes.push(apply_one(&mut tx, op, now).await?);
+                    }
+                }
+            }
+            start = end;
         }
         tx.commit().await?;
         Ok(outcomes)
@@ -243,6 +254,34 @@ impl Store for PostgresStore {
             times: times.into_iter().collect(),
             complete: rows.len() < limit as usize,
         })
+    }
+}
+
+/// A run's set-based execution, when it has more than one row and the bulk path
+/// can take it (see `postgres_bulk`).
+async fn bulk(
+    conn: &mut PgConnection,
+    run: &[Op],
+    now: UnixMillis,
+) -> Result<Option<Vec<Outcome>>, Error> {
+    match run.first() {
+        Some(Op::Submit(_)) => {
+            let batches: Vec<&[NewActivity]> = run
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Submit(batch) => Some(batch.as_slice()),
+                    _ => None,
+                })
+                .collect();
+            if batches.iter().map(|b| b.len()).sum::<usize>() < 2 {
+                return Ok(None);
+            }
+            postgres_bulk::submit_run(conn, &batches, now).await
+        }
+        Some(Op::Finish { .. }) if run.len() >= 2 => {
+            postgres_bulk::finish_run(conn, run, now).await
+        }
+        _ => Ok(None),
     }
 }
 

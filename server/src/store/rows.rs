@@ -25,6 +25,22 @@ pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
     }
 }
 
+/// The end of the run of like ops (submits, or attempt endings) starting at
+/// `start`: always at least one op, so a caller stepping through runs advances.
+pub(super) fn run_end(ops: &[super::Op], start: usize) -> usize {
+    use super::Op;
+    let same = |a: &Op, b: &Op| {
+        matches!(
+            (a, b),
+            (Op::Submit(_), Op::Submit(_)) | (Op::Finish { .. }, Op::Finish { .. })
+        )
+    };
+    ops[start + 1..]
+        .iter()
+        .position(|op| !same(&ops[start], op))
+        .map_or(ops.len(), |n| start + 1 + n)
+}
+
 pub(super) fn encode_list(items: &[String]) -> Option<String> {
     if items.is_empty() {
         None
