@@ -280,3 +280,49 @@ async fn a_second_signal_exits_at_once() {
     assert_eq!(code, Some(130));
     assert!(again.elapsed() < Duration::from_secs(2));
 }
+
+#[tokio::test]
+async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
+    let Some(database) = postgres_schema().await else {
+        return;
+    };
+    let (node_a, node_b) = (Env::new(), Env::new());
+    let args = ["--lease-timeout", "2s", "--heartbeat-interval", "500ms"];
+    let mut a = node_a.server_on(&database, &args);
+    let b = node_b.server_on(&database, &args);
+    let mut client_a = a.client().await;
+    let mut client_b = b.client().await;
+    let worker_on_a = node_a.worker(1);
+    a.await_workers(&mut client_a, 1).await;
+    submit(&mut client_a, sleep_request("orphan", 60_000, None)).await;
+    eventually("it to start on a's worker", || async {
+        (worker_on_a.log().starts() == 1).then_some(())
+    })
+    .await;
+    let _worker_on_b = in_process_worker(&b, "sleep");
+    b.await_workers(&mut client_b, 1).await;
+    let killed = std::time::Instant::now();
+    a.kill_9();
+    let done = eventually("b to reclaim and finish it", || {
+        let mut client = client_b.clone();
+        async move {
+            let row = get(&mut client, "orphan").await;
+            (status(&row) == ActivityStatus::Completed).then_some(row)
+        }
+    })
+    .await;
+    assert_eq!(done.attempt, 2);
+    assert_eq!(
+        done.last_error.as_ref().map(|e| e.kind),
+        Some(ErrorKind::WorkerLost as i32)
+    );
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_000),
+        "not before the lease could expire: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "within the lease plus a sweep: {took:?}"
+    );
+}

@@ -50,6 +50,12 @@ impl Env {
 
     /// Starts `spool serve` on this environment's port and database.
     pub fn server(&self, args: &[&str]) -> ServerProcess {
+        let database = format!("sqlite://{}", self.dir.path().join("spool.db").display());
+        self.server_on(&database, args)
+    }
+
+    /// Starts `spool serve` on this environment's port and the given database.
+    pub fn server_on(&self, database: &str, args: &[&str]) -> ServerProcess {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -58,10 +64,7 @@ impl Env {
         let child = Command::new(env!("CARGO_BIN_EXE_spool"))
             .arg("serve")
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
-            .args([
-                "--database",
-                &format!("sqlite://{}", self.dir.path().join("spool.db").display()),
-            ])
+            .args(["--database", database])
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -352,4 +355,31 @@ pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Ac
         }
         token = page.next_page_token;
     }
+}
+
+/// The environment variable naming a PostgreSQL server for multi-node tests.
+pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
+
+/// A database URL for a fresh schema on the PostgreSQL server the environment
+/// names; `None` (skip) without one, except under `CI=true`, where it must run.
+pub async fn postgres_schema() -> Option<String> {
+    use sqlx::Connection;
+    let Ok(base) = std::env::var(POSTGRES_URL) else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{POSTGRES_URL} must name a PostgreSQL server under CI=true"
+        );
+        eprintln!("skipping: {POSTGRES_URL} is not set");
+        return None;
+    };
+    let schema = format!("spool_proc_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connect to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut admin)
+        .await
+        .expect("create schema");
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{separator}options=-csearch_path%3D{schema}"))
 }
