@@ -59,3 +59,37 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
         other => panic!("expected CancelActivity, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
+    let Some(database) = postgres_schema().await else {
+        return;
+    };
+    let a = TestServer::start_on_database(&database).await;
+    let b = TestServer::start_on_database(&database).await;
+    let _worker_on_b = b.worker(|w| w.activity("t", |_, _| async { Ok(Default::default()) }));
+    b.await_workers(1).await;
+    let mut client_a = a.client().await;
+    let delayed = |id: &str, ms: u64| {
+        let mut r = request("t", "wf", id);
+        r.delay = Some(prost_types_duration(Duration::from_millis(ms)));
+        r
+    };
+    // One commit on A carries both: B must learn of each due time, not only the first.
+    client_a
+        .submit_batch(v1::SubmitBatchRequest {
+            activities: vec![delayed("soon", 200), delayed("later", 900)],
+        })
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for id in ["soon", "later"] {
+        let done = wait(&mut client_a, key("wf", id)).await;
+        assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "each due time reached B, not just the earliest: {:?}",
+        started.elapsed()
+    );
+}

@@ -19,7 +19,7 @@
 //! - a batch that fails is retried request by request, so one bad request cannot
 //!   fail its neighbours.
 
-use std::{collections::HashMap, ops::Range, sync::Arc, time::Duration};
+use std::{collections::HashSet, ops::Range, sync::Arc, time::Duration};
 
 use spool_proto::time::{UnixMillis, now_millis};
 use tokio::{
@@ -37,6 +37,16 @@ use crate::store::{self, ActivityStatus, Event, Key, Op, Outcome, Remote, Store,
 pub const MAX_BATCH_OPS: usize = 2048;
 
 const FIRST_FAILURE_PAUSE: Duration = Duration::from_millis(100);
+
+/// Most remote events taken per round of the loop.
+const REMOTE_PER_ROUND: usize = 1024;
+
+/// With other nodes: how often everything is marked due and the store's due times
+/// re-read anyway, so a lost notification delays work by this much at most.
+const SAFETY_NET_MS: i64 = 5_000;
+
+/// The longest cancel reason carried in a notification (the row has it whole).
+const MAX_EVENT_REASON: usize = 1024;
 
 /// How many requests may queue before submitters wait: backpressure on clients.
 const QUEUE: usize = 8192;
@@ -88,8 +98,15 @@ impl Committer {
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         let timer = Timer::default();
+        let publisher = (!store.single_node()).then(|| {
+            // One message per committed batch at most, so the queue is bounded by
+            // the commit rate; a queue keeps publications in commit order.
+            let (events, queue) = mpsc::unbounded_channel();
+            (events, tokio::spawn(publish_loop(store.clone(), queue)))
+        });
         let event_loop = Loop {
-            publish: !store.single_node(),
+            publish: publisher.is_some(),
+            publisher,
             outgoing: Vec::new(),
             remote,
             store,
@@ -167,6 +184,11 @@ struct Loop {
     carry: Vec<Op>,
     /// Whether other nodes share the store and must hear of committed changes.
     publish: bool,
+    /// The task that publishes, in order, and its queue; awaited when the loop stops.
+    publisher: Option<(
+        mpsc::UnboundedSender<Vec<Event>>,
+        tokio::task::JoinHandle<()>,
+    )>,
     /// Events of the batch being applied, published after it.
     outgoing: Vec<Event>,
     /// Other nodes' events; `None` when no other node shares the store (or the
@@ -194,10 +216,27 @@ impl Loop {
                     remote = recv_remote(&mut self.remote), if self.remote.is_some() => match remote {
                         Some(remote) => self.on_remote(remote),
                         None => {
-                            tracing::error!("stopped hearing from other nodes; their changes reach this one only by timers now");
+                            tracing::error!("stopped hearing from other nodes; their changes reach this one only by periodic re-reads now");
                             self.remote = None;
                         }
                     },
+                }
+            }
+            // Remote events are read every round, not only when the select picks
+            // them: a busy node must still hear the others.
+            for _ in 0..REMOTE_PER_ROUND {
+                let Some(remote) = self.remote.as_mut() else {
+                    break;
+                };
+                match remote.try_recv() {
+                    Ok(event) => self.on_remote(event),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        tracing::error!(
+                            "stopped hearing from other nodes; their changes reach this one only by periodic re-reads now"
+                        );
+                        self.remote = None;
+                    }
                 }
             }
             while ops.len() < MAX_BATCH_OPS && stop.is_none() {
@@ -241,6 +280,11 @@ impl Loop {
                 }
             }
         }
+        // What the last batches changed reaches the other nodes before `stop` returns.
+        if let Some((queue, task)) = self.publisher.take() {
+            drop(queue);
+            let _ = task.await;
+        }
         if let Some(stop) = stop {
             let _ = stop.send(());
         }
@@ -279,15 +323,20 @@ impl Loop {
             // Rows the timer lost track of may be due now, of any type.
             self.registry.mark_all_due();
             match self.store.due_times(now, timer::CAPACITY as u32).await {
-                Ok(due) => self.timer.read(
-                    due.times
-                        .into_iter()
-                        .map(|(at, namespace, activity_type)| {
-                            (at, Some((namespace.into(), activity_type.into())))
-                        })
-                        .collect(),
-                    due.complete,
-                ),
+                Ok(due) => {
+                    self.timer.read(
+                        due.times
+                            .into_iter()
+                            .map(|(at, namespace, activity_type)| {
+                                (at, Some((namespace.into(), activity_type.into())))
+                            })
+                            .collect(),
+                        due.complete,
+                    );
+                    if self.publish {
+                        self.timer.read_again_by(now.saturating_add(SAFETY_NET_MS));
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the next due times; retrying in 1 s");
                     self.timer.read_again_at(now.saturating_add(1_000));
@@ -430,7 +479,10 @@ impl Loop {
                                 worker_id: worker_id.clone(),
                                 key: row.key.clone(),
                                 attempt: row.attempt,
-                                reason: reason.clone(),
+                                reason: crate::api::validate::truncate(
+                                    reason.clone(),
+                                    MAX_EVENT_REASON,
+                                ),
                             });
                         }
                     }
@@ -470,12 +522,13 @@ impl Loop {
     }
 
     /// Tells the other nodes what the last batch changed, without holding up the
-    /// next batch. Several rows of one type coming due make one event.
+    /// next batch. Rows of one type due now make one event; each later time its own.
     fn publish_outgoing(&mut self) {
         if self.outgoing.is_empty() {
             return;
         }
-        let mut due: HashMap<(String, String), UnixMillis> = HashMap::new();
+        let now = now_millis();
+        let mut due: HashSet<(String, String, UnixMillis)> = HashSet::new();
         let mut events = Vec::new();
         for event in self.outgoing.drain(..) {
             match event {
@@ -484,26 +537,22 @@ impl Loop {
                     activity_type,
                     at,
                 } => {
-                    let earliest = due.entry((namespace, activity_type)).or_insert(at);
-                    *earliest = (*earliest).min(at);
+                    due.insert((namespace, activity_type, at.max(now)));
                 }
                 other => events.push(other),
             }
         }
         events.extend(
             due.into_iter()
-                .map(|((namespace, activity_type), at)| Event::Due {
+                .map(|(namespace, activity_type, at)| Event::Due {
                     namespace,
                     activity_type,
                     at,
                 }),
         );
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.publish(events).await {
-                tracing::warn!(error = %e, "could not tell other nodes of a commit; they catch up by their timers");
-            }
-        });
+        if let Some((queue, _)) = &self.publisher {
+            let _ = queue.send(events);
+        }
     }
 
     /// Another node's committed change.
@@ -523,7 +572,10 @@ impl Loop {
             }) => self
                 .registry
                 .cancel_running(&worker_id, &key, attempt, &reason),
-            Remote::Resync => self.registry.mark_all_due(),
+            Remote::Resync => {
+                self.registry.mark_all_due();
+                self.timer.read_again_by(now_millis());
+            }
         }
     }
 
@@ -564,6 +616,26 @@ fn instant_for(at: UnixMillis) -> Instant {
     // Past what the clock can hold, a year is as good: the loop re-arms on waking.
     now.checked_add(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
         .unwrap_or(now + Duration::from_secs(365 * 86_400))
+}
+
+/// Publishes each committed batch's events in order, retrying a failed publication
+/// a few times; the periodic re-read covers what still fails.
+async fn publish_loop(store: Arc<dyn Store>, mut queue: mpsc::UnboundedReceiver<Vec<Event>>) {
+    while let Some(events) = queue.recv().await {
+        let mut pause = Duration::from_millis(50);
+        for attempt in 1..=3 {
+            match store.publish(events.clone()).await {
+                Ok(()) => break,
+                Err(e) if attempt == 3 => {
+                    tracing::warn!(error = %e, "could not tell other nodes of a commit; they catch up within seconds");
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+    }
 }
 
 async fn recv_remote(remote: &mut Option<mpsc::Receiver<Remote>>) -> Option<Remote> {

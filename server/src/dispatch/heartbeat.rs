@@ -10,13 +10,16 @@
 //! - heartbeat details reported since the last tick are written, latest only;
 //! - SCHEDULED rows past their schedule-to-close deadline fail as `TIMEOUT`;
 //! - every third of the lease, the leases of all running attempts are extended in
-//!   one statement, and RUNNING rows whose lease expired and that no live worker of
-//!   this process holds are reclaimed as `WORKER_LOST`.
+//!   one statement (per attempt: a row re-claimed as a later attempt is not kept
+//!   alive by the earlier one's holder), and RUNNING rows whose lease expired and
+//!   that no live worker of this process holds are reclaimed as `WORKER_LOST`;
+//! - an attempt held here whose row the store no longer has RUNNING at that attempt
+//!   was ended elsewhere: its worker is told to stop.
 //!
 //! Invariant: an attempt whose worker lives is never reclaimed, however long it
 //! runs: its lease is renewed while the worker is registered here.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use spool_proto::time::{UnixMillis, now_millis};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Committer, Registry};
 use crate::{
     lifecycle::{self, Attempt},
-    store::{ErrorKind, Op, Store, Transition},
+    store::{ErrorKind, Op, Outcome, Store, Transition},
 };
 
 /// Most rows expired or reclaimed per tick; the rest wait for the next tick.
@@ -82,18 +85,40 @@ pub async fn run(
             });
         }
         ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
-        if now.saturating_sub(last_renewal) >= lease_ms / 3 {
-            last_renewal = now;
+        let renewing = now.saturating_sub(last_renewal) >= lease_ms / 3;
+        let mut renewed_at = None;
+        if renewing {
             if !sweep.running.is_empty() {
+                renewed_at = Some(ops.len());
                 ops.push(Op::Renew {
-                    ids: sweep.running,
+                    attempts: sweep.running.clone(),
                     lease_expires_at: now.saturating_add(lease_ms),
                 });
             }
             ops.extend(reclaim(store.as_ref(), &registry, now).await);
         }
-        if let Err(e) = committer.commit(ops).await {
-            tracing::warn!(error = %e, "liveness sweep not written; retrying next tick");
+        match committer.commit(ops).await {
+            Ok(outcomes) => {
+                if renewing {
+                    // Only once renewed for sure: a failed write retries next tick.
+                    last_renewal = now;
+                }
+                if let Some(Outcome::Renewed(renewed)) = renewed_at.and_then(|i| outcomes.get(i)) {
+                    // An attempt held here but no longer RUNNING in the store was
+                    // ended elsewhere (another node cancelled or reclaimed it, or a
+                    // notification was lost): tell its worker to stop.
+                    let renewed: HashSet<&(i64, u32)> = renewed.iter().collect();
+                    let gone: Vec<(i64, u32)> = sweep
+                        .running
+                        .into_iter()
+                        .filter(|a| !renewed.contains(a))
+                        .collect();
+                    if !gone.is_empty() {
+                        registry.end_attempts(&gone, "the attempt was ended elsewhere");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "liveness sweep not written; retrying next tick"),
         }
     }
 }
@@ -109,7 +134,7 @@ async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec
         }
     };
     rows.iter()
-        .filter(|row| !registry.holds(row.id))
+        .filter(|row| !registry.holds(row.id, row.attempt))
         .map(|row| {
             let attempt = Arc::new(Attempt::from_row(row));
             let error = lifecycle::server_error(

@@ -128,8 +128,9 @@ pub struct Sweep {
     pub timed_out: Vec<TimedOut>,
     /// Heartbeat details to store.
     pub heartbeats: Vec<HeartbeatDetails>,
-    /// Rows whose lease the caller should extend: every attempt still running.
-    pub running: Vec<i64>,
+    /// Attempts whose lease the caller should extend, `(row id, attempt)`: every
+    /// attempt still running.
+    pub running: Vec<(i64, u32)>,
 }
 
 struct Worker {
@@ -340,7 +341,7 @@ impl Registry {
                     });
                 }
                 let Some(timed_out) = timeout_of(attempt, inflight.last_heartbeat, now) else {
-                    sweep.running.push(attempt.id);
+                    sweep.running.push((attempt.id, attempt.attempt));
                     continue;
                 };
                 inflight.cancel_sent = true;
@@ -364,13 +365,40 @@ impl Registry {
         sweep
     }
 
-    /// True while a worker of this process holds the row's attempt.
-    pub fn holds(&self, id: i64) -> bool {
+    /// True while a worker of this process holds this attempt of the row.
+    pub fn holds(&self, id: i64, attempt: u32) -> bool {
         self.lock().workers.values().any(|w| {
             w.inflight
                 .values()
-                .any(|i| i.attempt.id == id && !i.cancel_sent)
+                .any(|i| i.attempt.id == id && i.attempt.attempt == attempt && !i.cancel_sent)
         })
+    }
+
+    /// Ends these attempts, `(row id, attempt)`, where a worker here still runs
+    /// them: the store says another node ended them. Each worker is told to stop
+    /// and keeps the slot until it answers.
+    pub fn end_attempts(&self, attempts: &[(i64, u32)], reason: &str) {
+        let ended: HashSet<&(i64, u32)> = attempts.iter().collect();
+        let mut inner = self.lock();
+        for worker in inner.workers.values_mut() {
+            for ((workflow_id, activity_id, number), inflight) in worker.inflight.iter_mut() {
+                if inflight.cancel_sent || !ended.contains(&(inflight.attempt.id, *number)) {
+                    continue;
+                }
+                inflight.cancel_sent = true;
+                let cancel = v1::CancelActivity {
+                    workflow_id: workflow_id.clone(),
+                    activity_id: activity_id.clone(),
+                    attempt: *number,
+                    reason: reason.to_owned(),
+                };
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+            }
+        }
+        drop(inner);
+        self.answered.notify_waiters();
     }
 
     /// Attempts running now that the server has not ended.

@@ -86,6 +86,12 @@ impl Timer {
         self.unknown_after.is_some_and(|t| t <= now)
     }
 
+    /// Makes the store be read again by `at` at the latest (a safety net for what
+    /// other nodes may have changed without this one hearing of it).
+    pub fn read_again_by(&mut self, at: UnixMillis) {
+        self.lose(at);
+    }
+
     /// After a failed read: try again at `at`.
     pub fn read_again_at(&mut self, at: UnixMillis) {
         self.unknown_after = Some(at);

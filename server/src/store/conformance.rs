@@ -104,6 +104,7 @@ conformance!(
     prune_deletes_only_old_finished_rows,
     running_and_due_times,
     runs_of_like_ops_behave_as_op_by_op,
+    renew_extends_only_attempts_still_running,
 );
 
 const T0: i64 = 1_000_000;
@@ -720,4 +721,39 @@ async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store) {
     assert!(matches!(&outcomes[0], Outcome::Submitted(s) if s[0].created));
     assert!(matches!(&outcomes[1], Outcome::Submitted(s) if !s[0].created));
     assert!(matches!(&outcomes[2], Outcome::Conflict { index: 0, .. }));
+}
+
+async fn renew_extends_only_attempts_still_running(store: &dyn Store) {
+    for id in ["a", "b", "c"] {
+        submit(store, new(id, "t")).await;
+    }
+    let rows = claim(store, &["t"], 3, T0).await;
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r.key.activity_id == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id}"))
+    };
+    let (a, b, c) = (row("a"), row("b"), row("c"));
+    finish(store, &b, output("done"), T0 + 1).await;
+    let attempts = vec![(a.id, a.attempt), (b.id, b.attempt), (c.id, c.attempt + 1)];
+    match one(
+        store,
+        Op::Renew {
+            attempts,
+            lease_expires_at: T0 + 99_000,
+        },
+        T0 + 2,
+    )
+    .await
+    {
+        Outcome::Renewed(renewed) => assert_eq!(
+            renewed,
+            vec![(a.id, a.attempt)],
+            "not b (finished), not c (another attempt)"
+        ),
+        other => panic!("expected Renewed, got {other:?}"),
+    }
+    assert_eq!(get(store, "a").await.lease_expires_at, Some(T0 + 99_000));
+    assert_eq!(get(store, "c").await.lease_expires_at, Some(T0 + 30_000));
 }

@@ -201,9 +201,11 @@ pub enum Op {
         transition: Transition,
         lease_expired_by: Option<UnixMillis>,
     },
-    /// Extend the leases of these RUNNING rows. Outcome: `Renewed`.
+    /// Extend the leases of these attempts, `(row id, attempt)`, where they are
+    /// still RUNNING. Outcome: `Renewed` with those renewed: an attempt missing from
+    /// it was ended elsewhere (another node cancelled or reclaimed it).
     Renew {
-        ids: Vec<i64>,
+        attempts: Vec<(i64, u32)>,
         lease_expires_at: UnixMillis,
     },
     /// Store the latest heartbeat details of running attempts (fenced like
@@ -244,7 +246,7 @@ pub enum Outcome {
     NotFound,
     WrongStatus(ActivityStatus),
     Pruned(u64),
-    Renewed(u64),
+    Renewed(Vec<(i64, u32)>),
     Recorded(u64),
     Expired(Vec<Key>),
 }

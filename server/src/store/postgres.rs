@@ -191,10 +191,10 @@ impl Store for PostgresStore {
     }
 
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, Error> {
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen(CHANNEL).await?;
+        let mut listener = listen(&self.pool).await?;
         let (tx, rx) = mpsc::channel(1024);
         let node = self.node.clone();
+        let pool = self.pool.clone();
         tokio::spawn(async move {
             loop {
                 let received = tokio::select! {
@@ -202,7 +202,7 @@ impl Store for PostgresStore {
                     // The receiver is gone: the server is stopping.
                     _ = tx.closed() => return,
                 };
-                let remote = match received {
+                let events = match received {
                     Ok(Some(notification)) => {
                         match serde_json::from_str::<Envelope>(notification.payload()) {
                             Ok(envelope) if envelope.node != node => envelope.events,
@@ -221,13 +221,31 @@ impl Store for PostgresStore {
                         }
                         continue;
                     }
+                    // Reconnecting failed: build a new listener (with backoff), and
+                    // then say that events may have been missed.
                     Err(e) => {
-                        tracing::warn!(error = %e, "listening for other nodes failed; retrying");
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        tracing::warn!(error = %e, "listening for other nodes failed; reconnecting");
+                        let mut pause = std::time::Duration::from_millis(100);
+                        listener = loop {
+                            tokio::select! {
+                                _ = tokio::time::sleep(pause) => {}
+                                _ = tx.closed() => return,
+                            }
+                            match listen(&pool).await {
+                                Ok(l) => break l,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "still cannot listen for other nodes");
+                                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                                }
+                            }
+                        };
+                        if tx.send(Remote::Resync).await.is_err() {
+                            return;
+                        }
                         continue;
                     }
                 };
-                for event in remote {
+                for event in events {
                     if tx.send(Remote::Event(event)).await.is_err() {
                         return;
                     }
@@ -317,17 +335,32 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             Ok(Outcome::Pruned(done.rows_affected()))
         }
         Op::Renew {
-            ids,
+            attempts,
             lease_expires_at,
         } => {
-            let done = sqlx::query(
-                "UPDATE activities SET lease_expires_at = $1 WHERE status = 2 AND id = ANY($2)",
+            let ids: Vec<i64> = attempts.iter().map(|a| a.0).collect();
+            let numbers: Vec<i64> = attempts.iter().map(|a| i64::from(a.1)).collect();
+            let rows = sqlx::query(
+                "UPDATE activities AS a SET lease_expires_at = $1 \
+                 FROM UNNEST($2::BIGINT[], $3::BIGINT[]) AS v(id, attempt) \
+                 WHERE a.id = v.id AND a.attempt = v.attempt AND a.status = 2 \
+                 RETURNING a.id, a.attempt",
             )
             .bind(lease_expires_at)
             .bind(ids)
-            .execute(&mut *conn)
+            .bind(numbers)
+            .fetch_all(&mut *conn)
             .await?;
-            Ok(Outcome::Renewed(done.rows_affected()))
+            let renewed = rows
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get::<i64, _>(0)?,
+                        rows::u32_from(r.try_get(1)?, "attempt")?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            Ok(Outcome::Renewed(renewed))
         }
         Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).await.map(Outcome::Recorded),
         Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now)
@@ -598,13 +631,22 @@ async fn cancel(
 }
 
 async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+    // No lock on a row in the wrong state: a SCHEDULED row locked here would be
+    // skipped by another node's claim (SKIP LOCKED) and its group taken for empty.
+    let redrivable =
+        |s: ActivityStatus| matches!(s, ActivityStatus::Failed | ActivityStatus::Cancelled);
+    let Some(row) = select_by_key(conn, key, false).await? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !redrivable(row.status) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    // Terminal rows are never claimed, so locking this one costs no one; read it
+    // again under the lock in case a concurrent re-drive got there first.
     let Some(mut row) = select_by_key(conn, key, true).await? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(
-        row.status,
-        ActivityStatus::Failed | ActivityStatus::Cancelled
-    ) {
+    if !redrivable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     // As in SQLite: a fresh budget and schedule-to-close window; `attempt` keeps growing.
@@ -715,13 +757,25 @@ async fn select_by_key(
     row.as_ref().map(decode).transpose()
 }
 
-/// Packs events into notification payloads under PostgreSQL's size limit.
+async fn listen(pool: &PgPool) -> Result<PgListener, Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Packs events into notification payloads under PostgreSQL's size limit. An event
+/// too large on its own is left out (the others' periodic re-read covers it)
+/// rather than failing the whole publication.
 fn envelopes(node: &str, events: Vec<Event>) -> Vec<String> {
     let mut payloads = Vec::new();
     let mut batch: Vec<Event> = Vec::new();
     let mut size = 0;
     for event in events {
         let len = serde_json::to_string(&event).map_or(0, |t| t.len());
+        if len + node.len() + 64 > MAX_PAYLOAD {
+            tracing::warn!(bytes = len, "an event too large to notify was left out");
+            continue;
+        }
         if !batch.is_empty() && size + len + node.len() + 64 > MAX_PAYLOAD {
             payloads.extend(envelope(node, std::mem::take(&mut batch)));
             size = 0;
@@ -770,5 +824,32 @@ mod tests {
             })
             .collect();
         assert_eq!(back, events);
+    }
+
+    #[test]
+    fn an_oversize_event_is_left_out_not_the_others() {
+        let big = Event::Cancelled {
+            worker_id: "w".into(),
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+            },
+            attempt: 1,
+            reason: "x".repeat(10_000),
+        };
+        let small = Event::Finished {
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "b".into(),
+            },
+        };
+        let payloads = envelopes("node", vec![big, small.clone()]);
+        assert_eq!(payloads.len(), 1);
+        let back = serde_json::from_str::<Envelope>(&payloads[0])
+            .map(|e| e.events)
+            .unwrap_or_default();
+        assert_eq!(back, vec![small]);
     }
 }

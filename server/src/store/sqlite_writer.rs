@@ -132,18 +132,22 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             .map(Outcome::Pruned)
             .map_err(sqlite),
         Op::Renew {
-            ids,
+            attempts,
             lease_expires_at,
         } => {
-            let mut renewed = 0;
-            for id in ids {
-                renewed += conn
+            let mut renewed = Vec::with_capacity(attempts.len());
+            for &(id, attempt) in attempts {
+                let changed = conn
                     .query(
-                        "UPDATE activities SET lease_expires_at = ?1 WHERE id = ?2 AND status = 2",
+                        "UPDATE activities SET lease_expires_at = ?1 \
+                         WHERE id = ?2 AND attempt = ?3 AND status = 2",
                     )
-                    .map(|q| q.bind(lease_expires_at).bind(id))
+                    .map(|q| q.bind(lease_expires_at).bind(&id).bind(&i64::from(attempt)))
                     .and_then(Query::execute)
                     .map_err(sqlite)?;
+                if changed == 1 {
+                    renewed.push((id, attempt));
+                }
             }
             Ok(Outcome::Renewed(renewed))
         }
