@@ -25,7 +25,7 @@ use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, Event, HeartbeatDetails,
     Key, ListQuery, NewActivity, Op, Outcome, Remote, StatusCounts, Store, Submitted, Transition,
     postgres_bulk,
-    rows::{self, cancelled_error, encode_list, status_from},
+    rows::{self, cancelled_error, encode_list},
 };
 
 /// The notification channel nodes share.
@@ -134,19 +134,11 @@ impl Store for PostgresStore {
         .bind(namespace)
         .fetch_all(&self.pool)
         .await?;
-        let mut counts = StatusCounts::default();
-        for row in rows {
-            let n = u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0);
-            match status_from(row.try_get(0)?)? {
-                ActivityStatus::Scheduled => counts.scheduled = n,
-                ActivityStatus::Running => counts.running = n,
-                ActivityStatus::Completed => counts.completed = n,
-                ActivityStatus::Failed => counts.failed = n,
-                ActivityStatus::Cancelled => counts.cancelled = n,
-                ActivityStatus::Unspecified => {}
-            }
-        }
-        Ok(counts)
+        let pairs = rows
+            .iter()
+            .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        rows::status_counts(pairs)
     }
 
     async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
@@ -264,14 +256,11 @@ impl Store for PostgresStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        let mut times = std::collections::BTreeSet::new();
-        for r in &rows {
-            times.insert((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
-        }
-        Ok(DueTimes {
-            times: times.into_iter().collect(),
-            complete: rows.len() < limit as usize,
-        })
+        let rows = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(rows::due_times(rows, limit))
     }
 }
 
@@ -446,20 +435,7 @@ async fn submit(
             created: true,
         }));
     }
-    let existing = select_by_key(conn, &new.key, false).await?.ok_or_else(|| {
-        Error::Corrupt(format!(
-            "{:?} conflicted on insert but cannot be read",
-            new.key
-        ))
-    })?;
-    if existing.activity_type == new.activity_type {
-        Ok(Ok(Submitted {
-            row: existing,
-            created: false,
-        }))
-    } else {
-        Ok(Err(existing.activity_type))
-    }
+    rows::existing_outcome(new, select_by_key(conn, &new.key, false).await?)
 }
 
 async fn claim_rows(

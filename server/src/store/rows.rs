@@ -175,3 +175,56 @@ pub(super) fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRo
             .map(|ms| now.saturating_add(ms)),
     }
 }
+
+/// The outcome of a submit whose insert did nothing: the key exists, with the
+/// same type (`created = false`) or another (`Err(existing type)`).
+pub(super) fn existing_outcome(
+    new: &NewActivity,
+    existing: Option<ActivityRow>,
+) -> Result<Result<super::Submitted, String>, Error> {
+    let existing = existing.ok_or_else(|| {
+        Error::Corrupt(format!(
+            "{:?} conflicted on insert but cannot be read",
+            new.key
+        ))
+    })?;
+    if existing.activity_type == new.activity_type {
+        Ok(Ok(super::Submitted {
+            row: existing,
+            created: false,
+        }))
+    } else {
+        Ok(Err(existing.activity_type))
+    }
+}
+
+/// Per-status counts from `(status, count)` pairs.
+pub(super) fn status_counts(
+    pairs: impl IntoIterator<Item = (i64, i64)>,
+) -> Result<super::StatusCounts, Error> {
+    let mut counts = super::StatusCounts::default();
+    for (status, n) in pairs {
+        let n = u64::try_from(n).unwrap_or(0);
+        match status_from(status)? {
+            ActivityStatus::Scheduled => counts.scheduled = n,
+            ActivityStatus::Running => counts.running = n,
+            ActivityStatus::Completed => counts.completed = n,
+            ActivityStatus::Failed => counts.failed = n,
+            ActivityStatus::Cancelled => counts.cancelled = n,
+            ActivityStatus::Unspecified => {}
+        }
+    }
+    Ok(counts)
+}
+
+/// Folds `(next_at, namespace, type)` rows read in `next_at` order, at most
+/// `limit` of them, into due times: rows sharing all three make one entry, and a
+/// read that stopped at its limit is incomplete.
+pub(super) fn due_times(rows: Vec<(UnixMillis, String, String)>, limit: u32) -> super::DueTimes {
+    let complete = rows.len() < limit as usize;
+    let times: std::collections::BTreeSet<_> = rows.into_iter().collect();
+    super::DueTimes {
+        times: times.into_iter().collect(),
+        complete,
+    }
+}

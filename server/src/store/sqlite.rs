@@ -15,8 +15,7 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityRow, ActivityStatus, DueTimes, Error, Key, ListQuery, Op, Outcome, StatusCounts, Store,
-    rows::{self, status_from},
+    ActivityRow, DueTimes, Error, Key, ListQuery, Op, Outcome, StatusCounts, Store, rows,
     sqlite_writer::Writer,
 };
 use spool_proto::time::UnixMillis;
@@ -124,20 +123,11 @@ impl Store for SqliteStore {
         .bind(namespace)
         .fetch_all(&self.readers)
         .await?;
-        let mut counts = StatusCounts::default();
-        for row in rows {
-            let status: i64 = row.try_get(0)?;
-            let n = u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0);
-            match status_from(status)? {
-                ActivityStatus::Scheduled => counts.scheduled = n,
-                ActivityStatus::Running => counts.running = n,
-                ActivityStatus::Completed => counts.completed = n,
-                ActivityStatus::Failed => counts.failed = n,
-                ActivityStatus::Cancelled => counts.cancelled = n,
-                ActivityStatus::Unspecified => {}
-            }
-        }
-        Ok(counts)
+        let pairs = rows
+            .iter()
+            .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        rows::status_counts(pairs)
     }
 
     async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
@@ -180,14 +170,11 @@ impl Store for SqliteStore {
         .bind(i64::from(limit))
         .fetch_all(&self.readers)
         .await?;
-        let mut times = std::collections::BTreeSet::new();
-        for r in &rows {
-            times.insert((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
-        }
-        Ok(DueTimes {
-            times: times.into_iter().collect(),
-            complete: rows.len() < limit as usize,
-        })
+        let rows = rows
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(rows::due_times(rows, limit))
     }
 }
 

@@ -277,20 +277,7 @@ fn submit(
             created: true,
         }));
     }
-    let existing = select_by_key(conn, &new.key)?.ok_or_else(|| {
-        Error::Corrupt(format!(
-            "{:?} conflicted on insert but cannot be read",
-            new.key
-        ))
-    })?;
-    if existing.activity_type == new.activity_type {
-        Ok(Ok(Submitted {
-            row: existing,
-            created: false,
-        }))
-    } else {
-        Ok(Err(existing.activity_type))
-    }
+    rows::existing_outcome(new, select_by_key(conn, &new.key)?)
 }
 
 fn claim_rows(
