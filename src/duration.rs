@@ -77,19 +77,29 @@ pub fn format(d: Duration) -> String {
     out
 }
 
-/// A protobuf duration that is negative or out of range for `std::time::Duration`.
+/// A protobuf duration that `std::time::Duration` cannot hold, or that protobuf
+/// itself calls invalid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("duration must not be negative")]
-pub struct NegativeDuration;
+pub enum InvalidDuration {
+    #[error("must not be negative")]
+    Negative,
+    /// `nanos` outside `0..1_000_000_000` (protobuf's own rule for a positive duration).
+    #[error("has nanos outside 0..1000000000")]
+    Nanos,
+}
 
-/// Converts a protobuf duration; `None` stays `None`, a negative one is an error.
-pub fn from_proto(d: Option<&prost_types::Duration>) -> Result<Option<Duration>, NegativeDuration> {
+/// Converts a protobuf duration; `None` stays `None`; a negative one, or one whose
+/// `nanos` protobuf calls invalid, is an error.
+pub fn from_proto(d: Option<&prost_types::Duration>) -> Result<Option<Duration>, InvalidDuration> {
     let Some(d) = d else { return Ok(None) };
     if d.seconds < 0 || d.nanos < 0 {
-        return Err(NegativeDuration);
+        return Err(InvalidDuration::Negative);
     }
-    let nanos = u32::try_from(d.nanos).map_err(|_| NegativeDuration)?;
-    let secs = u64::try_from(d.seconds).map_err(|_| NegativeDuration)?;
+    let nanos = u32::try_from(d.nanos).map_err(|_| InvalidDuration::Negative)?;
+    if nanos >= 1_000_000_000 {
+        return Err(InvalidDuration::Nanos);
+    }
+    let secs = u64::try_from(d.seconds).map_err(|_| InvalidDuration::Negative)?;
     Ok(Some(Duration::new(secs, nanos)))
 }
 
@@ -147,7 +157,12 @@ mod tests {
             seconds: -1,
             nanos: 0,
         };
-        assert_eq!(from_proto(Some(&neg)), Err(NegativeDuration));
+        assert_eq!(from_proto(Some(&neg)), Err(InvalidDuration::Negative));
+        let bad_nanos = prost_types::Duration {
+            seconds: 1,
+            nanos: 1_000_000_000,
+        };
+        assert_eq!(from_proto(Some(&bad_nanos)), Err(InvalidDuration::Nanos));
         let pos = prost_types::Duration {
             seconds: 2,
             nanos: 5,

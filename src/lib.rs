@@ -4,6 +4,7 @@
 //! here may rename what they define.
 
 pub mod duration;
+pub mod endpoint;
 pub mod time;
 
 /// The generated `spool.v1` messages, clients and servers.

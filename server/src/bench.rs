@@ -34,6 +34,8 @@ pub struct Options {
     /// The in-process server's database (default: a fresh SQLite file).
     pub database: Option<String>,
     pub token: Option<String>,
+    /// TLS settings for an `https://` server.
+    pub tls: spool_proto::endpoint::ClientTls,
     /// Activities per throughput phase.
     pub activities: usize,
     pub submit_concurrency: usize,
@@ -146,6 +148,7 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
             .namespace(NAMESPACE)
             .identity(format!("bench-idle-{n}"))
             .max_concurrency(1)
+            .tls(options.tls.clone())
             .activity("bench.idle", |_, _| async { Ok(Payload::default()) });
         if let Some(token) = &options.token {
             worker = worker.token(token.clone());
@@ -200,7 +203,7 @@ impl Bench {
     async fn connect(endpoint: String, options: Options) -> Result<Self, Error> {
         let mut last = String::new();
         for _ in 0..100 {
-            match Channel::from_shared(endpoint.clone())
+            match spool_proto::endpoint::endpoint(&endpoint, &options.tls)
                 .map_err(|e| Error::Setup(e.to_string()))?
                 .connect()
                 .await
@@ -340,6 +343,7 @@ impl Bench {
                 .namespace(NAMESPACE)
                 .identity(format!("bench-{n}"))
                 .max_concurrency(per_worker)
+                .tls(self.options.tls.clone())
                 .activity(activity_type, move |_ctx, input: Payload| {
                     let on_start = on_start.clone();
                     let handled = handled.clone();

@@ -22,6 +22,8 @@ pub struct Target {
     pub server: String,
     pub token: Option<String>,
     pub json: bool,
+    /// TLS settings for an `https://` server.
+    pub tls: spool_proto::endpoint::ClientTls,
 }
 
 /// What went wrong, said for a person.
@@ -63,9 +65,8 @@ impl Client {
             server: target.server.clone(),
             reason,
         };
-        let endpoint = Channel::from_shared(target.server.clone())
-            .map_err(|e| Error::Usage(format!("invalid --server {:?}: {e}", target.server)))?
-            .connect_timeout(Duration::from_secs(5));
+        let endpoint = spool_proto::endpoint::endpoint(&target.server, &target.tls)
+            .map_err(|e| Error::Usage(format!("--server: {e}")))?;
         let channel = endpoint.connect().await.map_err(|e| {
             let mut reason = e.to_string();
             let mut source = std::error::Error::source(&e);
@@ -146,15 +147,22 @@ impl Client {
         key: v1::ActivityKey,
         timeout: Option<Duration>,
     ) -> Result<i32, Error> {
-        let request = v1::WaitRequest {
-            key: Some(key),
-            timeout: timeout.map(duration::to_proto),
+        // The server answers a long Wait after its --max-wait with the state so
+        // far; without a timeout of our own, wait again until the end.
+        let activity = loop {
+            let request = v1::WaitRequest {
+                key: Some(key.clone()),
+                timeout: timeout.map(duration::to_proto),
+            };
+            let activity = self
+                .activities()
+                .wait(self.request(request)?)
+                .await?
+                .into_inner();
+            if timeout.is_some() || activity.status >= v1::ActivityStatus::Completed as i32 {
+                break activity;
+            }
         };
-        let activity = self
-            .activities()
-            .wait(self.request(request)?)
-            .await?
-            .into_inner();
         self.print_activity(&activity);
         Ok(exit_for(&activity))
     }

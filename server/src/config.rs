@@ -1,7 +1,13 @@
 //! The server's settings, resolved from flags and the environment by the binary
-//! and passed whole to [`crate::server::run`]. Defaults match DESIGN.md.
+//! and passed whole to [`crate::server::run`]. Defaults match the README.
+//!
+//! [`Config::check`] refuses settings the server cannot run with (a zero heartbeat
+//! interval, a lease that could lapse between renewals, a token too short to be a
+//! secret), naming the flag, so a bad deploy fails at start and not later.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
+
+use crate::api::validate::limits;
 
 /// Server-wide retry defaults, used where a submit leaves a field zero or unset.
 #[derive(Debug, Clone)]
@@ -23,9 +29,68 @@ impl Default for RetryDefaults {
     }
 }
 
+/// TLS for the gRPC listener: PEM files, read at start.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With a CA, clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// What one client may take of the server; each is a flag (docs/SECURITY.md).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open TCP connections; the next is accepted only when one closes.
+    pub max_connections: usize,
+    /// HTTP/2 streams per connection, advertised in SETTINGS.
+    pub max_concurrent_streams: u32,
+    /// Streams a client may open and reset before the server accepts them, before
+    /// the connection gets GOAWAY (HTTP/2 rapid reset).
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the server may reset for protocol errors on one connection before
+    /// it sends GOAWAY.
+    pub max_local_error_reset_streams: usize,
+    /// The largest header list (metadata) a request may carry, in bytes.
+    pub max_header_list_bytes: u32,
+    /// Worker sessions open at once per token (per caller, without tokens).
+    pub max_sessions_per_token: usize,
+    /// The most slots one worker session is granted.
+    pub max_worker_concurrency: u32,
+    /// Unauthenticated streams (health `Watch`, reflection) open at once.
+    pub max_open_streams_unauthenticated: usize,
+    /// The longest a unary call but `Wait` and `Drain` may take.
+    pub request_timeout: Duration,
+    /// The longest one `Wait` parks; then it answers with the current state.
+    pub max_wait: Duration,
+    /// HTTP/2 PING interval; a peer that does not answer within
+    /// `keepalive_timeout` is disconnected.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_concurrent_streams: 1024,
+            max_pending_accept_reset_streams: 20,
+            max_local_error_reset_streams: 1024,
+            max_header_list_bytes: 16 * 1024,
+            max_sessions_per_token: 4096,
+            max_worker_concurrency: limits::DEFAULT_WORKER_CONCURRENCY,
+            max_open_streams_unauthenticated: 64,
+            request_timeout: Duration::from_secs(60),
+            max_wait: Duration::from_secs(3600),
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `sqlite://PATH` (created if missing).
+    /// `sqlite://PATH` (created if missing) or `postgres://…`.
     pub database: String,
     /// How long in-flight attempts may finish during a drain.
     pub drain_timeout: Duration,
@@ -36,13 +101,27 @@ pub struct Config {
     /// A single bearer token every client and worker must present; `None`: no auth.
     pub auth_token: Option<String>,
     /// Per-token roles and namespaces (see `api::auth`).
-    pub tokens_file: Option<std::path::PathBuf>,
+    pub tokens_file: Option<PathBuf>,
     /// The largest payload (input, output, details) accepted.
     pub max_payload_bytes: usize,
     /// How long finished rows are kept.
     pub retention: Duration,
     pub retry_defaults: RetryDefaults,
+    /// `None`: plaintext.
+    pub tls: Option<Tls>,
+    pub limits: Limits,
 }
+
+/// A setting the server cannot run with; names the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag}: {reason}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub reason: String,
+}
+
+/// The shortest bearer token accepted: anything shorter is guessable.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 impl Config {
     pub fn new(database: impl Into<String>) -> Self {
@@ -56,15 +135,228 @@ impl Config {
             max_payload_bytes: 4 * 1024 * 1024,
             retention: Duration::from_secs(7 * 86_400),
             retry_defaults: RetryDefaults::default(),
+            tls: None,
+            limits: Limits::default(),
         }
     }
 
-    /// The transport's own decode limit: above any single payload we would accept,
-    /// so an oversized payload gets our clear `RESOURCE_EXHAUSTED`, not the codec's.
+    /// The transport's own limit on one message, both ways: above any single
+    /// payload we would accept, so an oversized payload gets our clear
+    /// `RESOURCE_EXHAUSTED`, not the codec's; and room for the largest answer, an
+    /// activity carrying an input, an output and two sets of details at the limit.
     pub fn max_message_bytes(&self) -> usize {
         self.max_payload_bytes
             .saturating_mul(4)
             .saturating_add(1024 * 1024)
             .max(16 * 1024 * 1024)
+    }
+
+    /// How often the liveness sweep runs: a quarter of the heartbeat interval,
+    /// from 20 ms to 1 s.
+    pub fn sweep_tick(&self) -> Duration {
+        (self.heartbeat_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    }
+
+    /// Refuses settings the server cannot run with.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let fail = |flag: &'static str, reason: String| Err(ConfigError { flag, reason });
+        let positive = [
+            ("--heartbeat-interval", self.heartbeat_interval),
+            ("--lease-timeout", self.lease_timeout),
+            ("--retention", self.retention),
+            ("--request-timeout", self.limits.request_timeout),
+            ("--max-wait", self.limits.max_wait),
+            ("--keepalive-interval", self.limits.keepalive_interval),
+            ("--keepalive-timeout", self.limits.keepalive_timeout),
+        ];
+        for (flag, value) in positive {
+            if value.is_zero() {
+                return fail(flag, "must be more than zero".to_owned());
+            }
+            if value > limits::MAX_DURATION {
+                return fail(
+                    flag,
+                    format!(
+                        "{} is longer than the limit of {}",
+                        spool_proto::duration::format(value),
+                        spool_proto::duration::format(limits::MAX_DURATION)
+                    ),
+                );
+            }
+        }
+        if self.heartbeat_interval < Duration::from_millis(10) {
+            return fail(
+                "--heartbeat-interval",
+                "must be at least 10ms: workers could not keep up".to_owned(),
+            );
+        }
+        if self.drain_timeout > limits::MAX_DURATION {
+            return fail(
+                "--drain-timeout",
+                format!(
+                    "is longer than the limit of {}",
+                    spool_proto::duration::format(limits::MAX_DURATION)
+                ),
+            );
+        }
+        // Leases are renewed on the liveness sweep's ticks: one shorter than two
+        // ticks could lapse between renewals, and another node would reclaim a
+        // live attempt.
+        if self.lease_timeout < self.sweep_tick().saturating_mul(2) {
+            return fail(
+                "--lease-timeout",
+                format!(
+                    "({}) must be at least twice the liveness sweep's tick ({}, a quarter of --heartbeat-interval, at most 1s)",
+                    spool_proto::duration::format(self.lease_timeout),
+                    spool_proto::duration::format(self.sweep_tick())
+                ),
+            );
+        }
+        if let Some(token) = &self.auth_token
+            && token.len() < MIN_TOKEN_LEN
+        {
+            return fail(
+                "--auth-token",
+                format!("must be at least {MIN_TOKEN_LEN} characters"),
+            );
+        }
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > 64 * 1024 * 1024 {
+            return fail(
+                "--max-payload-bytes",
+                "must be from 1 to 67108864 (64 MiB)".to_owned(),
+            );
+        }
+        let counts = [
+            ("--max-connections", self.limits.max_connections),
+            (
+                "--max-concurrent-streams",
+                self.limits.max_concurrent_streams as usize,
+            ),
+            (
+                "--max-sessions-per-token",
+                self.limits.max_sessions_per_token,
+            ),
+            (
+                "--max-worker-concurrency",
+                self.limits.max_worker_concurrency as usize,
+            ),
+            (
+                "--max-header-list-bytes",
+                self.limits.max_header_list_bytes as usize,
+            ),
+            (
+                "--max-unauthenticated-streams",
+                self.limits.max_open_streams_unauthenticated,
+            ),
+        ];
+        for (flag, value) in counts {
+            if value == 0 {
+                return fail(flag, "must be at least 1".to_owned());
+            }
+        }
+        if self.limits.max_worker_concurrency > limits::MAX_WORKER_CONCURRENCY {
+            return fail(
+                "--max-worker-concurrency",
+                format!("the ceiling is {}", limits::MAX_WORKER_CONCURRENCY),
+            );
+        }
+        if self.limits.max_header_list_bytes < 1024 {
+            return fail(
+                "--max-header-list-bytes",
+                "must be at least 1024: gRPC's own headers need room".to_owned(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A database URL safe to log: any password replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The password may hold '/', '?' or '@' (percent-encoding is not always
+    // used): everything up to the last '@' is user information.
+    let (mut redacted, tail) = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let shown = if user.len() < userinfo.len() {
+                format!("{scheme}://{user}:***@")
+            } else {
+                format!("{scheme}://{user}@")
+            };
+            (shown, after)
+        }
+        None => (format!("{scheme}://"), rest),
+    };
+    // `?password=…` is a libpq spelling too.
+    let mut query_parts = Vec::new();
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    redacted.push_str(path);
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => {
+                query_parts.push(format!("{k}=***"))
+            }
+            _ => query_parts.push(part.to_owned()),
+        }
+    }
+    if !query_parts.is_empty() {
+        redacted.push('?');
+        redacted.push_str(&query_parts.join("&"));
+    }
+    redacted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_a_log_line() {
+        assert_eq!(
+            redact_url("postgres://spool:s3cret@db.example:5432/spool?sslmode=require"),
+            "postgres://spool:***@db.example:5432/spool?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://db/spool?user=a&password=s3cret"),
+            "postgres://db/spool?user=a&password=***"
+        );
+        assert_eq!(
+            redact_url("postgresql://p%40ss:x@y@host/db"),
+            "postgresql://p%40ss:***@host/db"
+        );
+        assert_eq!(redact_url("sqlite://spool.db"), "sqlite://spool.db");
+        assert!(!redact_url("postgres://u:hunter2@h/d").contains("hunter2"));
+        assert!(!redact_url("postgres://u:pa/ss?w@h/d").contains("pa/ss"));
+    }
+
+    #[test]
+    fn absurd_settings_name_their_flag() {
+        type Break = fn(&mut Config);
+        let bad: [(&str, Break); 6] = [
+            ("--heartbeat-interval", |c| {
+                c.heartbeat_interval = Duration::ZERO
+            }),
+            ("--lease-timeout", |c| {
+                c.lease_timeout = Duration::from_millis(1500)
+            }),
+            ("--auth-token", |c| c.auth_token = Some("short".to_owned())),
+            ("--max-payload-bytes", |c| c.max_payload_bytes = 0),
+            ("--max-connections", |c| c.limits.max_connections = 0),
+            ("--max-worker-concurrency", |c| {
+                c.limits.max_worker_concurrency = u32::MAX
+            }),
+        ];
+        for (flag, break_it) in bad {
+            let mut config = Config::new("sqlite://x.db");
+            break_it(&mut config);
+            let err = config.check().err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.starts_with(flag)),
+                "{flag}: {err:?}"
+            );
+        }
+        assert!(Config::new("sqlite://x.db").check().is_ok());
     }
 }

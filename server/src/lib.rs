@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod transport;
 
 pub use config::Config;
 pub use server::run;

@@ -1,7 +1,7 @@
 //! The `spool` binary: `spool serve` runs the server; the other subcommands are
 //! clients of a running server. Parsing only: the work is in the library.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -24,6 +24,25 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// A CA certificate (PEM) to trust for an https:// server, besides the system's roots.
+    #[arg(long, global = true, env = "SPOOL_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// A client certificate (PEM) for a server that requires mutual TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "SPOOL_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+    /// The key (PEM) of --client-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "SPOOL_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -31,7 +50,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Submit an activity.
     Submit(SubmitArgs),
     /// Show an activity.
@@ -215,6 +234,77 @@ struct ServeArgs {
     /// Log format: text or json (level from RUST_LOG, default info).
     #[arg(long, env = "SPOOL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// TLS certificate chain (PEM); with --tls-key, the server speaks TLS only.
+    #[arg(long, env = "SPOOL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for --tls-cert.
+    #[arg(long, env = "SPOOL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// CA (PEM) whose certificates clients must present (mutual TLS).
+    #[arg(long, env = "SPOOL_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What one client may take of the server (see docs/SECURITY.md).
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Open connections; more wait until one closes.
+    #[arg(long, env = "SPOOL_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "SPOOL_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    max_concurrent_streams: u32,
+    /// Streams a client may reset before the server accepts them, before GOAWAY.
+    #[arg(long, env = "SPOOL_MAX_PENDING_RESET_STREAMS", default_value_t = 20)]
+    max_pending_reset_streams: usize,
+    /// Streams the server may reset for protocol errors on a connection, before GOAWAY.
+    #[arg(long, env = "SPOOL_MAX_LOCAL_RESET_STREAMS", default_value_t = 1024)]
+    max_local_reset_streams: usize,
+    /// The largest request header list (metadata), in bytes.
+    #[arg(long, env = "SPOOL_MAX_HEADER_LIST_BYTES", default_value_t = 16 * 1024)]
+    max_header_list_bytes: u32,
+    /// Worker sessions one token may hold open (one caller, without tokens).
+    #[arg(long, env = "SPOOL_MAX_SESSIONS_PER_TOKEN", default_value_t = 4096)]
+    max_sessions_per_token: usize,
+    /// The most slots a worker session is granted (its Hello may ask for fewer).
+    #[arg(long, env = "SPOOL_MAX_WORKER_CONCURRENCY", default_value_t = spool_server::api::validate::DEFAULT_WORKER_CONCURRENCY)]
+    max_worker_concurrency: u32,
+    /// Open health Watch and reflection streams, which need no token.
+    #[arg(long, env = "SPOOL_MAX_UNAUTHENTICATED_STREAMS", default_value_t = 64)]
+    max_unauthenticated_streams: usize,
+    /// The longest a unary call (but Wait and Drain) may take.
+    #[arg(long, env = "SPOOL_REQUEST_TIMEOUT", default_value = "60s", value_parser = duration)]
+    request_timeout: Duration,
+    /// The longest one Wait parks before answering with the current state.
+    #[arg(long, env = "SPOOL_MAX_WAIT", default_value = "1h", value_parser = duration)]
+    max_wait: Duration,
+    /// HTTP/2 keep-alive PING interval.
+    #[arg(long, env = "SPOOL_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = duration)]
+    keepalive_interval: Duration,
+    /// A peer that does not answer a PING this long is disconnected.
+    #[arg(long, env = "SPOOL_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    keepalive_timeout: Duration,
+}
+
+impl LimitArgs {
+    fn into_limits(self) -> spool_server::config::Limits {
+        spool_server::config::Limits {
+            max_connections: self.max_connections,
+            max_concurrent_streams: self.max_concurrent_streams,
+            max_pending_accept_reset_streams: self.max_pending_reset_streams,
+            max_local_error_reset_streams: self.max_local_reset_streams,
+            max_header_list_bytes: self.max_header_list_bytes,
+            max_sessions_per_token: self.max_sessions_per_token,
+            max_worker_concurrency: self.max_worker_concurrency,
+            max_open_streams_unauthenticated: self.max_unauthenticated_streams,
+            request_timeout: self.request_timeout,
+            max_wait: self.max_wait,
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+        }
+    }
 }
 
 fn init_logging(format: &str, default_level: &str) {
@@ -240,11 +330,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.tokens_file = args.tokens_file;
     config.max_payload_bytes = args.max_payload_bytes;
     config.retention = args.retention;
+    config.limits = args.limits.into_limits();
+    config.tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => Some(spool_server::config::Tls {
+            cert,
+            key,
+            client_ca: args.tls_client_ca,
+        }),
+        _ => None,
+    };
+    // Refuse what cannot work before binding anything, naming the flag.
+    config.check()?;
     if config.auth_token.is_none()
         && config.tokens_file.is_none()
         && !args.listen.ip().is_loopback()
     {
         tracing::warn!(listen = %args.listen, "no --auth-token set and the address is not loopback: anyone who can reach it can submit and run activities");
+    }
+    if config.tls.is_none()
+        && (config.auth_token.is_some() || config.tokens_file.is_some())
+        && !args.listen.ip().is_loopback()
+    {
+        tracing::warn!(listen = %args.listen, "tokens and payloads cross the network in clear text: set --tls-cert and --tls-key");
     }
     if let Some(addr) = args.metrics_listen {
         spool_server::metrics::serve(addr)
@@ -265,6 +372,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     spool_server::run(config, listener, shutdown).await?;
     Ok(())
+}
+
+/// The client TLS files the flags name, read now so a bad path fails before any call.
+fn client_tls(cli: &Cli) -> anyhow::Result<spool_proto::endpoint::ClientTls> {
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    Ok(spool_proto::endpoint::ClientTls {
+        ca_pem: cli
+            .ca_cert
+            .as_ref()
+            .map(|p| read("--ca-cert", p))
+            .transpose()?,
+        identity_pem: match (&cli.client_cert, &cli.client_key) {
+            (Some(cert), Some(key)) => {
+                Some((read("--client-cert", cert)?, read("--client-key", key)?))
+            }
+            _ => None,
+        },
+        domain: None,
+    })
 }
 
 /// Completes at the first SIGTERM or SIGINT.
@@ -299,6 +427,7 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
         server: server.clone(),
         database: args.database,
         token: target.token.clone(),
+        tls: target.tls.clone(),
         activities: args.activities,
         submit_concurrency: args.submit_concurrency,
         batch: args.batch,
@@ -370,15 +499,23 @@ async fn client_command(target: Target, command: Command) -> Result<i32, cli::Er
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Serve(args) = cli.command {
-        return serve(args).await;
+        return serve(*args).await;
     }
+    let tls = match client_tls(&cli) {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
     let target = Target {
         server: cli
             .server
             .clone()
             .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned()),
-        token: cli.token.filter(|t| !t.is_empty()),
+        token: cli.token.clone().filter(|t| !t.is_empty()),
         json: cli.json,
+        tls,
     };
     if let Command::Bench(args) = cli.command {
         return bench(args, cli.server, &target).await;

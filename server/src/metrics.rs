@@ -4,8 +4,10 @@
 //! `finished_total{transition}` (completed, retried, snoozed, failed, released),
 //! `results_refused_total`, `cancelled_total`, `workers_lost_total`,
 //! `timeouts_total{kind}`, `commit_batches_total`, `commit_ops_total`,
-//! `commit_failures_total`; histogram `commit_seconds` (one write transaction);
-//! gauges `workers_connected`, `attempts_running`.
+//! `commit_failures_total`, `rows_unreadable_total{read}` (stored rows a read left
+//! out because they cannot be decoded), `connections_refused_total{reason}`;
+//! histogram `commit_seconds` (one write transaction); gauges `workers_connected`,
+//! `attempts_running`, `connections_open`.
 //!
 //! Without `--metrics-listen` no recorder is installed and every update is a no-op.
 
@@ -64,4 +66,20 @@ pub fn commit(ops: usize, seconds: f64, ok: bool) {
 pub fn liveness(workers: usize, running: usize) {
     metrics::gauge!("spool_workers_connected").set(workers as f64);
     metrics::gauge!("spool_attempts_running").set(running as f64);
+}
+
+pub fn row_unreadable(read: &'static str) {
+    metrics::counter!("spool_rows_unreadable_total", "read" => read).increment(1);
+}
+
+pub fn connections_refused(reason: &'static str) {
+    metrics::counter!("spool_connections_refused_total", "reason" => reason).increment(1);
+}
+
+pub fn connection_opened() {
+    metrics::gauge!("spool_connections_open").increment(1.0);
+}
+
+pub fn connection_closed() {
+    metrics::gauge!("spool_connections_open").decrement(1.0);
 }

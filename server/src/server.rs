@@ -23,7 +23,7 @@ use spool_proto::{
 };
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tonic::{service::interceptor::InterceptedService, transport::server::TcpIncoming};
+use tonic::service::interceptor::InterceptedService;
 use tonic_health::ServingStatus;
 
 use crate::{
@@ -33,6 +33,7 @@ use crate::{
     drain::{self, Drainer},
     lifecycle::{self, Attempt},
     store::{self, ErrorKind, Op, Outcome, Store},
+    transport,
 };
 
 /// How long the gRPC server may take to stop once streams are closed.
@@ -51,6 +52,12 @@ pub enum Error {
     /// The tokens file is missing or invalid; the message says where.
     #[error(transparent)]
     Tokens(#[from] crate::api::auth::TokensFileError),
+    /// A setting the server cannot run with; the message names the flag.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A TLS file is missing or unreadable; the message names the flag.
+    #[error(transparent)]
+    Tls(#[from] crate::transport::TlsError),
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains and stops cleanly.
@@ -59,7 +66,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    config.check()?;
     let auth = Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?;
+    let tls = config.tls.as_ref().map(transport::tls_config).transpose()?;
     let store = store::open(&config.database).await?;
     if store.single_node() {
         reclaim(&store).await?;
@@ -101,18 +110,26 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
+    // Both ways: no request larger than this is read, and no answer larger is sent
+    // (List pages are cut far below it; Get and Wait answer one activity).
     let max_message = config.max_message_bytes();
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
-        .max_decoding_message_size(max_message);
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
     let worker = WorkerServiceServer::new(WorkerApi::new(
         core.clone(),
         sessions.clone(),
         root.clone(),
         draining,
     ))
-    .max_decoding_message_size(max_message);
+    .max_decoding_message_size(max_message)
+    .max_encoding_message_size(max_message);
     let admin = AdminServiceServer::new(AdminApi::new(core.clone(), drainer.clone()))
-        .max_decoding_message_size(max_message);
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let open_streams = Arc::new(tokio::sync::Semaphore::new(
+        config.limits.max_open_streams_unauthenticated,
+    ));
 
     let prune = tokio::spawn(prune_loop(
         committer.clone(),
@@ -126,6 +143,7 @@ pub async fn run(
         heartbeat::Options {
             heartbeat_interval: config.heartbeat_interval,
             lease: config.lease_timeout,
+            tick: config.sweep_tick(),
         },
         root.clone(),
     ));
@@ -143,21 +161,28 @@ pub async fn run(
         });
     }
 
-    tracing::info!(address = ?listener.local_addr().ok(), database = %config.database, "serving");
-    let serve = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .add_service(health_service)
-        .add_service(reflection)
+    tracing::info!(
+        address = ?listener.local_addr().ok(),
+        database = %crate::config::redact_url(&config.database),
+        tls = tls.is_some(),
+        "serving"
+    );
+    let mut builder = transport::builder(&config.limits);
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let serve = builder
+        .add_service(transport::Bounded::method(
+            health_service,
+            "Watch",
+            open_streams.clone(),
+        ))
+        .add_service(transport::Bounded::all(reflection, open_streams))
         .add_service(InterceptedService::new(activity, auth.clone()))
         .add_service(InterceptedService::new(worker, auth.clone()))
         .add_service(InterceptedService::new(admin, auth))
-        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs hold small
-        // messages (a task, an ack) back by tens of milliseconds.
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(30))),
+            transport::Incoming::new(listener, config.limits.max_connections),
             root.clone().cancelled_owned(),
         );
     let served = tokio::select! {
@@ -187,35 +212,48 @@ pub async fn run(
 /// Ends every attempt a previous process left RUNNING: with a single-node store
 /// (SQLite), the process that ran them is gone, so they count as lost workers.
 /// Nodes sharing a store reclaim only expired leases, in the liveness sweep.
+/// Reads a page of rows at a time, without their payloads, so a crash with many
+/// large rows running cannot make start-up run out of memory.
 async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
-    let running = store.running().await?;
-    if running.is_empty() {
-        return Ok(());
+    const PAGE: u32 = 1_000;
+    let mut after = 0;
+    let mut count = 0;
+    loop {
+        let page = store.running(after, PAGE).await?;
+        let now = now_millis();
+        let ops: Vec<Op> = page
+            .rows
+            .iter()
+            .map(|row| {
+                let attempt = Arc::new(Attempt::from_row(row));
+                let error = lifecycle::server_error(
+                    ErrorKind::WorkerLost,
+                    "WorkerLost",
+                    "the server stopped while the attempt ran".to_owned(),
+                );
+                let transition = lifecycle::on_failure(&attempt, error, now, rand::random());
+                Op::Finish {
+                    attempt,
+                    transition,
+                    lease_expired_by: None,
+                }
+            })
+            .collect();
+        count += ops.len();
+        if !ops.is_empty() {
+            store.apply(ops.into(), now).await?;
+        }
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
     }
-    let now = now_millis();
-    let ops: Vec<Op> = running
-        .iter()
-        .map(|row| {
-            let attempt = Arc::new(Attempt::from_row(row));
-            let error = lifecycle::server_error(
-                ErrorKind::WorkerLost,
-                "WorkerLost",
-                "the server stopped while the attempt ran".to_owned(),
-            );
-            let transition = lifecycle::on_failure(&attempt, error, now, rand::random());
-            Op::Finish {
-                attempt,
-                transition,
-                lease_expired_by: None,
-            }
-        })
-        .collect();
-    let count = ops.len();
-    store.apply(ops.into(), now).await?;
-    tracing::info!(
-        count,
-        "reclaimed attempts left running by the previous process"
-    );
+    if count > 0 {
+        tracing::info!(
+            count,
+            "reclaimed attempts left running by the previous process"
+        );
+    }
     Ok(())
 }
 

@@ -365,7 +365,8 @@ async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn a_configured_token_is_required() {
-    let server = TestServer::start_with(|c| c.auth_token = Some("s3cret".into())).await;
+    let server =
+        TestServer::start_with(|c| c.auth_token = Some("s3cret-token-0123456789".into())).await;
     let mut anonymous = server.client().await;
     let err = anonymous.submit(request("t", "wf", "a")).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
@@ -380,9 +381,10 @@ async fn a_configured_token_is_required() {
     );
 
     let mut right = Request::new(request("t", "wf", "a"));
-    right
-        .metadata_mut()
-        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    right.metadata_mut().insert(
+        "authorization",
+        "Bearer s3cret-token-0123456789".parse().unwrap(),
+    );
     assert!(anonymous.submit(right).await.unwrap().into_inner().created);
 
     // Workers too.
@@ -394,16 +396,17 @@ async fn a_configured_token_is_required() {
         matches!(err, Err(spool_worker::Error::Rejected(s)) if s.code() == Code::Unauthenticated)
     );
     let _worker = server.worker(|w| {
-        w.token("s3cret")
+        w.token("s3cret-token-0123456789")
             .activity("t", |_, _| async { Ok(Payload::default()) })
     });
     let mut right = Request::new(v1::WaitRequest {
         key: Some(key("wf", "a")),
         timeout: Some(prost_types_duration(Duration::from_secs(10))),
     });
-    right
-        .metadata_mut()
-        .insert("authorization", "Bearer s3cret".parse().unwrap());
+    right.metadata_mut().insert(
+        "authorization",
+        "Bearer s3cret-token-0123456789".parse().unwrap(),
+    );
     let done = anonymous.wait(right).await.unwrap().into_inner();
     assert_eq!(status(&done), ActivityStatus::Completed);
 }

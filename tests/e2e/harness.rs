@@ -46,7 +46,12 @@ impl TestServer {
         config.drain_timeout = Duration::from_millis(500);
         configure(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = format!("{scheme}://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
         let task = tokio::spawn(spool_server::run(
             config,
@@ -72,6 +77,13 @@ impl TestServer {
     pub async fn restart(mut self) -> Self {
         self.shutdown().await;
         Self::start_on(self._dir.clone(), self.database.clone(), |_| {}).await
+    }
+
+    /// The address, `host:port`, without a scheme.
+    pub fn address(&self) -> &str {
+        self.endpoint
+            .split_once("://")
+            .map_or(self.endpoint.as_str(), |(_, a)| a)
     }
 
     pub async fn shutdown(&mut self) {

@@ -4,9 +4,16 @@
 
 mod harness;
 
+mod hostile;
+mod http2;
+
 mod api;
 mod interop;
 mod lifecycle;
 mod liveness;
 mod multinode;
 mod protocol;
+mod tls;
+
+#[path = "../support/pki.rs"]
+mod pki;

@@ -126,8 +126,8 @@ pub enum Error {
     /// `run` was called without any handler registered.
     #[error("no activity handlers are registered")]
     NoHandlers,
-    /// The endpoint is not a valid URI.
-    #[error("invalid endpoint {0:?}")]
+    /// The endpoint is not a server address, or its TLS settings cannot be used.
+    #[error("{0}")]
     InvalidEndpoint(String),
     /// The server could not be reached; the worker retries.
     #[error("cannot connect: {0}")]

@@ -34,7 +34,7 @@ use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Durat
 
 pub use context::{ActivityContext, ActivityInfo};
 pub use error::{ActivityError, Error};
-pub use spool_proto::v1::Payload;
+pub use spool_proto::{endpoint::ClientTls, v1::Payload};
 use tokio_util::sync::CancellationToken;
 
 /// What a handler returns.
@@ -51,6 +51,7 @@ pub struct Worker {
     identity: String,
     max_concurrency: u32,
     token: Option<String>,
+    tls: ClientTls,
     handlers: HashMap<String, Handler>,
     reconnect_min: Duration,
     reconnect_max: Duration,
@@ -58,7 +59,8 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker for the server at `endpoint` (`http://host:port`), in the default
+    /// A worker for the server at `endpoint` (`http://host:port`, `host:port`, or
+    /// `https://host:port` for TLS with the system's roots), in the default
     /// namespace, running up to 10 activities at once.
     pub fn new(endpoint: impl Into<String>) -> Self {
         Self {
@@ -67,6 +69,7 @@ impl Worker {
             identity: default_identity(),
             max_concurrency: 10,
             token: None,
+            tls: ClientTls::default(),
             handlers: HashMap::new(),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
@@ -94,6 +97,30 @@ impl Worker {
     /// The bearer token, when the server requires one.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// A CA certificate (PEM) to trust besides the system's roots, for a server
+    /// with a certificate from a private CA (`https://` only).
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// A certificate chain and key (PEM) to present to a server that requires
+    /// mutual TLS (`https://` only).
+    pub fn client_identity(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity_pem = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// All TLS settings at once.
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = tls;
         self
     }
 

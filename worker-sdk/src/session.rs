@@ -16,7 +16,7 @@ use spool_proto::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status, metadata::MetadataValue, transport::Endpoint};
+use tonic::{Request, Status, metadata::MetadataValue};
 
 use crate::{ActivityContext, ActivityError, ActivityInfo, Error, Worker, context::system_time};
 
@@ -36,9 +36,8 @@ pub(crate) struct Ended {
 type AttemptKey = (String, String, u32);
 
 pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result<Ended, Error> {
-    let endpoint = Endpoint::from_shared(worker.endpoint.clone())
-        .map_err(|_| Error::InvalidEndpoint(worker.endpoint.clone()))?
-        .connect_timeout(Duration::from_secs(5))
+    let endpoint = spool_proto::endpoint::endpoint(&worker.endpoint, &worker.tls)
+        .map_err(|e| Error::InvalidEndpoint(e.to_string()))?
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);

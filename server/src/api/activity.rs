@@ -9,12 +9,14 @@ use spool_proto::{
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use prost::Message;
+
 use super::{
     Core, Error,
     auth::{Principal, Role, authorize, authorize_principal},
-    convert, validate,
+    convert, validate, within,
 };
-use crate::store::{ActivityStatus, ListQuery, NewActivity, Op, Outcome};
+use crate::store::{ActivityStatus, ListPage, ListQuery, NewActivity, Op, Outcome};
 
 /// How often a `Wait` re-reads its activity when other nodes share the store.
 const REMOTE_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
@@ -81,66 +83,88 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::SubmitRequest>,
     ) -> Result<Response<v1::SubmitResponse>, Status> {
-        let principal = request.extensions().get::<Principal>().cloned();
-        let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
-        authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
-        let mut results = self.submit_all(vec![new]).await?;
-        let result = results
-            .pop()
-            .ok_or_else(|| unexpected("empty submit result"))?;
-        Ok(Response::new(result))
+        within(self.core.config.limits.request_timeout, async {
+            let principal = request.extensions().get::<Principal>().cloned();
+            let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
+            authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
+            let mut results = self.submit_all(vec![new]).await?;
+            let result = results
+                .pop()
+                .ok_or_else(|| unexpected("empty submit result"))?;
+            Ok(Response::new(result))
+        })
+        .await
     }
 
     async fn submit_batch(
         &self,
         request: Request<v1::SubmitBatchRequest>,
     ) -> Result<Response<v1::SubmitBatchResponse>, Status> {
-        let principal = request.extensions().get::<Principal>().cloned();
-        let activities = request.into_inner().activities;
-        if activities.len() > validate::MAX_BATCH {
-            return Err(Error::InvalidArgument(format!(
-                "a batch holds {} activities; the limit is {}",
-                activities.len(),
-                validate::MAX_BATCH
-            ))
-            .into());
-        }
-        let now = now_millis();
-        let batch = activities
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| {
-                validate::submit(a, &self.core.config, now).map_err(|e| match e {
-                    Error::InvalidArgument(m) => {
-                        Error::InvalidArgument(format!("activities[{i}]: {m}"))
-                    }
-                    Error::PayloadTooLarge { field, size, limit } => Error::PayloadTooLarge {
-                        field: format!("activities[{i}].{field}"),
-                        size,
-                        limit,
-                    },
-                    other => other,
+        within(self.core.config.limits.request_timeout, async {
+            let principal = request.extensions().get::<Principal>().cloned();
+            let activities = request.into_inner().activities;
+            if activities.len() > validate::MAX_BATCH {
+                return Err(Error::InvalidArgument(format!(
+                    "a batch holds {} activities; the limit is {}",
+                    activities.len(),
+                    validate::MAX_BATCH
+                ))
+                .into());
+            }
+            let now = now_millis();
+            let batch = activities
+                .into_iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    validate::submit(a, &self.core.config, now).map_err(|e| match e {
+                        Error::InvalidArgument(m) => {
+                            Error::InvalidArgument(format!("activities[{i}]: {m}"))
+                        }
+                        Error::PayloadTooLarge { field, size, limit } => Error::PayloadTooLarge {
+                            field: format!("activities[{i}].{field}"),
+                            size,
+                            limit,
+                        },
+                        other => other,
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for new in &batch {
-            authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
-        }
-        if batch.is_empty() {
-            return Ok(Response::new(v1::SubmitBatchResponse::default()));
-        }
-        let results = self.submit_all(batch).await?;
-        Ok(Response::new(v1::SubmitBatchResponse { results }))
+                .collect::<Result<Vec<_>, _>>()?;
+            for new in &batch {
+                authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
+            }
+            if batch.is_empty() {
+                return Ok(Response::new(v1::SubmitBatchResponse::default()));
+            }
+            let mut results = self.submit_all(batch).await?;
+            // A key that exists comes back without payloads: the caller did not send
+            // them, and a batch naming one large stored activity many times must not
+            // make an answer many times its size.
+            for result in results.iter_mut().filter(|r| !r.created) {
+                if let Some(activity) = &mut result.activity {
+                    activity.input = None;
+                    activity.output = None;
+                    activity.heartbeat_details = None;
+                    if let Some(error) = &mut activity.last_error {
+                        error.details = None;
+                    }
+                }
+            }
+            Ok(Response::new(v1::SubmitBatchResponse { results }))
+        })
+        .await
     }
 
     async fn get(
         &self,
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        let key = validate::key(request.get_ref().key.as_ref())?;
-        authorize(&request, Role::Client, &key.namespace)?;
-        let row = self.get_row(&key).await?;
-        Ok(Response::new(convert::activity(row)))
+        within(self.core.config.limits.request_timeout, async {
+            let key = validate::key(request.get_ref().key.as_ref())?;
+            authorize(&request, Role::Client, &key.namespace)?;
+            let row = self.get_row(&key).await?;
+            Ok(Response::new(convert::activity(row)))
+        })
+        .await
     }
 
     async fn wait(
@@ -150,10 +174,13 @@ impl ActivityService for ActivityApi {
         let key = validate::key(request.get_ref().key.as_ref())?;
         authorize(&request, Role::Client, &key.namespace)?;
         let request = request.into_inner();
-        let timeout =
-            validate::duration("timeout", request.timeout.as_ref())?.filter(|d| !d.is_zero());
-        // A timeout too large to add to the clock waits as long as no timeout.
-        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
+        // No timeout, or one past --max-wait, parks for --max-wait: then the caller
+        // gets the current state and may wait again.
+        let max_wait = self.core.config.limits.max_wait;
+        let timeout = validate::duration("timeout", request.timeout.as_ref())?
+            .filter(|d| !d.is_zero())
+            .map_or(max_wait, |t| t.min(max_wait));
+        let deadline = tokio::time::Instant::now() + timeout;
         let waiter = self.core.pending.watch(key.clone());
         loop {
             // Armed before the read: a change committed after it still wakes us.
@@ -162,13 +189,6 @@ impl ActivityService for ActivityApi {
             if row.is_terminal() {
                 return Ok(Response::new(convert::activity(row)));
             }
-            let expired = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    // Unbounded: the caller's own deadline or cancellation ends it.
-                    None => std::future::pending().await,
-                }
-            };
             // With other nodes, a missed notification must not strand a waiter:
             // read again now and then.
             let recheck = async {
@@ -181,7 +201,7 @@ impl ActivityService for ActivityApi {
             tokio::select! {
                 _ = changed => {}
                 _ = recheck => {}
-                _ = expired => return Ok(Response::new(convert::activity(self.get_row(&key).await?))),
+                _ = tokio::time::sleep_until(deadline) => return Ok(Response::new(convert::activity(self.get_row(&key).await?))),
                 _ = self.shutdown.cancelled() => return Ok(Response::new(convert::activity(row))),
             }
         }
@@ -191,145 +211,175 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::CancelRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        let key = validate::key(request.get_ref().key.as_ref())?;
-        authorize(&request, Role::Client, &key.namespace)?;
-        let request = request.into_inner();
-        let reason = validate::truncate(request.reason, validate::MAX_MESSAGE_BYTES);
-        let mut outcomes = self
-            .core
-            .committer
-            .commit(vec![Op::Cancel {
-                key: key.clone(),
-                reason,
-            }])
-            .await
-            .map_err(Error::from)?;
-        match outcomes.pop() {
-            Some(Outcome::Cancelled { row, .. }) => Ok(Response::new(convert::activity(row))),
-            Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
-            Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
-                key,
-                status,
-                action: "only SCHEDULED or RUNNING activities can be cancelled",
+        within(self.core.config.limits.request_timeout, async {
+            let key = validate::key(request.get_ref().key.as_ref())?;
+            authorize(&request, Role::Client, &key.namespace)?;
+            let reason = request.into_inner().reason;
+            validate::text("reason", &reason, validate::MAX_MESSAGE_BYTES)?;
+            let mut outcomes = self
+                .core
+                .committer
+                .commit(vec![Op::Cancel {
+                    key: key.clone(),
+                    reason,
+                }])
+                .await
+                .map_err(Error::from)?;
+            match outcomes.pop() {
+                Some(Outcome::Cancelled { row, .. }) => Ok(Response::new(convert::activity(row))),
+                Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
+                Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+                    key,
+                    status,
+                    action: "only SCHEDULED or RUNNING activities can be cancelled",
+                }
+                .into()),
+                other => Err(unexpected(&format!("cancel answered {other:?}")).into()),
             }
-            .into()),
-            other => Err(unexpected(&format!("cancel answered {other:?}")).into()),
-        }
+        })
+        .await
     }
 
     async fn retry(
         &self,
         request: Request<v1::RetryRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        let key = validate::key(request.get_ref().key.as_ref())?;
-        authorize(&request, Role::Client, &key.namespace)?;
-        let mut outcomes = self
-            .core
-            .committer
-            .commit(vec![Op::Redrive { key: key.clone() }])
-            .await
-            .map_err(Error::from)?;
-        match outcomes.pop() {
-            Some(Outcome::Redriven { row }) => Ok(Response::new(convert::activity(row))),
-            Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
-            Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
-                key,
-                status,
-                action: "only FAILED or CANCELLED activities can be retried",
+        within(self.core.config.limits.request_timeout, async {
+            let key = validate::key(request.get_ref().key.as_ref())?;
+            authorize(&request, Role::Client, &key.namespace)?;
+            let mut outcomes = self
+                .core
+                .committer
+                .commit(vec![Op::Redrive { key: key.clone() }])
+                .await
+                .map_err(Error::from)?;
+            match outcomes.pop() {
+                Some(Outcome::Redriven { row }) => Ok(Response::new(convert::activity(row))),
+                Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
+                Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+                    key,
+                    status,
+                    action: "only FAILED or CANCELLED activities can be retried",
+                }
+                .into()),
+                other => Err(unexpected(&format!("retry answered {other:?}")).into()),
             }
-            .into()),
-            other => Err(unexpected(&format!("retry answered {other:?}")).into()),
-        }
+        })
+        .await
     }
 
     async fn list(
         &self,
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
-        let namespace = validate::namespace(&request.get_ref().namespace)?;
-        authorize(&request, Role::Client, &namespace)?;
-        let request = request.into_inner();
-        let status = match ActivityStatus::try_from(request.status) {
-            Ok(ActivityStatus::Unspecified) => None,
-            Ok(status) => Some(status),
-            Err(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "status {} is not a known ActivityStatus",
-                    request.status
-                ))
-                .into());
-            }
-        };
-        let activity_type = if request.activity_type.is_empty() {
-            None
-        } else {
-            validate::name("activity_type", &request.activity_type)?;
-            Some(request.activity_type)
-        };
-        let after_id = if request.page_token.is_empty() {
-            0
-        } else {
-            request
-                .page_token
-                .parse::<i64>()
-                .ok()
-                .filter(|id| *id > 0)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(
-                        "page_token is not one this server issued: pass next_page_token from the previous page"
-                            .to_owned(),
-                    )
-                })?
-        };
-        let page_size = match request.page_size {
-            0 => validate::DEFAULT_PAGE,
-            n => n.min(validate::MAX_PAGE),
-        };
-        // One extra row tells whether another page follows.
-        let mut rows = self
-            .core
-            .store
-            .list(&ListQuery {
-                namespace,
-                status,
-                activity_type,
-                after_id,
-                limit: page_size + 1,
-            })
-            .await
-            .map_err(Error::from)?;
-        let next_page_token = if rows.len() > page_size as usize {
-            rows.truncate(page_size as usize);
-            rows.last().map(|r| r.id.to_string()).unwrap_or_default()
-        } else {
-            String::new()
-        };
-        Ok(Response::new(v1::ListResponse {
-            activities: rows.into_iter().map(convert::activity).collect(),
-            next_page_token,
-        }))
+        within(self.core.config.limits.request_timeout, async {
+            let namespace = validate::namespace(&request.get_ref().namespace)?;
+            authorize(&request, Role::Client, &namespace)?;
+            let request = request.into_inner();
+            let status = match ActivityStatus::try_from(request.status) {
+                Ok(ActivityStatus::Unspecified) => None,
+                Ok(status) => Some(status),
+                Err(_) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "status {} is not a known ActivityStatus",
+                        request.status
+                    ))
+                    .into());
+                }
+            };
+            let activity_type = if request.activity_type.is_empty() {
+                None
+            } else {
+                validate::name("activity_type", &request.activity_type)?;
+                Some(request.activity_type)
+            };
+            let after_id = if request.page_token.is_empty() {
+                0
+            } else {
+                request
+                    .page_token
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|id| *id > 0)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(
+                            "page_token is not one this server issued: pass next_page_token from the previous page"
+                                .to_owned(),
+                        )
+                    })?
+            };
+            let page_size = match request.page_size {
+                0 => validate::DEFAULT_PAGE,
+                n => n.min(validate::MAX_PAGE),
+            };
+            let page = self
+                .core
+                .store
+                .list(&ListQuery {
+                    namespace,
+                    status,
+                    activity_type,
+                    after_id,
+                    limit: page_size,
+                    max_bytes: validate::MAX_PAGE_BYTES,
+                })
+                .await
+                .map_err(Error::from)?;
+            Ok(Response::new(page_within(page, validate::MAX_PAGE_BYTES)))
+        })
+        .await
     }
 
     async fn stats(
         &self,
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
-        let namespace = validate::namespace(&request.get_ref().namespace)?;
-        authorize(&request, Role::Client, &namespace)?;
-        let counts = self
-            .core
-            .store
-            .stats(&namespace)
-            .await
-            .map_err(Error::from)?;
-        Ok(Response::new(v1::StatsResponse {
-            scheduled: counts.scheduled,
-            running: counts.running,
-            completed: counts.completed,
-            failed: counts.failed,
-            cancelled: counts.cancelled,
-            connected_workers: u32::try_from(self.core.registry.connected(&namespace))
-                .unwrap_or(u32::MAX),
-        }))
+        within(self.core.config.limits.request_timeout, async {
+            let namespace = validate::namespace(&request.get_ref().namespace)?;
+            authorize(&request, Role::Client, &namespace)?;
+            let counts = self
+                .core
+                .store
+                .stats(&namespace)
+                .await
+                .map_err(Error::from)?;
+            Ok(Response::new(v1::StatsResponse {
+                scheduled: counts.scheduled,
+                running: counts.running,
+                completed: counts.completed,
+                failed: counts.failed,
+                cancelled: counts.cancelled,
+                connected_workers: u32::try_from(self.core.registry.connected(&namespace))
+                    .unwrap_or(u32::MAX),
+            }))
+        })
+        .await
+    }
+}
+
+/// The answer to a `List` page: the store cut the page by stored bytes; this cuts
+/// it again by encoded bytes (a row may have grown between the store's two reads),
+/// keeping at least one row, and points the next page after the last row kept.
+fn page_within(page: ListPage, max_bytes: usize) -> v1::ListResponse {
+    let mut activities = Vec::with_capacity(page.rows.len());
+    let mut total = 0usize;
+    let mut next_after = page.next_after;
+    let mut last_kept = None;
+    for row in page.rows {
+        let id = row.id;
+        let activity = convert::activity(row);
+        let size = activity.encoded_len();
+        if !activities.is_empty() && total.saturating_add(size) > max_bytes {
+            // The rest comes on the next page, after the last row kept.
+            next_after = last_kept;
+            break;
+        }
+        total = total.saturating_add(size);
+        activities.push(activity);
+        last_kept = Some(id);
+    }
+    v1::ListResponse {
+        activities,
+        next_page_token: next_after.map(|id| id.to_string()).unwrap_or_default(),
     }
 }

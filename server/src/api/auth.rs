@@ -54,14 +54,23 @@ impl Role {
 pub struct Principal {
     role: Role,
     namespaces: Option<Arc<HashSet<String>>>,
+    /// Which token this is, for per-token limits, never the token itself:
+    /// `auth-token`, `tokens[i]` of the tokens file, or `anonymous` without auth.
+    caller: Arc<str>,
 }
 
 impl Principal {
-    fn everything() -> Self {
+    fn everything(caller: &str) -> Self {
         Self {
             role: Role::Admin,
             namespaces: None,
+            caller: caller.into(),
         }
+    }
+
+    /// Names the token (not its secret) for limits and logs.
+    pub fn caller(&self) -> &Arc<str> {
+        &self.caller
     }
 }
 
@@ -148,7 +157,7 @@ impl Auth {
     ) -> Result<Self, TokensFileError> {
         let mut tokens = Vec::new();
         if let Some(token) = auth_token.filter(|t| !t.is_empty()) {
-            tokens.push((token, Principal::everything()));
+            tokens.push((token, Principal::everything("auth-token")));
         }
         if let Some(path) = tokens_file {
             tokens.extend(load(path)?);
@@ -171,9 +180,10 @@ fn load(path: &Path) -> Result<Vec<(String, Principal)>, TokensFileError> {
         .into_iter()
         .enumerate()
         .map(|(i, entry)| {
-            if entry.token.len() < 16 {
+            if entry.token.len() < crate::config::MIN_TOKEN_LEN {
                 return Err(fail(format!(
-                    "tokens[{i}]: a token must be at least 16 characters"
+                    "tokens[{i}]: a token must be at least {} characters",
+                    crate::config::MIN_TOKEN_LEN
                 )));
             }
             if !seen.insert(entry.token.clone()) {
@@ -194,6 +204,7 @@ fn load(path: &Path) -> Result<Vec<(String, Principal)>, TokensFileError> {
                 Principal {
                     role: entry.role,
                     namespaces,
+                    caller: format!("tokens[{i}]").into(),
                 },
             ))
         })
@@ -203,7 +214,9 @@ fn load(path: &Path) -> Result<Vec<(String, Principal)>, TokensFileError> {
 impl Interceptor for Auth {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let Some(tokens) = &self.tokens else {
-            request.extensions_mut().insert(Principal::everything());
+            request
+                .extensions_mut()
+                .insert(Principal::everything("anonymous"));
             return Ok(request);
         };
         let presented = request

@@ -72,6 +72,16 @@ pub enum Error {
     /// Not taking this now (shutting down, draining); retry against a live node.
     #[error("{0}")]
     Unavailable(String),
+    /// The server did not finish the call within `--request-timeout`. A write may
+    /// still land: retry it (submits are idempotent by key).
+    #[error(
+        "the server did not finish this call within {} (--request-timeout); it may be overloaded: retry (a submit may still be stored: retry with the same key)",
+        spool_proto::duration::format(*.0)
+    )]
+    Deadline(std::time::Duration),
+    /// Over a per-caller limit (sessions per token); the message names the flag.
+    #[error("{0}")]
+    Exhausted(String),
     #[error("{0}")]
     Unauthenticated(&'static str),
     /// The token is valid but does not cover this role or namespace.
@@ -93,16 +103,17 @@ impl From<Error> for Status {
             Error::WrongStatus { .. } => Status::failed_precondition(message),
             Error::UnsupportedProtocol { .. } => Status::failed_precondition(message),
             Error::Unavailable(_) => Status::unavailable(message),
+            Error::Deadline(_) => Status::deadline_exceeded(message),
+            Error::Exhausted(_) => Status::resource_exhausted(message),
             Error::Unauthenticated(_) => Status::unauthenticated(message),
             Error::PermissionDenied(_) => Status::permission_denied(message),
-            Error::Store(inner) => match &*inner {
-                // Busy, full or failing disk: the write may succeed later.
-                store::Error::Database(_) | store::Error::Sqlite(_) => Status::unavailable(message),
-                store::Error::Migrate(_)
-                | store::Error::Corrupt(_)
-                | store::Error::Locked(_)
-                | store::Error::UnsupportedUrl(_)
-                | store::Error::Open { .. } => Status::internal(message),
+            // Only what may pass is UNAVAILABLE, which clients retry; a failure
+            // that would repeat must not be retried for ever.
+            Error::Store(inner) => match inner.class() {
+                store::Class::Transient => Status::unavailable(message),
+                store::Class::InvalidInput => Status::invalid_argument(message),
+                store::Class::Conflict => Status::failed_precondition(message),
+                store::Class::Internal => Status::internal(message),
             },
         }
     }
@@ -120,6 +131,18 @@ impl From<CommitError> for Error {
 impl From<store::Error> for Error {
     fn from(e: store::Error) -> Self {
         Error::Store(Arc::new(e))
+    }
+}
+
+/// Runs a unary call's work within `limit` (`--request-timeout`), so a stalled
+/// store or committer never holds a caller, and its resources, for ever.
+pub async fn within<T>(
+    limit: std::time::Duration,
+    work: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Deadline(limit).into()),
     }
 }
 

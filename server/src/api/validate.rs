@@ -1,9 +1,29 @@
 //! Input rules, one function per kind of field, so every RPC refuses bad input the
 //! same way and before anything is written. Messages name the field and the rule.
+//!
+//! Every limit on what a caller may send is written here, in [`limits`] (the few a
+//! flag may change say so, and take their value from `Config`). Two rules govern
+//! strings that get stored, the same for every store:
+//! - a client's string (a name, an id, a type, a content type, a cancel reason) with
+//!   NUL or another control character is refused with INVALID_ARGUMENT (free text,
+//!   the cancel reason, may hold tab, line feed and carriage return);
+//! - a worker's text (an error's type and message, a content type it reports) is
+//!   *sanitised*, never refused, so the outcome it carries is not lost: control
+//!   characters become U+FFFD and the text is cut to its limit.
+//!
+//! Durations are bounded too ([`limits::MAX_DURATION`]), so every time the server
+//! computes from them (due times, expiries, backoff) stays far inside `i64`
+//! milliseconds; those computations saturate anyway, in Rust, and are bound to
+//! statements as integers.
 
 use std::time::Duration;
 
-use spool_proto::{DEFAULT_NAMESPACE, PROTOCOL_VERSIONS, duration, time::UnixMillis, v1};
+use spool_proto::{
+    DEFAULT_NAMESPACE, PROTOCOL_VERSIONS,
+    duration::{self, InvalidDuration},
+    time::UnixMillis,
+    v1,
+};
 
 use super::Error;
 use crate::{
@@ -12,17 +32,45 @@ use crate::{
     store::{Key, NewActivity, Payload, RetrySpec, Timeouts},
 };
 
-/// Longest name or id, in bytes.
-pub const MAX_NAME_BYTES: usize = 255;
-pub const MAX_NAMESPACE_BYTES: usize = 64;
-pub const MAX_ATTEMPTS: u32 = 10_000;
-/// The most activities one `SubmitBatch` may carry.
-pub const MAX_BATCH: usize = 10_000;
-/// The largest `List` page; larger requests get this many.
-pub const MAX_PAGE: u32 = 1_000;
-pub const DEFAULT_PAGE: u32 = 100;
-/// Longest cancel reason or error message kept, in bytes; longer ones are cut.
-pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+pub use limits::*;
+
+/// Every bound on input, in one place; docs/SECURITY.md lists them with their flags.
+pub mod limits {
+    use std::time::Duration;
+
+    /// Longest name or id (a namespace aside), activity type, identity, content
+    /// type or error type, in bytes.
+    pub const MAX_NAME_BYTES: usize = 255;
+    pub const MAX_NAMESPACE_BYTES: usize = 64;
+    /// Longest cancel reason a client may send, in bytes; a worker's error message
+    /// is cut to this length.
+    pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+    pub const MAX_ATTEMPTS: u32 = 10_000;
+    /// The largest `retry_policy.backoff_coefficient`.
+    pub const MAX_BACKOFF_COEFFICIENT: f64 = 100.0;
+    /// The most entries in `retry_policy.non_retryable_error_types`.
+    pub const MAX_NON_RETRYABLE_TYPES: usize = 100;
+    /// The longest duration accepted anywhere (a delay, a timeout, a retry
+    /// interval, a drain's timeout): ten years. A worker's snooze or
+    /// `next_retry_delay` beyond it is cut to it.
+    pub const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 86_400);
+    /// The most activities one `SubmitBatch` may carry.
+    pub const MAX_BATCH: usize = 10_000;
+    /// The largest `List` page; larger requests get this many.
+    pub const MAX_PAGE: u32 = 1_000;
+    pub const DEFAULT_PAGE: u32 = 100;
+    /// The most encoded bytes of activities in one `List` page, so that every page
+    /// fits a client on gRPC's default 4 MiB receive limit; a single row larger than
+    /// that comes alone.
+    pub const MAX_PAGE_BYTES: usize = 3 * 1024 * 1024;
+    /// The most activity types one worker may register in its `Hello`.
+    pub const MAX_HELLO_TYPES: usize = 1_000;
+    /// The ceiling of a worker's `max_concurrency`. `--max-worker-concurrency`
+    /// (default [`DEFAULT_WORKER_CONCURRENCY`]) may set it lower; a worker asking for
+    /// more is granted the cap, and `Welcome.max_concurrency` tells it so.
+    pub const MAX_WORKER_CONCURRENCY: u32 = 10_000;
+    pub const DEFAULT_WORKER_CONCURRENCY: u32 = 1_000;
+}
 
 fn invalid(message: String) -> Error {
     Error::InvalidArgument(message)
@@ -51,6 +99,11 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
     if value.is_empty() {
         return Err(invalid(format!("{field} is required")));
     }
+    short(field, value)
+}
+
+/// A possibly empty string of at most 255 bytes without control characters.
+fn short(field: &str, value: &str) -> Result<(), Error> {
     if value.len() > MAX_NAME_BYTES {
         return Err(invalid(format!(
             "{field} is {} bytes; the limit is {MAX_NAME_BYTES}",
@@ -63,6 +116,27 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// Free text from a client (a cancel reason): at most `max` bytes, no NUL or other
+/// control character but tab, line feed and carriage return.
+pub fn text(field: &str, value: &str, max: usize) -> Result<(), Error> {
+    if value.len() > max {
+        return Err(invalid(format!(
+            "{field} is {} bytes; the limit is {max}",
+            value.len()
+        )));
+    }
+    if value.chars().any(|c| c.is_control() && !is_text_space(c)) {
+        return Err(invalid(format!(
+            "{field} contains a control character other than tab or a line break"
+        )));
+    }
+    Ok(())
+}
+
+fn is_text_space(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r')
 }
 
 /// Like [`name`], but empty means "generate one" (a UUIDv7).
@@ -86,14 +160,16 @@ pub fn key(key: Option<&v1::ActivityKey>) -> Result<Key, Error> {
     })
 }
 
-/// A payload within the size limit; unset is an empty JSON-typed payload.
+/// A client's payload within the size limit; unset is an empty JSON-typed payload.
 pub fn payload(field: &str, value: Option<Payload>, limit: usize) -> Result<Payload, Error> {
     let value = value.unwrap_or_default();
-    check_payload(field, &value, limit)?;
+    check_size(field, &value, limit)?;
+    short(&format!("{field}.content_type"), &value.content_type)?;
     Ok(value)
 }
 
-pub fn check_payload(field: &str, value: &Payload, limit: usize) -> Result<(), Error> {
+/// The size rule alone, for payloads from clients and workers alike.
+pub fn check_size(field: &str, value: &Payload, limit: usize) -> Result<(), Error> {
     if value.data.len() > limit {
         return Err(Error::PayloadTooLarge {
             field: field.to_owned(),
@@ -101,21 +177,32 @@ pub fn check_payload(field: &str, value: &Payload, limit: usize) -> Result<(), E
             limit,
         });
     }
-    if value.content_type.len() > MAX_NAME_BYTES || value.content_type.chars().any(char::is_control)
-    {
-        return Err(invalid(format!(
-            "{field}.content_type must be at most {MAX_NAME_BYTES} bytes without control characters"
-        )));
-    }
     Ok(())
 }
 
-/// A non-negative duration; unset stays unset.
+/// A client's duration: not negative, valid as protobuf, at most
+/// [`MAX_DURATION`]; unset stays unset.
 pub fn duration(
     field: &str,
     value: Option<&prost_types::Duration>,
 ) -> Result<Option<Duration>, Error> {
-    duration::from_proto(value).map_err(|_| invalid(format!("{field} must not be negative")))
+    let d = duration::from_proto(value).map_err(|e| match e {
+        InvalidDuration::Negative => invalid(format!("{field} must not be negative")),
+        InvalidDuration::Nanos => invalid(format!(
+            "{field} has nanos outside 0..1000000000, which protobuf does not allow"
+        )),
+    })?;
+    if let Some(d) = d
+        && d > MAX_DURATION
+    {
+        return Err(invalid(format!(
+            "{field} is {}s; the limit is {} ({}s)",
+            d.as_secs(),
+            duration::format(MAX_DURATION),
+            MAX_DURATION.as_secs()
+        )));
+    }
+    Ok(d)
 }
 
 /// A duration in milliseconds where zero or unset means "none".
@@ -139,9 +226,11 @@ pub fn retry_policy(
         )));
     }
     let coefficient = policy.backoff_coefficient;
-    if coefficient != 0.0 && !(coefficient.is_finite() && coefficient >= 1.0) {
+    if coefficient != 0.0
+        && !(coefficient.is_finite() && (1.0..=MAX_BACKOFF_COEFFICIENT).contains(&coefficient))
+    {
         return Err(invalid(format!(
-            "retry_policy.backoff_coefficient is {coefficient}; it must be at least 1 (or 0 for the default)"
+            "retry_policy.backoff_coefficient is {coefficient}; it must be from 1 to {MAX_BACKOFF_COEFFICIENT} (or 0 for the default)"
         )));
     }
     let initial = duration(
@@ -159,6 +248,12 @@ pub fn retry_policy(
             "retry_policy.max_interval ({}) is shorter than initial_interval ({})",
             duration::format(max),
             duration::format(initial)
+        )));
+    }
+    if policy.non_retryable_error_types.len() > MAX_NON_RETRYABLE_TYPES {
+        return Err(invalid(format!(
+            "retry_policy.non_retryable_error_types has {} entries; the limit is {MAX_NON_RETRYABLE_TYPES}",
+            policy.non_retryable_error_types.len()
         )));
     }
     for (i, t) in policy.non_retryable_error_types.iter().enumerate() {
@@ -219,7 +314,8 @@ pub fn submit(
     })
 }
 
-pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
+/// A worker's `Hello`; its `max_concurrency` is granted up to `max_concurrency`.
+pub fn hello(hello: v1::Hello, max_concurrency: u32) -> Result<Registration, Error> {
     let version = if hello.protocol_version == 0 {
         1
     } else {
@@ -238,14 +334,16 @@ pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
                 .to_owned(),
         ));
     }
+    if hello.activity_types.len() > MAX_HELLO_TYPES {
+        return Err(invalid(format!(
+            "hello.activity_types has {} entries; the limit is {MAX_HELLO_TYPES}: split the types over several workers",
+            hello.activity_types.len()
+        )));
+    }
     for (i, t) in hello.activity_types.iter().enumerate() {
         name(&format!("hello.activity_types[{i}]"), t)?;
     }
-    if hello.identity.len() > MAX_NAME_BYTES || hello.identity.chars().any(char::is_control) {
-        return Err(invalid(format!(
-            "hello.identity must be at most {MAX_NAME_BYTES} bytes without control characters"
-        )));
-    }
+    short("hello.identity", &hello.identity)?;
     let mut types: Vec<std::sync::Arc<str>> = hello
         .activity_types
         .iter()
@@ -257,8 +355,44 @@ pub fn hello(hello: v1::Hello) -> Result<Registration, Error> {
         namespace: namespace.into(),
         identity: hello.identity,
         activity_types: types,
-        max_concurrency: hello.max_concurrency.max(1),
+        max_concurrency: hello.max_concurrency.clamp(1, max_concurrency.max(1)),
     })
+}
+
+/// A worker's text as it will be stored: control characters (tab and line breaks
+/// aside) become U+FFFD, and it is cut to `max` bytes.
+pub fn worker_text(value: String, max: usize) -> String {
+    let value = if value.chars().any(|c| c.is_control() && !is_text_space(c)) {
+        value
+            .chars()
+            .map(|c| {
+                if c.is_control() && !is_text_space(c) {
+                    char::REPLACEMENT_CHARACTER
+                } else {
+                    c
+                }
+            })
+            .collect()
+    } else {
+        value
+    };
+    truncate(value, max)
+}
+
+/// A content type a worker reports, as it will be stored: one line, cut to size.
+pub fn worker_content_type(payload: &mut Payload) {
+    let value = std::mem::take(&mut payload.content_type);
+    payload.content_type = worker_text(value, MAX_NAME_BYTES).replace(is_text_space, " ");
+}
+
+/// A delay a worker asks for (a snooze, `next_retry_delay`): an invalid one is no
+/// delay, a longer one than [`MAX_DURATION`] is cut to it.
+pub fn worker_delay(value: Option<&prost_types::Duration>) -> Duration {
+    duration::from_proto(value)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+        .min(MAX_DURATION)
 }
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
@@ -293,6 +427,66 @@ mod tests {
         assert!(name("f", &"x".repeat(256)).is_err());
         assert!(name("f", &"x".repeat(255)).is_ok());
         assert!(name("f", "tab\there").is_err());
+        assert!(name("f", "nul\0here").is_err());
+    }
+
+    #[test]
+    fn free_text_allows_line_breaks_but_not_nul() {
+        assert!(text("reason", "two\nlines\twith tab\r\n", 100).is_ok());
+        assert!(text("reason", "nul\0", 100).is_err());
+        assert!(text("reason", "bell\u{7}", 100).is_err());
+        assert!(text("reason", "escape\u{1b}[0m", 100).is_err());
+        assert!(text("reason", &"x".repeat(101), 100).is_err());
+    }
+
+    #[test]
+    fn worker_text_is_sanitised_not_refused() {
+        assert_eq!(worker_text("a\0b\nc".to_owned(), 100), "a\u{fffd}b\nc");
+        assert_eq!(worker_text("héllo".to_owned(), 2), "h");
+        let mut p = Payload {
+            content_type: "text/\0plain\n".to_owned(),
+            data: Vec::new(),
+        };
+        worker_content_type(&mut p);
+        assert_eq!(p.content_type, "text/\u{fffd}plain ");
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
+        assert!(duration("f", Some(&d(-1, 0))).is_err());
+        assert!(duration("f", Some(&d(0, -1))).is_err());
+        assert!(duration("f", Some(&d(1, 1_000_000_000))).is_err());
+        assert!(duration("f", Some(&d(i64::MAX, 0))).is_err());
+        assert!(duration("f", Some(&d(1_000_000_000_000, 0))).is_err());
+        let max = i64::try_from(MAX_DURATION.as_secs()).unwrap_or(i64::MAX);
+        assert_eq!(
+            duration("f", Some(&d(max, 0))).ok().flatten(),
+            Some(MAX_DURATION)
+        );
+        assert!(duration("f", Some(&d(max, 1))).is_err());
+        assert_eq!(worker_delay(Some(&d(i64::MAX, 0))), MAX_DURATION);
+        assert_eq!(worker_delay(Some(&d(-5, 0))), Duration::ZERO);
+    }
+
+    #[test]
+    fn hello_caps_concurrency_and_types() {
+        let hello_with = |types: usize, max_concurrency: u32| v1::Hello {
+            activity_types: (0..types).map(|i| format!("t{i}")).collect(),
+            max_concurrency,
+            ..Default::default()
+        };
+        let granted = hello(hello_with(1, u32::MAX), 64).map(|r| r.max_concurrency);
+        assert_eq!(granted.ok(), Some(64));
+        let granted = hello(hello_with(1, 0), 64).map(|r| r.max_concurrency);
+        assert_eq!(granted.ok(), Some(1));
+        assert!(hello(hello_with(MAX_HELLO_TYPES, 1), 64).is_ok());
+        assert!(hello(hello_with(MAX_HELLO_TYPES + 1, 1), 64).is_err());
+        let bad_identity = v1::Hello {
+            identity: "host\0".to_owned(),
+            ..hello_with(1, 1)
+        };
+        assert!(hello(bad_identity, 64).is_err());
     }
 
     #[test]
@@ -305,11 +499,16 @@ mod tests {
             ..Default::default()
         };
         assert!(retry_policy(Some(&too_many), &d).is_err());
-        let bad_coefficient = v1::RetryPolicy {
-            backoff_coefficient: 0.5,
-            ..Default::default()
-        };
-        assert!(retry_policy(Some(&bad_coefficient), &d).is_err());
+        for coefficient in [0.5, f64::NAN, f64::INFINITY, 100.5, -1.0] {
+            let bad_coefficient = v1::RetryPolicy {
+                backoff_coefficient: coefficient,
+                ..Default::default()
+            };
+            assert!(
+                retry_policy(Some(&bad_coefficient), &d).is_err(),
+                "{coefficient}"
+            );
+        }
         let negative = v1::RetryPolicy {
             initial_interval: Some(prost_types::Duration {
                 seconds: -1,
@@ -318,6 +517,11 @@ mod tests {
             ..Default::default()
         };
         assert!(retry_policy(Some(&negative), &d).is_err());
+        let many_types = v1::RetryPolicy {
+            non_retryable_error_types: vec!["X".to_owned(); MAX_NON_RETRYABLE_TYPES + 1],
+            ..Default::default()
+        };
+        assert!(retry_policy(Some(&many_types), &d).is_err());
     }
 
     #[test]

@@ -46,6 +46,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct WorkerApi {
     core: Arc<Core>,
+    /// Open sessions per token, for `--max-sessions-per-token`.
+    open: Arc<OpenSessions>,
     /// Every session task is spawned here, so shutdown can wait for their clean-up.
     tracker: TaskTracker,
     /// Cancelled when the server shuts down: sessions release their attempts and end.
@@ -61,11 +63,59 @@ impl WorkerApi {
         shutdown: CancellationToken,
         draining: CancellationToken,
     ) -> Self {
+        let limit = core.config.limits.max_sessions_per_token;
         Self {
             core,
+            open: Arc::new(OpenSessions {
+                limit,
+                counts: std::sync::Mutex::new(std::collections::HashMap::new()),
+            }),
             tracker,
             shutdown,
             draining,
+        }
+    }
+}
+
+/// How many sessions each token holds open.
+struct OpenSessions {
+    limit: usize,
+    counts: std::sync::Mutex<std::collections::HashMap<Arc<str>, usize>>,
+}
+
+impl OpenSessions {
+    /// A place for one more session of `caller`, held until the session ends.
+    fn open(self: &Arc<Self>, caller: &Arc<str>) -> Result<SessionPlace, Error> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(caller.clone()).or_default();
+        if *count >= self.limit {
+            return Err(Error::Exhausted(format!(
+                "this token already holds {} worker sessions (--max-sessions-per-token); close some, or use another token",
+                self.limit
+            )));
+        }
+        *count += 1;
+        Ok(SessionPlace {
+            open: self.clone(),
+            caller: caller.clone(),
+        })
+    }
+}
+
+/// One session's place under `--max-sessions-per-token`; freed when dropped.
+struct SessionPlace {
+    open: Arc<OpenSessions>,
+    caller: Arc<str>,
+}
+
+impl Drop for SessionPlace {
+    fn drop(&mut self) {
+        let mut counts = self.open.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.caller) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.caller);
+            }
         }
     }
 }
@@ -87,11 +137,20 @@ impl WorkerService for WorkerApi {
             .into());
         }
         let principal = request.extensions().get::<Principal>().cloned();
+        let place = match &principal {
+            Some(p) => self.open.open(p.caller())?,
+            None => {
+                return Err(
+                    Error::Unauthenticated("no credentials were checked for this call").into(),
+                );
+            }
+        };
         let mut inbound = request.into_inner();
         let hello = handshake(&mut inbound).await?;
-        let registration = validate::hello(hello)?;
+        let registration = validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
         authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
         let heartbeat_interval = self.core.config.heartbeat_interval;
+        let granted = registration.max_concurrency;
         let (worker_id, tx, rx, evict) =
             self.core
                 .registry
@@ -100,6 +159,7 @@ impl WorkerService for WorkerApi {
                         worker_id: id.to_owned(),
                         heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
                         protocol_version: 1,
+                        max_concurrency: granted,
                     })
                 });
         tracing::info!(%worker_id, "worker connected");
@@ -109,6 +169,7 @@ impl WorkerService for WorkerApi {
             tx,
             window: Arc::new(Semaphore::new(ACK_WINDOW)),
             evict,
+            _place: place,
         };
         self.tracker
             .spawn(session.run(inbound, self.shutdown.clone()));
@@ -165,6 +226,8 @@ struct Session {
     window: Arc<Semaphore>,
     /// Cancelled by the liveness sweep when the worker has been silent too long.
     evict: CancellationToken,
+    /// This session's place under `--max-sessions-per-token`.
+    _place: SessionPlace,
 }
 
 impl Session {
@@ -226,12 +289,15 @@ impl Session {
             self.core.registry.touch(&self.worker_id, now);
             return;
         }
-        let details = beat.details.filter(|d| {
-            let fits = validate::check_payload("heartbeat.details", d, self.core.config.max_payload_bytes).is_ok();
-            if !fits {
+        let details = beat.details.and_then(|mut d| {
+            if validate::check_size("heartbeat.details", &d, self.core.config.max_payload_bytes)
+                .is_err()
+            {
                 tracing::warn!(worker_id = %self.worker_id, activity_id = %beat.activity_id, "heartbeat details over the payload limit dropped");
+                return None;
             }
-            fits
+            validate::worker_content_type(&mut d);
+            Some(d)
         });
         self.core.registry.heartbeat(
             &self.worker_id,
@@ -363,9 +429,12 @@ fn decide(
 ) -> Transition {
     let now = now_millis();
     match outcome {
-        Some(activity_result::Outcome::Output(output)) => {
-            match validate::check_payload("output", &output, max_payload) {
-                Ok(()) => Transition::Complete { output },
+        Some(activity_result::Outcome::Output(mut output)) => {
+            match validate::check_size("output", &output, max_payload) {
+                Ok(()) => {
+                    validate::worker_content_type(&mut output);
+                    Transition::Complete { output }
+                }
                 // Retrying would most likely produce the same output again.
                 Err(e) => Transition::Fail {
                     error: lifecycle::server_error(
@@ -381,10 +450,7 @@ fn decide(
             lifecycle::on_failure(attempt, error, now, rand::random())
         }
         Some(activity_result::Outcome::Snooze(snooze)) => {
-            let delay = duration::from_proto(Some(&snooze))
-                .ok()
-                .flatten()
-                .unwrap_or_default();
+            let delay = validate::worker_delay(Some(&snooze));
             Transition::Snooze {
                 next_at: now.saturating_add(validate::millis(delay)),
             }
@@ -403,32 +469,35 @@ fn decide(
 }
 
 /// A worker's error as it will be stored: workers may only send RETRYABLE or
-/// TERMINAL (anything else counts as RETRYABLE), messages are cut to size, and
-/// oversized details are dropped with a note.
+/// TERMINAL (anything else counts as RETRYABLE); its texts are sanitised (see
+/// `validate`), oversized details are dropped with a note, and `next_retry_delay`
+/// is bounded like any delay.
 fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
     let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
     if kind != ErrorKind::Terminal {
         error.kind = ErrorKind::Retryable as i32;
     }
-    error.r#type = validate::truncate(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
-    error.message = validate::truncate(
+    error.r#type =
+        validate::worker_text(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
+    error.message = validate::worker_text(
         std::mem::take(&mut error.message),
         validate::MAX_MESSAGE_BYTES,
     );
-    if let Some(details) = &error.details
-        && validate::check_payload("error.details", details, max_payload).is_err()
-    {
-        error
-            .message
-            .push_str(" [error details dropped: over the payload limit]");
-        error.details = None;
+    if let Some(details) = &mut error.details {
+        if validate::check_size("error.details", details, max_payload).is_err() {
+            error
+                .message
+                .push_str(" [error details dropped: over the payload limit]");
+            error.details = None;
+        } else {
+            validate::worker_content_type(details);
+        }
     }
-    if error
+    // An invalid delay is ignored (the policy's backoff applies); a long one is cut.
+    error.next_retry_delay = error
         .next_retry_delay
         .as_ref()
-        .is_some_and(|d| duration::from_proto(Some(d)).is_err())
-    {
-        error.next_retry_delay = None;
-    }
+        .and_then(|d| duration::from_proto(Some(d)).ok().flatten())
+        .map(|d| duration::to_proto(d.min(validate::MAX_DURATION)));
     error
 }

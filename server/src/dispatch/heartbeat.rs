@@ -36,6 +36,8 @@ const SWEEP_LIMIT: u32 = 1_000;
 pub struct Options {
     pub heartbeat_interval: Duration,
     pub lease: Duration,
+    /// How often the sweep runs (`Config::sweep_tick`).
+    pub tick: Duration,
 }
 
 pub async fn run(
@@ -45,8 +47,7 @@ pub async fn run(
     options: Options,
     shutdown: CancellationToken,
 ) {
-    let tick =
-        (options.heartbeat_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let tick = options.tick;
     let interval_ms = millis(options.heartbeat_interval);
     let lease_ms = millis(options.lease).max(1);
     let mut ticker = tokio::time::interval(tick);

@@ -9,7 +9,30 @@ use crate::lifecycle::{self, Attempt};
 /// A fresh, empty store of one backend, and what keeps it alive.
 struct Fixture {
     store: Arc<dyn Store>,
+    raw: Raw,
     _dir: Option<tempfile::TempDir>,
+}
+
+/// A connection beside the store's own, for writing what no operation can (a row
+/// an older version poisoned) and reading what no operation returns.
+enum Raw {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+impl Raw {
+    async fn execute(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        let done = match self {
+            Raw::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+            Raw::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(|_| ()),
+        };
+        done.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn is_sqlite(&self) -> bool {
+        matches!(self, Raw::Sqlite(_))
+    }
 }
 
 async fn sqlite() -> Option<Fixture> {
@@ -18,8 +41,12 @@ async fn sqlite() -> Option<Fixture> {
     let store = SqliteStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    let raw = sqlx::SqlitePool::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     Some(Fixture {
         store: Arc::new(store),
+        raw: Raw::Sqlite(raw),
         _dir: Some(dir),
     })
 }
@@ -55,11 +82,17 @@ async fn postgres() -> Option<Fixture> {
     let options = PgConnectOptions::from_str(&url)
         .unwrap_or_else(|e| panic!("{POSTGRES_URL}: {e}"))
         .options([("search_path", schema.as_str())]);
-    let store = PostgresStore::open_with(options)
+    let store = PostgresStore::open_with(options.clone())
         .await
         .unwrap_or_else(|e| panic!("open the PostgreSQL store: {e}"));
+    let raw = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     Some(Fixture {
         store: Arc::new(store),
+        raw: Raw::Postgres(raw),
         _dir: None,
     })
 }
@@ -72,7 +105,7 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     if let Some(f) = super::sqlite().await {
-                        super::$name(f.store.as_ref()).await;
+                        super::$name(f.store.as_ref(), &f.raw).await;
                     }
                 }
             )*
@@ -82,7 +115,7 @@ macro_rules! conformance {
                 #[tokio::test]
                 async fn $name() {
                     if let Some(f) = super::postgres().await {
-                        super::$name(f.store.as_ref()).await;
+                        super::$name(f.store.as_ref(), &f.raw).await;
                     }
                 }
             )*
@@ -105,6 +138,11 @@ conformance!(
     running_and_due_times,
     runs_of_like_ops_behave_as_op_by_op,
     renew_extends_only_attempts_still_running,
+    computed_times_saturate_and_stay_integers,
+    list_pages_are_bounded_by_bytes,
+    a_batch_answers_existing_keys_without_payloads,
+    claims_skip_rows_past_schedule_to_close,
+    an_unreadable_row_is_left_out_of_every_read,
 );
 
 const T0: i64 = 1_000_000;
@@ -205,7 +243,7 @@ fn output(s: &str) -> Transition {
     }
 }
 
-async fn submit_is_idempotent_per_key(store: &dyn Store) {
+async fn submit_is_idempotent_per_key(store: &dyn Store, _raw: &Raw) {
     let first = submit(store, new("a", "t")).await;
     assert!(first[0].created);
     assert_eq!(first[0].row.status, ActivityStatus::Scheduled);
@@ -221,7 +259,7 @@ async fn submit_is_idempotent_per_key(store: &dyn Store) {
     );
 }
 
-async fn submit_conflicts_on_another_type(store: &dyn Store) {
+async fn submit_conflicts_on_another_type(store: &dyn Store, _raw: &Raw) {
     submit(store, new("a", "t")).await;
     match one(store, Op::Submit(vec![new("a", "other")]), T0).await {
         Outcome::Conflict {
@@ -236,7 +274,7 @@ async fn submit_conflicts_on_another_type(store: &dyn Store) {
     assert_eq!(get(store, "a").await.activity_type, "t");
 }
 
-async fn submit_batch_is_all_or_nothing(store: &dyn Store) {
+async fn submit_batch_is_all_or_nothing(store: &dyn Store, _raw: &Raw) {
     submit(store, new("taken", "t")).await;
     let batch = vec![new("b1", "t"), new("taken", "other"), new("b3", "t")];
     match one(store, Op::Submit(batch), T0).await {
@@ -269,7 +307,7 @@ async fn submit_batch_is_all_or_nothing(store: &dyn Store) {
     }
 }
 
-async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store) {
+async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store, _raw: &Raw) {
     let mut old = new("old", "t");
     old.next_at = T0 - 10;
     let mut urgent = new("urgent", "t");
@@ -297,7 +335,7 @@ async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store) {
     assert_eq!(rows[0].key.activity_id, "later");
 }
 
-async fn claim_respects_limit_types_and_namespace(store: &dyn Store) {
+async fn claim_respects_limit_types_and_namespace(store: &dyn Store, _raw: &Raw) {
     for (id, ty) in [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c")] {
         submit(store, new(id, ty)).await;
     }
@@ -312,7 +350,7 @@ async fn claim_respects_limit_types_and_namespace(store: &dyn Store) {
     assert_eq!(get(store, "c1").await.status, ActivityStatus::Scheduled);
 }
 
-async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store) {
+async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store, _raw: &Raw) {
     submit(store, new("a", "t")).await;
     let row = claim(store, &["t"], 1, T0).await.remove(0);
     let mut stale = row.clone();
@@ -329,7 +367,7 @@ async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store) {
     assert_eq!(done.finished_at, Some(T0 + 5));
 }
 
-async fn retry_and_snooze_reschedule(store: &dyn Store) {
+async fn retry_and_snooze_reschedule(store: &dyn Store, _raw: &Raw) {
     submit(store, new("a", "t")).await;
     let row = claim(store, &["t"], 1, T0).await.remove(0);
     let error = lifecycle::server_error(ErrorKind::Retryable, "Boom", "first".into());
@@ -382,7 +420,7 @@ async fn retry_and_snooze_reschedule(store: &dyn Store) {
     assert_eq!(row.finished_at, Some(T0 + 1_000));
 }
 
-async fn cancel_and_redrive(store: &dyn Store) {
+async fn cancel_and_redrive(store: &dyn Store, _raw: &Raw) {
     submit(store, new("s", "t")).await;
     match one(
         store,
@@ -472,7 +510,7 @@ async fn cancel_and_redrive(store: &dyn Store) {
     }
 }
 
-async fn list_pages_and_filters(store: &dyn Store) {
+async fn list_pages_and_filters(store: &dyn Store, _raw: &Raw) {
     for i in 0..7 {
         submit(
             store,
@@ -487,34 +525,40 @@ async fn list_pages_and_filters(store: &dyn Store) {
         activity_type: ty.map(Into::into),
         after_id,
         limit: 3,
+        max_bytes: 1 << 20,
     };
-    let first = store.list(&page(0, None, None)).await.unwrap_or_default();
-    assert_eq!(first.len(), 3);
-    let last_id = first.last().map_or(0, |r| r.id);
-    let second = store
-        .list(&page(last_id, None, None))
-        .await
-        .unwrap_or_default();
-    assert_eq!(second.len(), 3);
-    assert!(second.iter().all(|r| r.id > last_id));
-    let evens = store
-        .list(&page(0, None, Some("even")))
-        .await
-        .unwrap_or_default();
-    assert!(evens.iter().all(|r| r.activity_type == "even"));
-    let running = store
-        .list(&page(0, Some(ActivityStatus::Running), None))
-        .await
-        .unwrap_or_default();
-    assert_eq!(running.len(), 1);
+    let list = |query: ListQuery| async move {
+        store
+            .list(&query)
+            .await
+            .unwrap_or_else(|e| panic!("list: {e}"))
+    };
+    let first = list(page(0, None, None)).await;
+    assert_eq!(first.rows.len(), 3);
+    let last_id = first.rows.last().map_or(0, |r| r.id);
+    assert_eq!(first.next_after, Some(last_id));
+    let second = list(page(last_id, None, None)).await;
+    assert_eq!(second.rows.len(), 3);
+    assert!(second.rows.iter().all(|r| r.id > last_id));
+    let third = list(page(second.next_after.unwrap_or(0), None, None)).await;
+    assert_eq!(
+        (third.rows.len(), third.next_after),
+        (1, None),
+        "the last page says no more follow"
+    );
+    let evens = list(page(0, None, Some("even"))).await;
+    assert!(evens.rows.iter().all(|r| r.activity_type == "even"));
+    assert_eq!(evens.rows.len(), 3);
+    let running = list(page(0, Some(ActivityStatus::Running), None)).await;
+    assert_eq!(running.rows.len(), 1);
     let other = ListQuery {
         namespace: "other".into(),
         ..page(0, None, None)
     };
-    assert!(store.list(&other).await.unwrap_or_default().is_empty());
+    assert!(list(other).await.rows.is_empty());
 }
 
-async fn stats_count_by_status(store: &dyn Store) {
+async fn stats_count_by_status(store: &dyn Store, _raw: &Raw) {
     for i in 0..5 {
         submit(store, new(&format!("a{i}"), "t")).await;
     }
@@ -546,7 +590,7 @@ async fn stats_count_by_status(store: &dyn Store) {
     );
 }
 
-async fn prune_deletes_only_old_finished_rows(store: &dyn Store) {
+async fn prune_deletes_only_old_finished_rows(store: &dyn Store, _raw: &Raw) {
     for id in ["old", "new", "open"] {
         submit(store, new(id, "t")).await;
     }
@@ -586,7 +630,7 @@ async fn prune_deletes_only_old_finished_rows(store: &dyn Store) {
     assert!(store.get(&key("open")).await.ok().flatten().is_some());
 }
 
-async fn running_and_due_times(store: &dyn Store) {
+async fn running_and_due_times(store: &dyn Store, _raw: &Raw) {
     let mut later = new("later", "t");
     later.next_at = T0 + 5_000;
     let mut later_too = new("later-too", "t");
@@ -612,13 +656,23 @@ async fn running_and_due_times(store: &dyn Store) {
     let first = due(T0 - 1, 1).await;
     assert_eq!(first.times, vec![(T0, ns(), "t".to_string())]);
     assert!(!first.complete, "a read that stopped at its limit says so");
-    claim(store, &["t"], 1, T0).await;
-    let running = store.running().await.unwrap_or_default();
-    assert_eq!(running.len(), 1);
-    assert_eq!(running[0].key.activity_id, "now");
+    claim(store, &["t"], 2, T0 + 5_000).await;
+    let first = store.running(0, 1).await.unwrap_or_default();
+    assert_eq!(first.rows.len(), 1);
+    assert_eq!(first.rows[0].key.activity_id, "now");
+    assert!(
+        first.rows[0].input.data.is_empty(),
+        "running rows are read without their payloads"
+    );
+    let rest = store
+        .running(first.next_after.unwrap_or(i64::MAX), 10)
+        .await
+        .unwrap_or_default();
+    assert_eq!(rest.rows.len(), 1);
+    assert_eq!(rest.next_after, None);
 }
 
-async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store) {
+async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store, _raw: &Raw) {
     let outcomes = apply(
         store,
         vec![
@@ -723,7 +777,7 @@ async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store) {
     assert!(matches!(&outcomes[2], Outcome::Conflict { index: 0, .. }));
 }
 
-async fn renew_extends_only_attempts_still_running(store: &dyn Store) {
+async fn renew_extends_only_attempts_still_running(store: &dyn Store, _raw: &Raw) {
     for id in ["a", "b", "c"] {
         submit(store, new(id, "t")).await;
     }
@@ -756,4 +810,178 @@ async fn renew_extends_only_attempts_still_running(store: &dyn Store) {
     }
     assert_eq!(get(store, "a").await.lease_expires_at, Some(T0 + 99_000));
     assert_eq!(get(store, "c").await.lease_expires_at, Some(T0 + 30_000));
+}
+
+async fn computed_times_saturate_and_stay_integers(store: &dyn Store, _raw: &Raw) {
+    // Validation bounds durations far below this; the store must not overflow
+    // even when handed the extreme.
+    let mut huge = new("huge", "t");
+    huge.timeouts.schedule_to_close_ms = Some(i64::MAX);
+    huge.next_at = T0;
+    let submitted = submit(store, huge).await;
+    assert_eq!(submitted[0].row.expires_at, Some(i64::MAX));
+    let row = get(store, "huge").await;
+    assert_eq!(row.expires_at, Some(i64::MAX));
+    let page = store
+        .list(&ListQuery {
+            namespace: "default".into(),
+            status: None,
+            activity_type: None,
+            after_id: 0,
+            limit: 10,
+            max_bytes: 1 << 20,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("list: {e}"));
+    assert_eq!(page.rows.len(), 1);
+    let claimed = claim(store, &["t"], 1, T0).await;
+    assert_eq!(claimed.len(), 1, "a far deadline does not stop a claim");
+    let error = lifecycle::server_error(ErrorKind::Terminal, "X", "x".into());
+    assert!(finish(store, &claimed[0], Transition::Fail { error }, T0 + 1).await);
+    match one(store, Op::Redrive { key: key("huge") }, T0 + 2).await {
+        Outcome::Redriven { row } => assert_eq!(row.expires_at, Some(i64::MAX)),
+        other => panic!("expected Redriven, got {other:?}"),
+    }
+    assert_eq!(get(store, "huge").await.expires_at, Some(i64::MAX));
+}
+
+async fn list_pages_are_bounded_by_bytes(store: &dyn Store, _raw: &Raw) {
+    let big = |id: &str, size: usize| {
+        let mut a = new(id, "t");
+        a.input.data = vec![b'x'; size];
+        a
+    };
+    submit(store, big("a", 400_000)).await;
+    submit(store, big("b", 400_000)).await;
+    submit(store, big("c", 2_000_000)).await;
+    submit(store, big("d", 10)).await;
+    let page = |after_id| ListQuery {
+        namespace: "default".into(),
+        status: None,
+        activity_type: None,
+        after_id,
+        limit: 100,
+        max_bytes: 1_000_000,
+    };
+    let mut pages = Vec::new();
+    let mut after = 0;
+    loop {
+        let p = store
+            .list(&page(after))
+            .await
+            .unwrap_or_else(|e| panic!("list: {e}"));
+        pages.push(
+            p.rows
+                .iter()
+                .map(|r| r.key.activity_id.clone())
+                .collect::<Vec<_>>(),
+        );
+        match p.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    assert_eq!(
+        pages,
+        vec![vec!["a", "b"], vec!["c"], vec!["d"]],
+        "pages fit the byte budget; a row larger than it comes alone"
+    );
+}
+
+async fn a_batch_answers_existing_keys_without_payloads(store: &dyn Store, _raw: &Raw) {
+    let mut big = new("big", "t");
+    big.input.data = vec![b'x'; 1_000_000];
+    submit(store, big).await;
+    let batch: Vec<NewActivity> = (0..50).map(|_| new("big", "t")).collect();
+    match one(store, Op::Submit(batch), T0).await {
+        Outcome::Submitted(s) => {
+            assert_eq!(s.len(), 50);
+            for s in &s {
+                assert!(!s.created);
+                assert_eq!(s.row.key.activity_id, "big");
+                assert_eq!(s.row.status, ActivityStatus::Scheduled);
+                assert!(s.row.input.data.is_empty(), "no stored payload comes back");
+            }
+        }
+        other => panic!("expected Submitted, got {other:?}"),
+    }
+    // A single submit of an existing key still returns the whole activity.
+    let again = submit(store, new("big", "t")).await;
+    assert_eq!(again[0].row.input.data.len(), 1_000_000);
+}
+
+async fn claims_skip_rows_past_schedule_to_close(store: &dyn Store, _raw: &Raw) {
+    let mut short = new("short", "t");
+    short.timeouts.schedule_to_close_ms = Some(100);
+    submit(store, short).await;
+    submit(store, new("open", "t")).await;
+    let rows = claim(store, &["t"], 10, T0 + 100).await;
+    let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.as_str()).collect();
+    assert_eq!(ids, ["open"], "a row past its deadline is never dispatched");
+    match one(store, Op::ExpireScheduled { limit: 10 }, T0 + 100).await {
+        Outcome::Expired(keys) => assert_eq!(keys, vec![key("short")]),
+        other => panic!("expected Expired, got {other:?}"),
+    }
+    let expired = get(store, "short").await;
+    assert_eq!(expired.status, ActivityStatus::Failed);
+    assert_eq!(
+        expired.last_error.map(|e| (e.kind, e.r#type)),
+        Some((
+            ErrorKind::Timeout as i32,
+            "ScheduleToCloseTimeout".to_owned()
+        ))
+    );
+}
+
+async fn an_unreadable_row_is_left_out_of_every_read(store: &dyn Store, raw: &Raw) {
+    for id in ["a", "b", "c", "d"] {
+        submit(store, new(id, "t")).await;
+    }
+    claim(store, &["t"], 4, T0).await;
+    // An unknown status and a broken policy: no version writes them, and every read
+    // must survive them.
+    raw.execute("UPDATE activities SET status = 99 WHERE activity_id = 'b'")
+        .await;
+    raw.execute("UPDATE activities SET non_retryable = '{broken' WHERE activity_id = 'd'")
+        .await;
+    if raw.is_sqlite() {
+        // What an older version stored when a time overflowed: a REAL.
+        raw.execute("UPDATE activities SET expires_at = 1e30 WHERE activity_id = 'c'")
+            .await;
+    }
+    let page = store
+        .list(&ListQuery {
+            namespace: "default".into(),
+            status: None,
+            activity_type: None,
+            after_id: 0,
+            limit: 10,
+            max_bytes: 1 << 20,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("list: {e}"));
+    let ids: Vec<_> = page
+        .rows
+        .iter()
+        .map(|r| r.key.activity_id.as_str())
+        .collect();
+    assert_eq!(ids, ["a", "c"]);
+    if raw.is_sqlite() {
+        assert_eq!(page.rows[1].expires_at, Some(i64::MAX), "a REAL saturates");
+    }
+    let running = store.running(0, 10).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(running.rows.len(), 2);
+    raw.execute("UPDATE activities SET lease_expires_at = 0")
+        .await;
+    let expired = store
+        .expired_leases(T0, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(expired.len(), 2);
+    let counts = store
+        .stats("default")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(counts.running, 3, "the unknown status is left out of Stats");
+    assert!(matches!(store.get(&key("b")).await, Err(Error::Corrupt(_))));
 }

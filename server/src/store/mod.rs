@@ -26,6 +26,37 @@ macro_rules! columns {
     };
 }
 
+/// [`columns!`] without the payloads (input, output and both sets of details come
+/// back empty), for reads that need an activity's identity and policy but must not
+/// hold megabytes per row in memory: start-up reclaim, lease reclaim, and the
+/// existing keys of a batch submit. Arguments: the dialect's empty BLOB, its typed
+/// NULL TEXT and its typed NULL BLOB.
+macro_rules! light_columns {
+    ($empty_blob:literal, $null_text:literal, $null_blob:literal) => {
+        concat!(
+            "id, namespace, workflow_id, activity_id, activity_type, status, attempt, uncounted, \
+             max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
+             heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, \
+             '' AS input_type, ",
+            $empty_blob,
+            " AS input, ",
+            $null_text,
+            " AS output_type, ",
+            $null_blob,
+            " AS output, error_kind, error_type, error_message, ",
+            $null_text,
+            " AS error_details_type, ",
+            $null_blob,
+            " AS error_details, ",
+            $null_text,
+            " AS heartbeat_type, ",
+            $null_blob,
+            " AS heartbeat_details, created_at, next_at, started_at, finished_at, \
+             lease_expires_at, worker_id, expires_at"
+        )
+    };
+}
+
 pub mod postgres;
 mod postgres_bulk;
 mod rows;
@@ -43,12 +74,11 @@ use crate::lifecycle::Attempt;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
-/// A storage failure. None of these are the caller's fault; the API maps them to
-/// `UNAVAILABLE` or `INTERNAL`.
+/// A storage failure. [`Error::class`] says whether it may pass ([`Class::Transient`])
+/// or would fail the same way again; the API maps each class to its own status.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The database refused or failed a statement. Retrying may help (disk full,
-    /// I/O error); the transaction was rolled back.
+    /// The database refused or failed a statement; the transaction was rolled back.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// The embedded schema migrations could not be applied; the server cannot start.
@@ -63,16 +93,101 @@ pub enum Error {
     /// The database URL names nothing this build can open.
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
-    /// SQLite failed a statement on the writing connection (disk full, I/O error);
-    /// the transaction was rolled back.
-    #[error("database error: {0}")]
-    Sqlite(String),
+    /// SQLite failed a statement on the writing connection (`code` is its extended
+    /// result code); the transaction was rolled back.
+    #[error("database error: sqlite error {code}: {message}")]
+    Sqlite { code: i32, message: String },
     /// Opening or locking the database file failed.
     #[error("cannot open database {path}: {source}")]
     Open {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// What kind of failure a storage error is, for the caller deciding whether to retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// It may pass: busy, locked, out of space, a connection lost, a timeout.
+    /// Retrying the same request later can succeed.
+    Transient,
+    /// The data did not fit the database (a value out of range): the same request
+    /// fails the same way.
+    InvalidInput,
+    /// A constraint refused the write.
+    Conflict,
+    /// A fault of this server or its database: report it.
+    Internal,
+}
+
+impl Error {
+    pub fn class(&self) -> Class {
+        match self {
+            Error::Database(e) => sqlx_class(e),
+            Error::Sqlite { code, .. } => sqlite_class(*code),
+            Error::Migrate(_)
+            | Error::Corrupt(_)
+            | Error::Locked(_)
+            | Error::UnsupportedUrl(_)
+            | Error::Open { .. } => Class::Internal,
+        }
+    }
+}
+
+fn sqlx_class(e: &sqlx::Error) -> Class {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Class::Transient,
+        sqlx::Error::Database(db) => {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                postgres_class(pg.code())
+            } else {
+                db.code()
+                    .and_then(|c| c.parse::<i32>().ok())
+                    .map_or(Class::Internal, sqlite_class)
+            }
+        }
+        _ => Class::Internal,
+    }
+}
+
+/// By SQLSTATE class.
+fn postgres_class(sqlstate: &str) -> Class {
+    match sqlstate.get(..2).unwrap_or_default() {
+        // Connection exception, transaction rollback (serialization, deadlock),
+        // insufficient resources, operator intervention (a statement timeout, an
+        // administrator's shutdown), system error.
+        "08" | "40" | "53" | "57" | "58" => Class::Transient,
+        // Object not in prerequisite state: 55P03 is a lock timeout.
+        "55" if sqlstate == "55P03" => Class::Transient,
+        "22" => Class::InvalidInput,
+        "23" => Class::Conflict,
+        _ => Class::Internal,
+    }
+}
+
+/// By primary result code (the low byte of an extended one).
+fn sqlite_class(code: i32) -> Class {
+    const BUSY: i32 = 5;
+    const LOCKED: i32 = 6;
+    const NOMEM: i32 = 7;
+    const IOERR: i32 = 10;
+    const FULL: i32 = 13;
+    const CANTOPEN: i32 = 14;
+    const PROTOCOL: i32 = 15;
+    const TOOBIG: i32 = 18;
+    const CONSTRAINT: i32 = 19;
+    const MISMATCH: i32 = 20;
+    const RANGE: i32 = 25;
+    match code & 0xff {
+        BUSY | LOCKED | NOMEM | IOERR | FULL | CANTOPEN | PROTOCOL => Class::Transient,
+        TOOBIG | MISMATCH | RANGE => Class::InvalidInput,
+        CONSTRAINT => Class::Conflict,
+        _ => Class::Internal,
+    }
 }
 
 /// The identity of an activity.
@@ -313,7 +428,29 @@ pub struct ListQuery {
     pub activity_type: Option<String>,
     /// Rows with a larger id only: the page token.
     pub after_id: i64,
+    /// The most rows in the page.
     pub limit: u32,
+    /// The most bytes of stored payloads and texts in the page; a single row larger
+    /// than this comes alone. Keeps both the answer and the read's memory bounded.
+    pub max_bytes: usize,
+}
+
+/// What a read of RUNNING rows found.
+#[derive(Debug, Clone, Default)]
+pub struct RunningPage {
+    /// A row that cannot be decoded is reported and left out.
+    pub rows: Vec<ActivityRow>,
+    /// Where the next page starts, when the read stopped at its limit.
+    pub next_after: Option<i64>,
+}
+
+/// What a `List` read found.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    /// In id order. A row that cannot be decoded is reported and left out.
+    pub rows: Vec<ActivityRow>,
+    /// Where the next page starts (`after_id`), when more rows match.
+    pub next_after: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -334,15 +471,18 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
 
-    /// Rows in id order (submission order).
-    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error>;
+    /// One page of rows in id order (submission order).
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;
 
-    /// Every RUNNING row, for reclaiming attempts whose process is gone.
-    async fn running(&self) -> Result<Vec<ActivityRow>, Error>;
+    /// Up to `limit` RUNNING rows with an id above `after_id`, in id order, without
+    /// their payloads (`light_columns!`): for reclaiming attempts whose process is
+    /// gone.
+    async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error>;
 
-    /// Up to `limit` RUNNING rows whose lease expired before `now`.
+    /// Up to `limit` RUNNING rows whose lease expired before `now`, without their
+    /// payloads.
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error>;
 
     /// The next times after `after` at which SCHEDULED rows come due, read from at

@@ -8,6 +8,11 @@
 //! The schema is `migrations/postgres`, the same table as SQLite's in PostgreSQL's
 //! types; statuses are the wire enum's numbers.
 //!
+//! Every session sets `statement_timeout`, `lock_timeout` and
+//! `idle_in_transaction_session_timeout` (unless the URL's `options` do), so a node
+//! that stalls mid-transaction cannot block the others for long. The URL's
+//! `sslmode` (and `sslrootcert`, `sslcert`, `sslkey`) is honoured, with rustls.
+//!
 //! Nodes tell each other about committed changes with `NOTIFY` on one channel
 //! ([`CHANNEL`]): each notification is a JSON envelope of events from one node,
 //! which every other node's listener turns into wake-ups. A node ignores its own.
@@ -23,8 +28,8 @@ use tokio::sync::mpsc;
 
 use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, Event, HeartbeatDetails,
-    Key, ListQuery, NewActivity, Op, Outcome, Remote, StatusCounts, Store, Submitted, Transition,
-    postgres_bulk,
+    Key, ListPage, ListQuery, NewActivity, Op, Outcome, Remote, RunningPage, StatusCounts, Store,
+    Submitted, Transition, postgres_bulk,
     rows::{self, cancelled_error, encode_list},
 };
 
@@ -51,6 +56,34 @@ fn migrator() -> Migrator {
     )])
 }
 
+/// How long a statement, a wait for a lock, or an open transaction left idle may
+/// last on our sessions, unless the URL's `options` say otherwise: a stalled node
+/// must not hold locks that block the others for long.
+const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("statement_timeout", "30s"),
+    ("lock_timeout", "10s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+];
+
+/// How long taking a pooled connection may wait (and so how long start-up keeps
+/// trying an unreachable server).
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `options` with [`SESSION_LIMITS`] added where the URL does not set them.
+fn session_limits(options: PgConnectOptions) -> PgConnectOptions {
+    let set = options.get_options().unwrap_or_default().to_owned();
+    let missing: Vec<_> = SESSION_LIMITS
+        .iter()
+        .filter(|(name, _)| !set.contains(name))
+        .copied()
+        .collect();
+    if missing.is_empty() {
+        options
+    } else {
+        options.options(missing)
+    }
+}
+
 pub struct PostgresStore {
     pool: PgPool,
     /// This node's id in notifications, so it can ignore its own.
@@ -66,7 +99,8 @@ impl PostgresStore {
     pub async fn open_with(options: PgConnectOptions) -> Result<Self, Error> {
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .connect_with(options)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(session_limits(options))
             .await?;
         let mut conn = pool.acquire().await?;
         migrator().run_direct(None, &mut *conn, false).await?;
@@ -106,25 +140,54 @@ impl Store for PostgresStore {
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
         let mut conn = self.pool.acquire().await?;
-        select_by_key(&mut conn, key, false).await
+        select_by_key(&mut conn, key).await
     }
 
-    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error> {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
+        // Sizes first, so the page is cut by bytes before any payload is read
+        // (`octet_length` takes a TOASTed value's size from its header).
+        let status = query.status.map(|s| s as i64);
+        let sizes: Vec<(i64, i64)> = sqlx::query(
+            "SELECT id, (octet_length(input) + COALESCE(octet_length(output), 0) \
+               + COALESCE(octet_length(error_details), 0) \
+               + COALESCE(octet_length(heartbeat_details), 0) \
+               + COALESCE(octet_length(error_message), 0))::BIGINT \
+             FROM activities WHERE namespace = $1 AND id > $2 \
+               AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
+             ORDER BY id LIMIT $5",
+        )
+        .bind(&query.namespace)
+        .bind(query.after_id)
+        .bind(status)
+        .bind(query.activity_type.as_deref())
+        .bind(i64::from(query.limit) + 1)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
+        .collect::<Result<_, sqlx::Error>>()?;
+        if sizes.is_empty() {
+            return Ok(ListPage::default());
+        }
+        let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
         let rows = sqlx::query(concat!(
             "SELECT ",
             columns!(),
-            " FROM activities WHERE namespace = $1 AND id > $2 \
+            " FROM activities WHERE namespace = $1 AND id > $2 AND id <= $5 \
               AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-              ORDER BY id LIMIT $5"
+              ORDER BY id"
         ))
         .bind(&query.namespace)
         .bind(query.after_id)
-        .bind(query.status.map(|s| s as i64))
+        .bind(status)
         .bind(query.activity_type.as_deref())
-        .bind(i64::from(query.limit))
+        .bind(last)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(ListPage {
+            rows: rows::decode_all(&rows, "list"),
+            next_after: more.then_some(last),
+        })
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
@@ -141,28 +204,36 @@ impl Store for PostgresStore {
         rows::status_counts(pairs)
     }
 
-    async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
+    async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
         let rows = sqlx::query(concat!(
             "SELECT ",
-            columns!(),
-            " FROM activities WHERE status = 2 ORDER BY id"
+            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
+            " FROM activities WHERE status = 2 AND id > $1 ORDER BY id LIMIT $2"
         ))
+        .bind(after_id)
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(RunningPage {
+            next_after: (rows.len() == limit as usize)
+                .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
+                .flatten(),
+            rows: rows::decode_all(&rows, "running"),
+        })
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
         let rows = sqlx::query(concat!(
             "SELECT ",
-            columns!(),
-            " FROM activities WHERE status = 2 AND lease_expires_at < $1 ORDER BY lease_expires_at LIMIT $2"
+            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
+            " FROM activities WHERE status = 2 AND lease_expires_at < $1 \
+              ORDER BY lease_expires_at LIMIT $2"
         ))
         .bind(now)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(rows::decode_all(&rows, "expired_leases"))
     }
 
     fn single_node(&self) -> bool {
@@ -369,7 +440,7 @@ async fn submit_all(
     }
     let mut submitted = Vec::with_capacity(batch.len());
     for (index, new) in batch.iter().enumerate() {
-        match submit(conn, new, now).await? {
+        match submit(conn, new, now, atomic).await? {
             Ok(s) => submitted.push(s),
             Err(existing_type) => {
                 if atomic {
@@ -396,10 +467,12 @@ async fn submit_all(
 }
 
 /// Inserts one activity; `Err(existing_type)` when its key exists with another type.
+/// With `light`, an existing row is read without its payloads (a batch's answer).
 async fn submit(
     conn: &mut PgConnection,
     new: &NewActivity,
     now: UnixMillis,
+    light: bool,
 ) -> Result<Result<Submitted, String>, Error> {
     let inserted = sqlx::query(
         "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
@@ -407,7 +480,7 @@ async fn submit(
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, created_at, next_at, expires_at) \
          VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $16 + $12) \
+                 $18) \
          ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
     )
     .bind(&new.key.namespace)
@@ -427,6 +500,7 @@ async fn submit(
     .bind(&new.input.data)
     .bind(now)
     .bind(new.next_at)
+    .bind(rows::expires_at(now, new.timeouts.schedule_to_close_ms))
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(inserted) = inserted {
@@ -435,7 +509,12 @@ async fn submit(
             created: true,
         }));
     }
-    rows::existing_outcome(new, select_by_key(conn, &new.key, false).await?)
+    let existing = if light {
+        select_light(conn, &new.key, false).await?
+    } else {
+        select_by_key(conn, &new.key).await?
+    };
+    rows::existing_outcome(new, existing)
 }
 
 async fn claim_rows(
@@ -454,6 +533,7 @@ async fn claim_rows(
              worker_id = $2, lease_expires_at = $3 \
              WHERE id IN (SELECT id FROM activities \
                WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
+                 AND (expires_at IS NULL OR expires_at > $1) \
                ORDER BY priority DESC, next_at, id LIMIT $6 FOR UPDATE SKIP LOCKED) \
              RETURNING ",
             columns!()
@@ -466,9 +546,9 @@ async fn claim_rows(
         .bind(left)
         .fetch_all(&mut *conn)
         .await?;
-        for row in &rows {
-            claimed.push(decode(row)?);
-        }
+        // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
+        // must not stop every other claim.
+        claimed.extend(rows::decode_all(&rows, "claim"));
     }
     Ok(claimed)
 }
@@ -576,7 +656,7 @@ async fn cancel(
     reason: &str,
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    let Some(mut row) = select_by_key(conn, key, true).await? else {
+    let Some(row) = select_light(conn, key, true).await? else {
         return Ok(Outcome::NotFound);
     };
     if !matches!(
@@ -586,24 +666,23 @@ async fn cancel(
         return Ok(Outcome::WrongStatus(row.status));
     }
     let error = cancelled_error(reason);
-    bind_error(
-        sqlx::query(
+    let stored = bind_error(
+        sqlx::query(concat!(
             "UPDATE activities SET status = 5, finished_at = $2, lease_expires_at = NULL, \
              error_kind = $3, error_type = $4, error_message = $5, \
-             error_details_type = $6, error_details = $7 WHERE id = $1",
-        )
+             error_details_type = $6, error_details = $7 WHERE id = $1 RETURNING ",
+            columns!()
+        ))
         .bind(row.id)
         .bind(now),
         &error,
     )
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
-    let prior = row.status;
-    row.status = ActivityStatus::Cancelled;
-    row.finished_at = Some(now);
-    row.lease_expires_at = None;
-    row.last_error = Some(error);
-    Ok(Outcome::Cancelled { prior, row })
+    Ok(Outcome::Cancelled {
+        prior: row.status,
+        row: decode(&stored)?,
+    })
 }
 
 async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
@@ -611,7 +690,7 @@ async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<
     // skipped by another node's claim (SKIP LOCKED) and its group taken for empty.
     let redrivable =
         |s: ActivityStatus| matches!(s, ActivityStatus::Failed | ActivityStatus::Cancelled);
-    let Some(row) = select_by_key(conn, key, false).await? else {
+    let Some(row) = select_light(conn, key, false).await? else {
         return Ok(Outcome::NotFound);
     };
     if !redrivable(row.status) {
@@ -619,32 +698,27 @@ async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<
     }
     // Terminal rows are never claimed, so locking this one costs no one; read it
     // again under the lock in case a concurrent re-drive got there first.
-    let Some(mut row) = select_by_key(conn, key, true).await? else {
+    let Some(row) = select_light(conn, key, true).await? else {
         return Ok(Outcome::NotFound);
     };
     if !redrivable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     // As in SQLite: a fresh budget and schedule-to-close window; `attempt` keeps growing.
-    sqlx::query(
+    let stored = sqlx::query(concat!(
         "UPDATE activities SET status = 1, next_at = $2, uncounted = attempt, \
-         finished_at = NULL, output_type = NULL, output = NULL, \
-         expires_at = $2 + schedule_to_close_ms WHERE id = $1",
-    )
+         finished_at = NULL, output_type = NULL, output = NULL, expires_at = $3 \
+         WHERE id = $1 RETURNING ",
+        columns!()
+    ))
     .bind(row.id)
     .bind(now)
-    .execute(&mut *conn)
+    .bind(rows::expires_at(now, row.timeouts.schedule_to_close_ms))
+    .fetch_one(&mut *conn)
     .await?;
-    row.status = ActivityStatus::Scheduled;
-    row.next_at = now;
-    row.uncounted = row.attempt;
-    row.finished_at = None;
-    row.output = None;
-    row.expires_at = row
-        .timeouts
-        .schedule_to_close_ms
-        .map(|ms| now.saturating_add(ms));
-    Ok(Outcome::Redriven { row })
+    Ok(Outcome::Redriven {
+        row: decode(&stored)?,
+    })
 }
 
 async fn record_heartbeats(
@@ -705,8 +779,24 @@ async fn expire_scheduled(
         .collect()
 }
 
-/// One row by key; with `lock`, locked for the rest of the transaction.
-async fn select_by_key(
+/// One row by key.
+async fn select_by_key(conn: &mut PgConnection, key: &Key) -> Result<Option<ActivityRow>, Error> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
+    ))
+    .bind(&key.namespace)
+    .bind(&key.workflow_id)
+    .bind(&key.activity_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(decode).transpose()
+}
+
+/// One row by key without its payloads (see `light_columns!`); with `lock`,
+/// locked for the rest of the transaction.
+async fn select_light(
     conn: &mut PgConnection,
     key: &Key,
     lock: bool,
@@ -714,13 +804,13 @@ async fn select_by_key(
     let query = if lock {
         sqlx::query(concat!(
             "SELECT ",
-            columns!(),
+            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
             " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 FOR UPDATE"
         ))
     } else {
         sqlx::query(concat!(
             "SELECT ",
-            columns!(),
+            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
             " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
         ))
     };
@@ -776,6 +866,50 @@ fn envelope(node: &str, events: Vec<Event>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every pooled session carries the limits, and a URL's own setting wins.
+    #[tokio::test]
+    async fn sessions_set_statement_lock_and_idle_timeouts() {
+        let Ok(url) = std::env::var("SPOOL_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "SPOOL_TEST_POSTGRES_URL must name a PostgreSQL server under CI=true"
+            );
+            return;
+        };
+        let schema = format!("spool_test_{}", uuid::Uuid::new_v4().simple());
+        let options = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .options([("search_path", schema.as_str()), ("lock_timeout", "3s")]);
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let store = PostgresStore::open_with(options)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let show = |name: &'static str| {
+            let pool = store.pool.clone();
+            async move {
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        assert_eq!(show("statement_timeout").await, "30s");
+        assert_eq!(show("idle_in_transaction_session_timeout").await, "1min");
+        assert_eq!(
+            show("lock_timeout").await,
+            "3s",
+            "the URL's own setting wins"
+        );
+    }
 
     #[test]
     fn envelopes_stay_under_the_payload_limit() {

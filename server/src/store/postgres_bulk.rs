@@ -39,11 +39,12 @@ pub async fn submit_run(
          max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, created_at, next_at, expires_at) \
-         SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, $17 + sched \
+         SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex \
          FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
                      $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
-                     $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[]) \
-           AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx) \
+                     $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
+                     $18::BIGINT[]) \
+           AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex) \
          ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
          RETURNING id, namespace, workflow_id, activity_id",
     )
@@ -53,9 +54,17 @@ pub async fn submit_run(
     .bind(col(&|n| n.activity_type.clone()))
     .bind(int(&|n| i64::from(n.retry.max_attempts)))
     .bind(int(&|n| n.retry.initial_interval_ms))
-    .bind(all.iter().map(|n| n.retry.backoff_coefficient).collect::<Vec<_>>())
+    .bind(
+        all.iter()
+            .map(|n| n.retry.backoff_coefficient)
+            .collect::<Vec<_>>(),
+    )
     .bind(int(&|n| n.retry.max_interval_ms))
-    .bind(all.iter().map(|n| rows::encode_list(&n.retry.non_retryable)).collect::<Vec<_>>())
+    .bind(
+        all.iter()
+            .map(|n| rows::encode_list(&n.retry.non_retryable))
+            .collect::<Vec<_>>(),
+    )
     .bind(opt(&|n| n.timeouts.heartbeat_ms))
     .bind(opt(&|n| n.timeouts.start_to_close_ms))
     .bind(opt(&|n| n.timeouts.schedule_to_close_ms))
@@ -64,6 +73,9 @@ pub async fn submit_run(
     .bind(all.iter().map(|n| n.input.data.clone()).collect::<Vec<_>>())
     .bind(int(&|n| n.next_at))
     .bind(now)
+    .bind(opt(&|n| {
+        rows::expires_at(now, n.timeouts.schedule_to_close_ms)
+    }))
     .fetch_all(&mut *conn)
     .await?;
     if inserted.len() != all.len() {

@@ -15,8 +15,8 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityRow, DueTimes, Error, Key, ListQuery, Op, Outcome, StatusCounts, Store, rows,
-    sqlite_writer::Writer,
+    ActivityRow, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome, RunningPage, StatusCounts,
+    Store, rows, sqlite_writer::Writer,
 };
 use spool_proto::time::UnixMillis;
 use sqlx::{
@@ -29,13 +29,27 @@ use sqlx::{
 };
 
 fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        "activities".into(),
-        MigrationType::Simple,
-        sqlx::SqlSafeStr::into_sql_str(include_str!("migrations/sqlite/0001_activities.sql")),
-        false,
-    )])
+    let migration = |version, name: &str, sql: &'static str| {
+        Migration::new(
+            version,
+            name.to_owned().into(),
+            MigrationType::Simple,
+            sqlx::SqlSafeStr::into_sql_str(sql),
+            false,
+        )
+    };
+    Migrator::with_migrations(vec![
+        migration(
+            1,
+            "activities",
+            include_str!("migrations/sqlite/0001_activities.sql"),
+        ),
+        migration(
+            2,
+            "integer_times",
+            include_str!("migrations/sqlite/0002_integer_times.sql"),
+        ),
+    ])
 }
 
 pub struct SqliteStore {
@@ -97,23 +111,50 @@ impl Store for SqliteStore {
         select_by_key(&mut conn, key).await
     }
 
-    async fn list(&self, query: &ListQuery) -> Result<Vec<ActivityRow>, Error> {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
+        // Sizes first, so the page is cut by bytes before any payload is read.
+        // (`length` of a BLOB reads its size from the record header, not the blob.)
         let status = query.status.map(|s| s as i64);
+        let sizes: Vec<(i64, i64)> = sqlx::query(
+            "SELECT id, length(input) + ifnull(length(output), 0) \
+               + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
+               + ifnull(length(error_message), 0) \
+             FROM activities WHERE namespace = ?1 AND id > ?2 \
+               AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+             ORDER BY id LIMIT ?5",
+        )
+        .bind(&query.namespace)
+        .bind(query.after_id)
+        .bind(status)
+        .bind(query.activity_type.as_deref())
+        .bind(i64::from(query.limit) + 1)
+        .fetch_all(&self.readers)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
+        .collect::<Result<_, sqlx::Error>>()?;
+        if sizes.is_empty() {
+            return Ok(ListPage::default());
+        }
+        let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
         let rows = sqlx::query(concat!(
             "SELECT ",
             columns!(),
-            " FROM activities WHERE namespace = ?1 AND id > ?2 \
+            " FROM activities WHERE namespace = ?1 AND id > ?2 AND id <= ?5 \
               AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-              ORDER BY id LIMIT ?5"
+              ORDER BY id"
         ))
         .bind(&query.namespace)
         .bind(query.after_id)
         .bind(status)
         .bind(query.activity_type.as_deref())
-        .bind(i64::from(query.limit))
+        .bind(last)
         .fetch_all(&self.readers)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(ListPage {
+            rows: rows::decode_all(&rows, "list"),
+            next_after: more.then_some(last),
+        })
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
@@ -130,28 +171,36 @@ impl Store for SqliteStore {
         rows::status_counts(pairs)
     }
 
-    async fn running(&self) -> Result<Vec<ActivityRow>, Error> {
+    async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
         let rows = sqlx::query(concat!(
             "SELECT ",
-            columns!(),
-            " FROM activities WHERE status = 2 ORDER BY id"
+            light_columns!("X''", "NULL", "NULL"),
+            " FROM activities WHERE status = 2 AND id > ?1 ORDER BY id LIMIT ?2"
         ))
+        .bind(after_id)
+        .bind(i64::from(limit))
         .fetch_all(&self.readers)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(RunningPage {
+            next_after: (rows.len() == limit as usize)
+                .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
+                .flatten(),
+            rows: rows::decode_all(&rows, "running"),
+        })
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
         let rows = sqlx::query(concat!(
             "SELECT ",
-            columns!(),
-            " FROM activities WHERE status = 2 AND lease_expires_at < ?1 ORDER BY lease_expires_at LIMIT ?2"
+            light_columns!("X''", "NULL", "NULL"),
+            " FROM activities WHERE status = 2 AND lease_expires_at < ?1 \
+              ORDER BY lease_expires_at LIMIT ?2"
         ))
         .bind(now)
         .bind(i64::from(limit))
         .fetch_all(&self.readers)
         .await?;
-        rows.iter().map(decode).collect()
+        Ok(rows::decode_all(&rows, "expired_leases"))
     }
 
     fn single_node(&self) -> bool {
@@ -172,8 +221,8 @@ impl Store for SqliteStore {
         .await?;
         let rows = rows
             .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            .map(|r| Ok((rows::int(r, "next_at")?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<Result<Vec<_>, Error>>()?;
         Ok(rows::due_times(rows, limit))
     }
 }

@@ -147,6 +147,12 @@ impl Connection {
         })
     }
 
+    /// True while a transaction is open (SQLite is not in autocommit mode).
+    pub fn in_transaction(&mut self) -> bool {
+        // Safety: open handle.
+        unsafe { ffi::sqlite3_get_autocommit(self.db.as_ptr()) == 0 }
+    }
+
     /// Rows changed by the last INSERT, UPDATE or DELETE.
     pub fn changes(&mut self) -> u64 {
         // Safety: open handle.

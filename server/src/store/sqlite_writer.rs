@@ -6,7 +6,9 @@
 //! statement inside runs on this thread against prepared, cached statements.
 //!
 //! Invariant: a batch is all or nothing. Any error rolls the whole transaction back
-//! and is returned; nothing of that batch is written.
+//! and is returned; nothing of that batch is written. If even the rollback fails and
+//! the connection is left inside a transaction, it is replaced by a fresh one, so
+//! one failure cannot fail every later batch.
 
 use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
@@ -37,11 +39,19 @@ impl Writer {
     pub fn start(path: &Path) -> Result<Self, Error> {
         let mut conn = Connection::open(path).map_err(sqlite)?;
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
+        let reopen_path = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("spool-sqlite-writer".to_owned())
             .spawn(move || {
                 while let Ok(job) = inbox.recv() {
                     let result = run_batch(&mut conn, &job.ops, job.now);
+                    if result.is_err() && conn.in_transaction() {
+                        tracing::error!("the writing connection is stuck in a transaction after a failed rollback; reopening it");
+                        match Connection::open(&reopen_path) {
+                            Ok(fresh) => conn = fresh,
+                            Err(e) => tracing::error!(error = %e, "cannot reopen the writing connection"),
+                        }
+                    }
                     let _ = job.reply.send(result);
                 }
             })
@@ -80,7 +90,10 @@ impl Drop for Writer {
 }
 
 fn sqlite(e: SqliteError) -> Error {
-    Error::Sqlite(e.to_string())
+    Error::Sqlite {
+        code: e.code,
+        message: e.message,
+    }
 }
 
 fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<Outcome>, Error> {
@@ -97,8 +110,11 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
                 .map_err(sqlite)?;
             Ok(outcomes)
         });
-    if result.is_err() {
-        let _ = conn.query("ROLLBACK").and_then(|q| q.execute());
+    if result.is_err()
+        && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
+    {
+        // The caller checks whether the connection is still inside a transaction.
+        tracing::error!(error = %e, "ROLLBACK failed");
     }
     result
 }
@@ -193,7 +209,7 @@ fn submit_all(
             continue;
         }
         first.insert(&new.key, index);
-        match select_by_key(conn, &new.key)? {
+        match select_light(conn, &new.key)? {
             Some(row) if row.activity_type != new.activity_type => {
                 return Ok(Outcome::Conflict {
                     index,
@@ -244,7 +260,7 @@ fn submit(
              heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
              input, created_at, next_at, expires_at) \
              VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                     ?16 + ?12) \
+                     ?18) \
              ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
         )
         .map_err(sqlite)?
@@ -264,7 +280,8 @@ fn submit(
         .bind(&new.input.content_type)
         .bind(&new.input.data)
         .bind(&now)
-        .bind(&new.next_at);
+        .bind(&new.next_at)
+        .bind(&rows::expires_at(now, new.timeouts.schedule_to_close_ms));
     let inserted = if q.step().map_err(sqlite)? {
         Some(q.int(0))
     } else {
@@ -278,6 +295,27 @@ fn submit(
         }));
     }
     rows::existing_outcome(new, select_by_key(conn, &new.key)?)
+}
+
+/// An existing row without its payloads (see `light_columns!`): what a batch
+/// submit answers for a key that exists, so a batch naming one large stored row many
+/// times costs no memory.
+fn select_light(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
+    let mut q = conn
+        .query(concat!(
+            "SELECT ",
+            light_columns!("X''", "NULL", "NULL"),
+            " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
+        ))
+        .map_err(sqlite)?
+        .bind(&key.namespace)
+        .bind(&key.workflow_id)
+        .bind(&key.activity_id);
+    if q.step().map_err(sqlite)? {
+        decode(&q).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 fn claim_rows(
@@ -297,6 +335,7 @@ fn claim_rows(
                  worker_id = ?2, lease_expires_at = ?3 \
                  WHERE id IN (SELECT id FROM activities \
                    WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
+                     AND (expires_at IS NULL OR expires_at > ?1) \
                    ORDER BY priority DESC, next_at, id LIMIT ?6) \
                  RETURNING ",
                 columns!()
@@ -309,7 +348,12 @@ fn claim_rows(
             .bind(&**activity_type)
             .bind(&left);
         while q.step().map_err(sqlite)? {
-            claimed.push(decode(&q)?);
+            // An unreadable row stays RUNNING, undelivered, until its lease lapses;
+            // it must not stop every other claim.
+            match decode(&q) {
+                Ok(row) => claimed.push(row),
+                Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
+            }
         }
     }
     Ok(claimed)
@@ -407,7 +451,7 @@ fn cancel(
     reason: &str,
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    let Some(mut row) = select_by_key(conn, key)? else {
+    let Some(row) = select_light(conn, key)? else {
         return Ok(Outcome::NotFound);
     };
     if !matches!(
@@ -417,24 +461,24 @@ fn cancel(
         return Ok(Outcome::WrongStatus(row.status));
     }
     let error = cancelled_error(reason);
-    conn.query(
-        "UPDATE activities SET status = 5, finished_at = ?2, lease_expires_at = NULL, \
-         error_kind = ?3, error_type = ?4, error_message = ?5, \
-         error_details_type = ?6, error_details = ?7 WHERE id = ?1",
-    )
-    .map(|q| bind_error(q.bind(&row.id).bind(&now), &error))
-    .and_then(Query::execute)
-    .map_err(sqlite)?;
-    let prior = row.status;
-    row.status = ActivityStatus::Cancelled;
-    row.finished_at = Some(now);
-    row.lease_expires_at = None;
-    row.last_error = Some(error);
-    Ok(Outcome::Cancelled { prior, row })
+    let mut q = conn
+        .query(concat!(
+            "UPDATE activities SET status = 5, finished_at = ?2, lease_expires_at = NULL, \
+             error_kind = ?3, error_type = ?4, error_message = ?5, \
+             error_details_type = ?6, error_details = ?7 WHERE id = ?1 RETURNING ",
+            columns!()
+        ))
+        .map_err(sqlite)?;
+    q = bind_error(q.bind(&row.id).bind(&now), &error);
+    let stored = returned(&mut q)?;
+    Ok(Outcome::Cancelled {
+        prior: row.status,
+        row: stored,
+    })
 }
 
 fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
-    let Some(mut row) = select_by_key(conn, key)? else {
+    let Some(row) = select_light(conn, key)? else {
         return Ok(Outcome::NotFound);
     };
     if !matches!(
@@ -446,24 +490,30 @@ fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome,
     // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
     // growing so late results of old attempts stay fenced out. The schedule-to-close
     // window starts again too.
-    conn.query(
-        "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
-         finished_at = NULL, output_type = NULL, output = NULL, \
-         expires_at = ?2 + schedule_to_close_ms WHERE id = ?1",
-    )
-    .map(|q| q.bind(&row.id).bind(&now))
-    .and_then(Query::execute)
-    .map_err(sqlite)?;
-    row.status = ActivityStatus::Scheduled;
-    row.next_at = now;
-    row.uncounted = row.attempt;
-    row.finished_at = None;
-    row.output = None;
-    row.expires_at = row
-        .timeouts
-        .schedule_to_close_ms
-        .map(|ms| now.saturating_add(ms));
-    Ok(Outcome::Redriven { row })
+    let mut q = conn
+        .query(concat!(
+            "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
+             finished_at = NULL, output_type = NULL, output = NULL, expires_at = ?3 \
+             WHERE id = ?1 RETURNING ",
+            columns!()
+        ))
+        .map_err(sqlite)?
+        .bind(&row.id)
+        .bind(&now)
+        .bind(&rows::expires_at(now, row.timeouts.schedule_to_close_ms));
+    let stored = returned(&mut q)?;
+    Ok(Outcome::Redriven { row: stored })
+}
+
+/// The row an `UPDATE … RETURNING columns!()` of one row stored.
+fn returned(q: &mut Query<'_>) -> Result<ActivityRow, Error> {
+    if q.step().map_err(sqlite)? {
+        decode(q)
+    } else {
+        Err(Error::Corrupt(
+            "a row read in this transaction was not there to update".to_owned(),
+        ))
+    }
 }
 
 fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Result<u64, Error> {

@@ -187,7 +187,7 @@ async fn the_client_subcommands_work_and_fail_clearly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_client_asks_for_a_token_when_one_is_required() {
     let env = Env::new();
-    let _server = env.server(&["--auth-token", "s3cret"]);
+    let _server = env.server(&["--auth-token", "s3cret-token-0123456789"]);
     let anonymous = eventually("the server to answer", || async {
         let out = spool(&env, &["stats"]).await;
         (out.status.code() == Some(1) && stderr(&out).contains("Unauthenticated")).then_some(out)
@@ -198,6 +198,86 @@ async fn the_client_asks_for_a_token_when_one_is_required() {
         "{}",
         stderr(&anonymous)
     );
-    let with_token = spool(&env, &["--token", "s3cret", "stats"]).await;
+    let with_token = spool(&env, &["--token", "s3cret-token-0123456789", "stats"]).await;
     assert!(with_token.status.success(), "{}", stderr(&with_token));
+}
+
+/// `spool serve` with a setting it cannot run with exits at once, non-zero,
+/// naming the flag; a database password never reaches its log.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_refuses_bad_flags_at_start_naming_the_flag() {
+    let env = Env::new();
+    let database = format!("sqlite://{}", env.file("unused.db", b"").display());
+    let missing = env.file("x", b"").with_file_name("missing.pem");
+    let missing = missing.to_string_lossy();
+    let not_pem = env.file("not.pem", b"hello");
+    let not_pem = not_pem.to_string_lossy();
+    let cases: [(&[&str], &str); 9] = [
+        (&["--heartbeat-interval", "0s"], "--heartbeat-interval"),
+        (
+            &["--heartbeat-interval", "5s", "--lease-timeout", "1s"],
+            "--lease-timeout",
+        ),
+        (&["--auth-token", "short"], "--auth-token"),
+        (&["--max-connections", "0"], "--max-connections"),
+        (
+            &["--max-worker-concurrency", "99999999"],
+            "--max-worker-concurrency",
+        ),
+        (&["--request-timeout", "0s"], "--request-timeout"),
+        (&["--tokens-file", &missing], "tokens file"),
+        (
+            &["--tls-cert", &missing, "--tls-key", &missing],
+            "--tls-cert",
+        ),
+        (
+            &["--tls-cert", &not_pem, "--tls-key", &not_pem],
+            "not a PEM file",
+        ),
+    ];
+    for (args, named) in cases {
+        let started = std::time::Instant::now();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--database", &database])
+            .args(args)
+            .output()
+            .await
+            .expect("run spool serve");
+        assert_ne!(out.status.code(), Some(0), "{args:?} must not start");
+        assert!(out.status.code().is_some(), "{args:?} exits, not killed");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["serve", "--listen", "not-an-address"])
+        .output()
+        .await
+        .expect("run spool serve");
+    assert_eq!(out.status.code(), Some(2), "clap refuses the address");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+    // The password of an unreachable PostgreSQL URL is not printed.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database",
+            "postgres://spool:hunter2-secret@127.0.0.1:1/spool",
+        ])
+        .env("RUST_LOG", "debug")
+        .output()
+        .await
+        .expect("run spool serve");
+    assert_ne!(out.status.code(), Some(0));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains("hunter2-secret"), "{all}");
 }

@@ -1,0 +1,344 @@
+//! The network edge: what any peer can cost the server before a token is even
+//! checked. Owns the connection cap, the HTTP/2 limits every connection gets, TLS,
+//! and the bound on long-lived unauthenticated streams.
+//!
+//! Invariants:
+//! - at most `--max-connections` connections are open: the next one is accepted only
+//!   once another closes (a permit is taken *before* `accept`, so a flood waits in
+//!   the kernel's backlog, not in our memory); a connection that has not sent the
+//!   start of a handshake ([`HANDSHAKE_BYTES`]) within [`HANDSHAKE_TIMEOUT`] is
+//!   closed, so idle sockets cannot hold the cap;
+//! - every connection advertises `SETTINGS_MAX_CONCURRENT_STREAMS`, bounds streams
+//!   reset before they are accepted and streams the server resets for errors (both
+//!   end in GOAWAY: HTTP/2 rapid reset), bounds header lists, and answers no
+//!   keep-alive PING within `--keepalive-timeout` with a close;
+//! - health `Watch` and reflection streams, open to anyone, hold a permit each for
+//!   their whole life; past `--max-unauthenticated-streams` a new one is refused
+//!   with RESOURCE_EXHAUSTED.
+
+use std::{
+    future::Future,
+    io,
+    path::Path,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore},
+};
+use tokio_stream::Stream;
+use tokio_util::sync::PollSemaphore;
+use tonic::{
+    Status,
+    body::Body,
+    codegen::{BoxFuture, Service, http},
+    server::NamedService,
+    transport::{
+        Certificate, Identity, ServerTlsConfig,
+        server::{Connected, TcpConnectInfo, TcpIncoming},
+    },
+};
+
+use crate::config::{Limits, Tls};
+
+/// How long a new connection may take to send its first [`HANDSHAKE_BYTES`].
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/2 connection preface is 24 bytes; a TLS ClientHello is longer.
+pub const HANDSHAKE_BYTES: usize = 24;
+
+/// TLS settings that cannot be used; the server does not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {path}: {reason}")]
+pub struct TlsError {
+    flag: &'static str,
+    path: String,
+    reason: String,
+}
+
+/// Reads the PEM files `tls` names, failing with the flag and file at fault.
+pub fn tls_config(tls: &Tls) -> Result<ServerTlsConfig, TlsError> {
+    let read = |flag: &'static str, path: &Path| {
+        let fail = |reason: String| TlsError {
+            flag,
+            path: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+        if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
+            return Err(fail("is not a PEM file".to_owned()));
+        }
+        Ok(pem)
+    };
+    let cert = read("--tls-cert", &tls.cert)?;
+    let key = read("--tls-key", &tls.key)?;
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if let Some(ca) = &tls.client_ca {
+        config = config.client_ca_root(Certificate::from_pem(read("--tls-client-ca", ca)?));
+    }
+    Ok(config)
+}
+
+/// The HTTP/2 limits of every connection.
+pub fn builder(limits: &Limits) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(limits.max_pending_accept_reset_streams))
+        // tonic's default (None) would switch off hyper's own cap: RUSTSEC-2024-0003.
+        .http2_max_local_error_reset_streams(Some(limits.max_local_error_reset_streams))
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .accept_http1(false)
+}
+
+/// Accepted connections, at most `max` open at once.
+pub struct Incoming {
+    inner: TcpIncoming,
+    permits: PollSemaphore,
+    /// A permit taken for the next connection, before accepting it.
+    next: Option<OwnedSemaphorePermit>,
+    /// Whether the cap was hit and not yet logged (once per stretch at the cap).
+    full_logged: bool,
+}
+
+impl Incoming {
+    pub fn new(listener: TcpListener, max: usize) -> Self {
+        // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs hold small
+        // messages (a task, an ack) back by tens of milliseconds.
+        let inner = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(30)));
+        Self {
+            inner,
+            permits: PollSemaphore::new(Arc::new(Semaphore::new(max))),
+            next: None,
+            full_logged: false,
+        }
+    }
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.next.is_none() {
+            if this.permits.available_permits() == 0 && !this.full_logged {
+                this.full_logged = true;
+                crate::metrics::connections_refused("max_connections");
+                tracing::warn!("--max-connections reached: new connections wait until one closes");
+            }
+            match this.permits.poll_acquire(cx) {
+                Poll::Ready(Some(permit)) => {
+                    this.next = Some(permit);
+                    this.full_logged = false;
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        match Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(stream))) => {
+                crate::metrics::connection_opened();
+                Poll::Ready(Some(Ok(Connection {
+                    stream,
+                    _permit: this.next.take(),
+                    handshake: Some((Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)), 0)),
+                })))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// One accepted connection; closing it frees its place under the cap.
+pub struct Connection {
+    stream: TcpStream,
+    _permit: Option<OwnedSemaphorePermit>,
+    /// Until the handshake has begun: its deadline and the bytes read so far.
+    handshake: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        crate::metrics::connection_closed();
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if let Some((deadline, seen)) = &mut this.handshake {
+            *seen += buf.filled().len() - before;
+            if *seen >= HANDSHAKE_BYTES {
+                this.handshake = None;
+            } else if read.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no handshake within the handshake timeout",
+                )));
+            }
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// A service whose calls each hold a permit of a shared semaphore until their
+/// response body ends: a bound on concurrent streams of services that need no
+/// token (health `Watch`, reflection).
+#[derive(Clone)]
+pub struct Bounded<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+    /// The one method bounded (`None`: all of them); others pass freely, so a
+    /// liveness probe's unary `Check` is never refused for want of a `Watch` slot.
+    method: Option<&'static str>,
+}
+
+impl<S> Bounded<S> {
+    /// Bounds every call of `inner`.
+    pub fn all(inner: S, permits: Arc<Semaphore>) -> Self {
+        Self {
+            inner,
+            permits,
+            method: None,
+        }
+    }
+
+    /// Bounds the calls of `inner`'s `method` only.
+    pub fn method(inner: S, method: &'static str, permits: Arc<Semaphore>) -> Self {
+        Self {
+            inner,
+            permits,
+            method: Some(method),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Bounded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for Bounded<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let bounded = self.method.is_none_or(|m| {
+            request
+                .uri()
+                .path()
+                .rsplit_once('/')
+                .is_some_and(|(_, name)| name == m)
+        });
+        if !bounded {
+            let response = self.inner.call(request);
+            return Box::pin(response);
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            crate::metrics::connections_refused("max_unauthenticated_streams");
+            let status = Status::resource_exhausted(
+                "too many health or reflection streams are open (--max-unauthenticated-streams); retry later",
+            );
+            return Box::pin(async move { Ok(status.into_http()) });
+        };
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                Body::new(Permitted {
+                    body,
+                    _permit: permit,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that holds a permit until it ends (or is dropped).
+struct Permitted {
+    body: Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Permitted {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}

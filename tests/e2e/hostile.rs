@@ -1,0 +1,314 @@
+//! Hostile and broken clients: absurd durations, answers that would explode,
+//! control characters, greedy workers. None may stop the server, poison stored
+//! data or take more than its share.
+
+use std::time::Duration;
+
+use prost::Message;
+use spool_proto::v1::{
+    self, ActivityStatus, activity_service_client::ActivityServiceClient, worker_message,
+};
+use tonic::Code;
+
+use crate::harness::*;
+
+fn seconds(seconds: i64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration { seconds, nanos: 0 })
+}
+
+/// Every duration field of a submit refuses what would overflow a time.
+#[tokio::test]
+async fn absurd_durations_are_refused_and_nothing_is_stored() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    type Set = fn(&mut v1::SubmitRequest, Option<prost_types::Duration>);
+    let fields: [(&str, Set); 6] = [
+        ("schedule_to_close_timeout", |r, d| {
+            r.schedule_to_close_timeout = d
+        }),
+        ("start_to_close_timeout", |r, d| {
+            r.start_to_close_timeout = d
+        }),
+        ("heartbeat_timeout", |r, d| r.heartbeat_timeout = d),
+        ("delay", |r, d| r.delay = d),
+        ("retry_policy.initial_interval", |r, d| {
+            r.retry_policy = Some(v1::RetryPolicy {
+                initial_interval: d,
+                ..Default::default()
+            })
+        }),
+        ("retry_policy.max_interval", |r, d| {
+            r.retry_policy = Some(v1::RetryPolicy {
+                max_interval: d,
+                ..Default::default()
+            })
+        }),
+    ];
+    for (field, set) in fields {
+        for bad in [seconds(1_000_000_000_000), seconds(i64::MAX), seconds(-1)] {
+            let mut req = request("t", "wf", field);
+            set(&mut req, bad);
+            let err = client.submit(req).await.expect_err(field);
+            assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+            assert!(err.message().contains(field), "{field}: {}", err.message());
+        }
+    }
+    let mut nan = request("t", "wf", "nan");
+    nan.retry_policy = Some(v1::RetryPolicy {
+        backoff_coefficient: f64::NAN,
+        ..Default::default()
+    });
+    let err = client.submit(nan).await.expect_err("NaN");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.scheduled, 0, "nothing was stored");
+    // Ten years is the limit, and it is accepted; the activity reads back.
+    let mut ten_years = request("t", "wf", "ten-years");
+    ten_years.schedule_to_close_timeout = seconds(10 * 365 * 86_400);
+    submit(&mut client, ten_years).await;
+    let page = client
+        .list(v1::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.activities.len(), 1);
+}
+
+/// A batch naming one large stored activity many times: a small request must not
+/// get a huge answer.
+#[tokio::test]
+async fn a_batch_of_existing_keys_gets_a_small_answer() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut big = request("t", "wf", "big");
+    big.input = Some(v1::Payload {
+        content_type: String::new(),
+        data: vec![b'x'; 2 * 1024 * 1024],
+    });
+    submit(&mut client, big).await;
+    let mut again = request("t", "wf", "big");
+    again.input = None;
+    let batch = v1::SubmitBatchRequest {
+        activities: vec![again; 400],
+    };
+    let wire = batch.encoded_len();
+    let answer = client.submit_batch(batch).await.unwrap().into_inner();
+    assert_eq!(answer.results.len(), 400);
+    assert!(answer.results.iter().all(|r| !r.created));
+    assert!(
+        answer.encoded_len() < 40 * wire,
+        "{} bytes answered a request of {wire}",
+        answer.encoded_len()
+    );
+    let first = answer.results[0].activity.as_ref().unwrap();
+    assert_eq!(first.key.as_ref().unwrap().activity_id, "big");
+    assert_eq!(first.status, ActivityStatus::Scheduled as i32);
+    assert!(first.input.is_none());
+}
+
+/// A client on gRPC's default 4 MiB receive limit can list large activities.
+#[tokio::test]
+async fn list_pages_fit_a_default_client() {
+    let server = TestServer::start().await;
+    // tonic's default decoding limit is 4 MiB, like grpcio, grpc-go and grpc-java.
+    let mut client = ActivityServiceClient::new(server.channel().await);
+    for i in 0..12 {
+        let mut big = request("t", "wf", &format!("a{i:02}"));
+        big.input = Some(v1::Payload {
+            content_type: String::new(),
+            data: vec![b'x'; 1024 * 1024],
+        });
+        client.submit(big).await.unwrap();
+    }
+    let mut token = String::new();
+    let mut seen = 0;
+    let mut pages = 0;
+    loop {
+        let page = client
+            .list(v1::ListRequest {
+                page_size: 100,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("every page fits 4 MiB")
+            .into_inner();
+        assert!(page.encoded_len() < 4 * 1024 * 1024);
+        seen += page.activities.len();
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(seen, 12);
+    assert!(pages >= 4, "{pages} pages");
+}
+
+#[tokio::test]
+async fn control_characters_from_clients_are_refused() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "a")).await;
+    let err = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "a")),
+            reason: "stop\0now".into(),
+        })
+        .await
+        .expect_err("NUL in a reason");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("reason"), "{}", err.message());
+    let err = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "a")),
+            reason: "x".repeat(33 * 1024),
+        })
+        .await
+        .expect_err("an overlong reason");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let mut bad_type = request("t", "wf", "b");
+    bad_type.input = Some(v1::Payload {
+        content_type: "text/\0plain".into(),
+        data: Vec::new(),
+    });
+    let err = client.submit(bad_type).await.expect_err("NUL content type");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    // A line break in a reason is text, not an attack.
+    let cancelled = client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "a")),
+            reason: "first line\nsecond line".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        cancelled.last_error.map(|e| e.message).as_deref(),
+        Some("first line\nsecond line")
+    );
+}
+
+/// A greedy worker is granted the server's cap, and is never sent more.
+#[tokio::test]
+async fn a_worker_asking_for_every_slot_gets_the_cap() {
+    let server = TestServer::start_with(|c| c.limits.max_worker_concurrency = 8).await;
+    let mut client = server.client().await;
+    let batch = v1::SubmitBatchRequest {
+        activities: (0..50)
+            .map(|i| request("t", "wf", &format!("a{i}")))
+            .collect(),
+    };
+    client.submit_batch(batch).await.unwrap();
+    let mut worker = RawWorker::connect(&server, &["t"], u32::MAX).await;
+    assert_eq!(worker.welcome.max_concurrency, 8);
+    for _ in 0..8 {
+        worker.task().await;
+    }
+    worker.quiet_for(Duration::from_millis(300)).await;
+    let too_many: Vec<String> = (0..1_001).map(|i| format!("t{i}")).collect();
+    let types: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    let err = RawWorker::open(&server, worker_message::Message::Hello(hello(&types, 1)))
+        .await
+        .err()
+        .expect("too many types");
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+/// A worker's text is sanitised, never refused: its outcome is kept.
+async fn worker_text_is_sanitised(server: &TestServer) {
+    let mut client = server.client().await;
+    let mut req = request("t", "wf", "nul");
+    req.retry_policy = fast_retries(1);
+    submit(&mut client, req).await;
+    let mut worker = RawWorker::connect(server, &["t"], 1).await;
+    let task = worker.task().await;
+    worker
+        .send(worker_message::Message::Result(v1::ActivityResult {
+            workflow_id: task.workflow_id.clone(),
+            activity_id: task.activity_id.clone(),
+            attempt: task.attempt,
+            outcome: Some(v1::activity_result::Outcome::Error(v1::ActivityError {
+                kind: v1::ErrorKind::Retryable as i32,
+                r#type: "Bad\0Type".into(),
+                message: "nul \0 here\nand a line".into(),
+                details: Some(v1::Payload {
+                    content_type: "text/\0x".into(),
+                    data: b"d".to_vec(),
+                }),
+                next_retry_delay: seconds(i64::MAX),
+            })),
+        }))
+        .await;
+    assert!(worker.ack().await.accepted);
+    let failed = wait(&mut client, key("wf", "nul")).await;
+    assert_eq!(status(&failed), ActivityStatus::Failed);
+    let error = failed.last_error.unwrap();
+    assert_eq!(error.r#type, "Bad\u{fffd}Type");
+    assert_eq!(error.message, "nul \u{fffd} here\nand a line");
+    assert_eq!(error.details.unwrap().content_type, "text/\u{fffd}x");
+    // Dispatch goes on.
+    submit(&mut client, request("t", "wf", "after")).await;
+    let task = worker.task().await;
+    worker.complete(&task, task.attempt).await;
+    assert!(worker.ack().await.accepted);
+}
+
+#[tokio::test]
+async fn worker_text_is_sanitised_on_sqlite() {
+    let server = TestServer::start().await;
+    worker_text_is_sanitised(&server).await;
+}
+
+#[tokio::test]
+async fn worker_text_is_sanitised_on_postgres() {
+    let Some(database) = postgres_schema().await else {
+        return;
+    };
+    let server = TestServer::start_on_database(&database).await;
+    worker_text_is_sanitised(&server).await;
+}
+
+/// A worker that sends its keep-alives but asks for a snooze of ten thousand
+/// years gets the longest delay there is, not an overflow.
+#[tokio::test]
+async fn an_absurd_snooze_is_cut_to_the_limit() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "snooze")).await;
+    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
+    let task = worker.task().await;
+    worker
+        .send(worker_message::Message::Result(v1::ActivityResult {
+            workflow_id: task.workflow_id.clone(),
+            activity_id: task.activity_id.clone(),
+            attempt: task.attempt,
+            outcome: Some(v1::activity_result::Outcome::Snooze(
+                prost_types::Duration {
+                    seconds: i64::MAX,
+                    nanos: 999_999_999,
+                },
+            )),
+        }))
+        .await;
+    assert!(worker.ack().await.accepted);
+    let row = get(&mut client, key("wf", "snooze")).await;
+    assert_eq!(status(&row), ActivityStatus::Scheduled);
+    let next = row.next_at.unwrap().seconds;
+    let now = spool_proto::time::now_millis() / 1000;
+    let ten_years = 10 * 365 * 86_400;
+    assert!(
+        (next - now - ten_years).abs() < 60,
+        "next_at {next} is ten years away"
+    );
+    let page = client
+        .list(v1::ListRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.activities.len(), 1);
+}

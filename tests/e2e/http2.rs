@@ -1,0 +1,188 @@
+//! The transport as a raw HTTP/2 peer meets it: the SETTINGS the server
+//! advertises, a rapid-reset flood, the connection cap, and idle sockets.
+
+use std::time::{Duration, Instant};
+
+use spool_proto::v1;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use crate::harness::*;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const SETTINGS: u8 = 0x4;
+const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+const MAX_HEADER_LIST_SIZE: u16 = 0x6;
+
+/// The server's first SETTINGS frame, as `(identifier, value)` pairs.
+async fn server_settings(address: &str) -> Vec<(u16, u32)> {
+    let mut tcp = TcpStream::connect(address).await.expect("connect");
+    tcp.write_all(PREFACE).await.expect("preface");
+    // Our own (empty) SETTINGS frame: length 0, type 4, no flags, stream 0.
+    tcp.write_all(&[0, 0, 0, SETTINGS, 0, 0, 0, 0, 0])
+        .await
+        .expect("settings");
+    loop {
+        let mut header = [0u8; 9];
+        tokio::time::timeout(WAIT, tcp.read_exact(&mut header))
+            .await
+            .expect("a frame in time")
+            .expect("read a frame header");
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; length];
+        tcp.read_exact(&mut payload).await.expect("read a frame");
+        let ack = header[4] & 0x1 != 0;
+        if header[3] == SETTINGS && !ack {
+            return payload
+                .chunks_exact(6)
+                .map(|c| {
+                    (
+                        u16::from_be_bytes([c[0], c[1]]),
+                        u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                    )
+                })
+                .collect();
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_server_advertises_its_stream_and_header_limits() {
+    let server = TestServer::start_with(|c| {
+        c.limits.max_concurrent_streams = 77;
+        c.limits.max_header_list_bytes = 9_000;
+    })
+    .await;
+    let settings = server_settings(server.address()).await;
+    let value = |id| settings.iter().find(|(i, _)| *i == id).map(|(_, v)| *v);
+    assert_eq!(value(MAX_CONCURRENT_STREAMS), Some(77), "{settings:?}");
+    assert_eq!(value(MAX_HEADER_LIST_SIZE), Some(9_000), "{settings:?}");
+}
+
+fn health_check(address: &str) -> http::Request<()> {
+    http::Request::post(format!("http://{address}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request")
+}
+
+/// HEADERS then RST_STREAM, thousands of times on one connection: the server
+/// ends that connection (GOAWAY) or keeps its work bounded, and other clients are
+/// served all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rapid_reset_flood_is_bounded() {
+    let server = TestServer::start().await;
+    let address = server.address().to_owned();
+    let tcp = TcpStream::connect(&address).await.expect("connect");
+    let (mut send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let flood = {
+        let address = address.clone();
+        tokio::spawn(async move {
+            let mut sent = 0u32;
+            for _ in 0..10_000 {
+                send = match send.ready().await {
+                    Ok(ready) => ready,
+                    Err(_) => break,
+                };
+                match send.send_request(health_check(&address), false) {
+                    Ok((_response, mut stream)) => {
+                        stream.send_reset(h2::Reason::CANCEL);
+                        sent += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            sent
+        })
+    };
+    // Meanwhile, an honest client on its own connection.
+    let mut client = server.client().await;
+    let mut slowest = Duration::ZERO;
+    while !flood.is_finished() {
+        let started = Instant::now();
+        client
+            .stats(v1::StatsRequest::default())
+            .await
+            .expect("other clients are served during the flood");
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sent = flood.await.expect("flood task");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "an honest call took {slowest:?} during the flood"
+    );
+    // Either the flood was cut short with GOAWAY, or it ran to its end and the
+    // server is still answering, on that very connection too.
+    let ended = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    eprintln!("flood: {sent} streams opened and reset; connection: {ended:?}");
+    match ended {
+        Ok(Ok(Err(e))) => assert!(e.is_go_away() || e.is_io(), "{e:?}"),
+        Ok(Ok(Ok(()))) => {}
+        Ok(Err(e)) => panic!("connection task: {e}"),
+        Err(_) => assert_eq!(
+            sent, 10_000,
+            "not cut short, so it must have run to its end"
+        ),
+    }
+    client
+        .stats(v1::StatsRequest::default())
+        .await
+        .expect("served after the flood");
+}
+
+/// At `--max-connections`, a new connection waits until one closes.
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_one_to_close() {
+    let server = TestServer::start_with(|c| c.limits.max_connections = 2).await;
+    let mut first = server.client().await;
+    first.stats(v1::StatsRequest::default()).await.unwrap();
+    let idle = TcpStream::connect(server.address()).await.expect("connect");
+    // The third connection is not served while two are open.
+    let third = tokio::spawn({
+        let endpoint = server.endpoint.clone();
+        async move {
+            let channel = tonic::transport::Channel::from_shared(endpoint)
+                .unwrap()
+                .connect_lazy();
+            let mut client = v1::activity_service_client::ActivityServiceClient::new(channel);
+            client.stats(v1::StatsRequest::default()).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!third.is_finished(), "served beyond the cap");
+    drop(idle);
+    let served = tokio::time::timeout(WAIT, third)
+        .await
+        .expect("served once a connection closed")
+        .expect("task");
+    assert!(served.is_ok(), "{served:?}");
+}
+
+/// A socket that never starts a handshake is closed, freeing its place.
+#[tokio::test]
+async fn an_idle_socket_is_closed_after_the_handshake_timeout() {
+    let server = TestServer::start().await;
+    let mut idle = TcpStream::connect(server.address()).await.expect("connect");
+    let started = Instant::now();
+    // The server speaks first (its SETTINGS); then, hearing nothing, it closes.
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(n) = idle.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the server closes an idle socket");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(15),
+        "closed after {took:?}"
+    );
+}
