@@ -12,7 +12,8 @@
 //!    not counted against `max_attempts` and never marked failed.
 //!
 //! After a drain the node stays up, NOT_SERVING; a shutdown then closes the worker
-//! streams and stops.
+//! streams and stops. Each commit of a drain has a deadline, so a drain ends even
+//! while the database is unreachable.
 
 use std::{sync::Arc, time::Duration};
 
@@ -31,6 +32,9 @@ use crate::{
     api::{Core, activity::ActivityApi, admin::AdminApi, worker::WorkerApi},
     store::{Op, Transition},
 };
+
+/// How long the release of leftovers may take to commit after the deadline.
+const RELEASE_WITHIN: Duration = Duration::from_secs(2);
 
 /// A deadline beyond any real drain, for timeouts too large for the clock.
 const FAR: Duration = Duration::from_secs(365 * 86_400);
@@ -79,13 +83,17 @@ impl Drainer {
         // count below includes every attempt a worker may be running.
         self.draining.cancel();
         set_health(&self.health, ServingStatus::NotServing).await;
-        self.core.registry.set_paused(true);
-        if let Err(e) = self.core.committer.commit(Vec::new()).await {
-            tracing::warn!(error = %e, "drain: committer unavailable");
+        self.core.registry.pause();
+        // Every commit of the drain has a deadline: with the database unreachable
+        // the drain still ends, and what it could not write is reclaimed later.
+        match tokio::time::timeout_at(deadline, self.core.committer.commit(Vec::new())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "drain: committer unavailable"),
+            Err(_) => tracing::warn!("drain: the committer did not answer before the deadline"),
         }
         self.core
             .registry
-            .broadcast(server_message::Message::Drain(spool_proto::v1::Drain {
+            .begin_drain(server_message::Message::Drain(spool_proto::v1::Drain {
                 deadline: Some(time::to_proto(deadline_ms)),
             }));
         let running = self.core.registry.running_count();
@@ -118,8 +126,14 @@ impl Drainer {
                     lease_expired_by: None,
                 })
                 .collect();
-            if let Err(e) = self.core.committer.commit(ops).await {
-                tracing::error!(error = %e, "drain: releasing leftovers failed; they are reclaimed at the next start");
+            match tokio::time::timeout(RELEASE_WITHIN, self.core.committer.commit(ops)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "drain: releasing leftovers failed; they are reclaimed at the next start")
+                }
+                Err(_) => tracing::error!(
+                    "drain: releasing leftovers did not commit in time; they are reclaimed at the next start"
+                ),
             }
         }
         let report = Report {

@@ -58,6 +58,10 @@ pub enum Error {
     /// A TLS file is missing or unreadable; the message names the flag.
     #[error(transparent)]
     Tls(#[from] crate::transport::TlsError),
+    /// A background task the node cannot live without stopped; the node went
+    /// NOT_SERVING and stopped so that its supervisor restarts it.
+    #[error("{task} stopped: {why}; the node stops so that it can be restarted")]
+    TaskDied { task: &'static str, why: String },
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains and stops cleanly.
@@ -66,10 +70,50 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    config.check()?;
-    let auth = Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?;
-    let tls = config.tls.as_ref().map(transport::tls_config).transpose()?;
+    let prepared = prepare(&config)?;
     let store = store::open(&config.database).await?;
+    serve(config, prepared, store, listener, shutdown).await
+}
+
+/// [`run`] on a store opened by the caller (a test's, or one wrapped with faults).
+pub async fn run_with_store(
+    config: Config,
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let prepared = prepare(&config)?;
+    serve(config, prepared, store, listener, shutdown).await
+}
+
+/// What is checked and read before any store is opened: a bad flag or file fails
+/// the start at once.
+struct Prepared {
+    auth: Auth,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+fn prepare(config: &Config) -> Result<Prepared, Error> {
+    config.check()?;
+    Ok(Prepared {
+        auth: Auth::new(config.auth_token.clone(), config.tokens_file.as_deref())?,
+        tls: config.tls.as_ref().map(transport::tls_config).transpose()?,
+    })
+}
+
+/// How long the steps of a stop may take together when something (the database)
+/// hangs:
+/// the process still exits, and what was not written is reclaimed at the next
+/// start (SQLite) or when its lease expires (PostgreSQL).
+const STOP_STEP: Duration = Duration::from_secs(5);
+
+async fn serve(
+    config: Config,
+    Prepared { auth, tls }: Prepared,
+    store: Arc<dyn Store>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     if store.single_node() {
         reclaim(&store).await?;
     }
@@ -79,6 +123,10 @@ pub async fn run(
 
     let registry = Arc::new(Registry::default());
     let pending = Arc::new(Pending::default());
+    // Tasks the node cannot live without report here if they end before the
+    // shutdown asked them to.
+    let (deaths, mut died) = tokio::sync::mpsc::channel::<(&'static str, String)>(4);
+    let root = CancellationToken::new();
     let (committer, committer_task) = Committer::spawn(
         store.clone(),
         registry.clone(),
@@ -88,10 +136,10 @@ pub async fn run(
         },
         remote,
     );
+    let committer_task = supervise("the committer", committer_task, &deaths, &root);
     // Rows already due wait for the first worker of their type.
     registry.mark_all_due();
 
-    let root = CancellationToken::new();
     let sessions = TaskTracker::new();
     let core = Arc::new(Core {
         store,
@@ -131,11 +179,16 @@ pub async fn run(
         config.limits.max_open_streams_unauthenticated,
     ));
 
-    let prune = tokio::spawn(prune_loop(
-        committer.clone(),
-        config.retention,
-        root.clone(),
-    ));
+    let prune = supervise(
+        "the pruner",
+        tokio::spawn(prune_loop(
+            committer.clone(),
+            config.retention,
+            root.clone(),
+        )),
+        &deaths,
+        &root,
+    );
     let sweeper = tokio::spawn(heartbeat::run(
         core.store.clone(),
         core.registry.clone(),
@@ -147,6 +200,8 @@ pub async fn run(
         },
         root.clone(),
     ));
+    let sweeper = supervise("the liveness sweep", sweeper, &deaths, &root);
+    drop(deaths);
     {
         let root = root.clone();
         let drain_timeout = config.drain_timeout;
@@ -185,6 +240,7 @@ pub async fn run(
             transport::Incoming::new(listener, config.limits.max_connections),
             root.clone().cancelled_owned(),
         );
+    let mut death = None;
     let served = tokio::select! {
         served = serve => served,
         _ = async {
@@ -194,19 +250,65 @@ pub async fn run(
             tracing::warn!("connections still open {STOP_GRACE:?} after shutdown; stopping anyway");
             Ok(())
         }
+        Some((task, why)) = died.recv() => {
+            // Never a zombie that accepts requests and does nothing: out of
+            // rotation at once, then stop.
+            tracing::error!(task, %why, "a background task died: the node goes NOT_SERVING and stops");
+            drain::set_health(&health, ServingStatus::NotServing).await;
+            death = Some(Error::TaskDied { task, why });
+            Ok(())
+        }
     };
     root.cancel();
     sessions.close();
-    sessions.wait().await;
-    let _ = prune.await;
-    let _ = sweeper.await;
-    committer.stop().await;
+    let stop_by = tokio::time::Instant::now() + STOP_STEP;
+    bounded(stop_by, "closing sessions", sessions.wait()).await;
+    bounded(stop_by, "stopping the pruner", prune).await;
+    bounded(stop_by, "stopping the liveness sweep", sweeper).await;
+    bounded(stop_by, "committing what is queued", committer.stop()).await;
     drop(core);
     drop(committer);
-    let _ = committer_task.await;
+    bounded(stop_by, "stopping the committer", committer_task).await;
+    if let Some(death) = death {
+        return Err(death);
+    }
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Watches a task the node cannot live without: if it ends (or panics) before the
+/// shutdown began, its death is reported on `deaths`.
+fn supervise(
+    task: &'static str,
+    handle: tokio::task::JoinHandle<()>,
+    deaths: &tokio::sync::mpsc::Sender<(&'static str, String)>,
+    root: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let deaths = deaths.clone();
+    let root = root.clone();
+    tokio::spawn(async move {
+        let ended = handle.await;
+        if root.is_cancelled() {
+            return;
+        }
+        let why = match ended {
+            Ok(()) => "it ended".to_owned(),
+            Err(e) if e.is_panic() => "it panicked".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        let _ = deaths.send((task, why)).await;
+    })
+}
+
+/// One step of a stop, done by `stop_by` or abandoned.
+async fn bounded<F: Future>(stop_by: tokio::time::Instant, step: &str, work: F) {
+    if tokio::time::timeout_at(stop_by, work).await.is_err() {
+        tracing::error!(
+            step,
+            "the stop took longer than {STOP_STEP:?}; stopping anyway (what was not written is reclaimed later)"
+        );
+    }
 }
 
 /// Ends every attempt a previous process left RUNNING: with a single-node store

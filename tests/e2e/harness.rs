@@ -8,7 +8,7 @@ use spool_proto::v1::{
     admin_service_client::AdminServiceClient, server_message, worker_message,
     worker_service_client::WorkerServiceClient,
 };
-use spool_server::Config;
+use spool_server::{Config, store::Store};
 use spool_worker::Worker;
 use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,6 +41,26 @@ impl TestServer {
         database: String,
         configure: impl FnOnce(&mut Config),
     ) -> Self {
+        Self::start_inner(dir, database, None, configure).await
+    }
+
+    /// A server on a store the test made (one with faults, say).
+    pub async fn start_with_store(
+        store: impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Store>>>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = store(database.clone()).await;
+        Self::start_inner(dir, database, Some(store), configure).await
+    }
+
+    async fn start_inner(
+        dir: Arc<tempfile::TempDir>,
+        database: String,
+        store: Option<Arc<dyn Store>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
         let mut config = Config::new(database.clone());
         // Short enough that a test whose worker never answers still stops quickly.
         config.drain_timeout = Duration::from_millis(500);
@@ -53,11 +73,13 @@ impl TestServer {
         };
         let endpoint = format!("{scheme}://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
-        let task = tokio::spawn(spool_server::run(
-            config,
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
+        let shutdown = stop.clone().cancelled_owned();
+        let task = match store {
+            Some(store) => tokio::spawn(spool_server::server::run_with_store(
+                config, store, listener, shutdown,
+            )),
+            None => tokio::spawn(spool_server::run(config, listener, shutdown)),
+        };
         Self {
             endpoint,
             database,
@@ -84,6 +106,24 @@ impl TestServer {
         self.endpoint
             .split_once("://")
             .map_or(self.endpoint.as_str(), |(_, a)| a)
+    }
+
+    /// How the server task ended, once it has (for servers expected to stop on
+    /// their own, or asked to stop with [`TestServer::stop`]); `None` if it still
+    /// runs after `within`.
+    pub async fn ended_within(
+        &mut self,
+        within: Duration,
+    ) -> Option<Result<(), spool_server::server::Error>> {
+        let task = self.task.as_mut()?;
+        let ended = tokio::time::timeout(within, task).await.ok()?;
+        self.task = None;
+        Some(ended.expect("server task"))
+    }
+
+    /// Signals shutdown without waiting for it.
+    pub fn stop(&self) {
+        self.stop.cancel();
     }
 
     pub async fn shutdown(&mut self) {

@@ -4,15 +4,19 @@
 
 mod harness;
 
+mod edges;
+mod faults;
 mod hostile;
 mod http2;
 
 mod api;
 mod interop;
 mod lifecycle;
+mod limits;
 mod liveness;
 mod multinode;
 mod protocol;
+mod supervision;
 mod tls;
 
 #[path = "../support/pki.rs"]

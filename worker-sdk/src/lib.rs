@@ -168,12 +168,15 @@ impl Worker {
                 Err(e) if e.is_permanent() => return Err(e),
                 Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
             }
-            let jittered = delay.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+            let jittered = Duration::try_from_secs_f64(
+                delay.as_secs_f64() * (0.5 + rand::random::<f64>() / 2.0),
+            )
+            .unwrap_or(delay);
             tokio::select! {
                 _ = tokio::time::sleep(jittered) => {}
                 _ = shutdown.cancelled() => break,
             }
-            delay = (delay * 2).min(self.reconnect_max);
+            delay = delay.saturating_mul(2).min(self.reconnect_max);
         }
         Ok(())
     }

@@ -20,6 +20,13 @@ use tonic::{Request, Status, metadata::MetadataValue};
 
 use crate::{ActivityContext, ActivityError, ActivityInfo, Error, Worker, context::system_time};
 
+/// `after` from now; a duration too long for the clock is a year.
+fn later(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -117,6 +124,7 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         // finish (up to its shutdown timeout) before it tells them to stop.
         cancel: CancellationToken::new(),
         stopping: false,
+        drained: false,
         results: mpsc::channel(capacity),
         heartbeats: mpsc::channel(256),
     };
@@ -140,12 +148,19 @@ struct Loop<'a> {
     heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
     /// Taking no new work (shutdown, or the server's drain).
     stopping: bool,
+    /// The server said no task is on its way any more (Drain), or did not answer
+    /// our Goodbye in time.
+    drained: bool,
 }
 
 /// While stopping, a task that still arrives is handed back after this delay, as a
 /// snooze (not counted as an attempt): long enough not to bounce straight back to
 /// this worker, short enough not to hold the activity up.
 const HAND_BACK: Duration = Duration::from_millis(200);
+
+/// How long to wait for the server's answer to Goodbye (its Drain) before closing
+/// the send side anyway.
+const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 
 /// After the shutdown timeout cancels handlers, how long their results may take.
 const AFTER_CANCEL: Duration = Duration::from_secs(2);
@@ -157,16 +172,21 @@ impl Loop<'_> {
         interval: Duration,
         shutdown: &CancellationToken,
     ) -> Result<Ended, Error> {
-        // Keep-alives at twice the rate asked for, so one late tick is not fatal.
-        let mut keepalive = tokio::time::interval(interval / 2);
+        // Keep-alives at twice the rate asked for, so one late tick is not fatal
+        // (and never a zero period, which would panic).
+        let mut keepalive = tokio::time::interval((interval / 2).max(Duration::from_millis(1)));
         keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Shutdown or a server's drain: take no new work, let what runs finish and
         // report, then close. On shutdown, handlers still running at the shutdown
         // timeout are cancelled, and given a moment to report.
         let mut give_up: Option<tokio::time::Instant> = None;
         let mut cancelled_handlers = false;
+        // After our Goodbye: until the server's Drain says no task is on its way,
+        // the send side stays open to hand back whatever still arrives. A server
+        // that does not answer (an older one) is waited for this long.
+        let mut goodbye_wait: Option<tokio::time::Instant> = None;
         let ended = loop {
-            if self.stopping && self.running.is_empty() && self.out.is_some() {
+            if self.stopping && self.running.is_empty() && self.drained && self.out.is_some() {
                 // Everything answered: stop sending, then read until the server
                 // closes so acks still in flight are not lost.
                 self.out = None;
@@ -174,8 +194,11 @@ impl Loop<'_> {
             tokio::select! {
                 message = inbound.message() => match message {
                     Ok(Some(ServerMessage { message: Some(server_message::Message::Drain(drain)) })) => {
-                        tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
+                        if drain.deadline.is_some() {
+                            tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
+                        }
                         self.stopping = true;
+                        self.drained = true;
                     }
                     Ok(Some(ServerMessage { message: Some(m) })) => self.on_message(m),
                     Ok(Some(ServerMessage { message: None })) => {}
@@ -205,7 +228,15 @@ impl Loop<'_> {
                 _ = shutdown.cancelled(), if give_up.is_none() => {
                     tracing::info!(running = self.running.len(), "shutting down: finishing running activities");
                     self.stopping = true;
-                    give_up = Some(tokio::time::Instant::now() + self.worker.shutdown_timeout);
+                    give_up = Some(later(self.worker.shutdown_timeout));
+                    if !self.drained {
+                        self.send(worker_message::Message::Goodbye(v1::Goodbye {})).await;
+                        goodbye_wait = Some(later(GOODBYE_WAIT));
+                    }
+                }
+                _ = sleep_until(goodbye_wait), if goodbye_wait.is_some() && !self.drained => {
+                    tracing::debug!("no answer to Goodbye in time; taking it as given");
+                    self.drained = true;
                 }
                 _ = sleep_until(give_up), if give_up.is_some() => {
                     if cancelled_handlers {
@@ -215,7 +246,7 @@ impl Loop<'_> {
                     tracing::warn!(running = self.running.len(), "shutdown timeout: cancelling running activities");
                     self.cancel.cancel();
                     cancelled_handlers = true;
-                    give_up = Some(tokio::time::Instant::now() + AFTER_CANCEL);
+                    give_up = Some(later(AFTER_CANCEL));
                 }
             }
         };

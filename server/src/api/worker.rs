@@ -9,9 +9,12 @@
 //!   `INVALID_ARGUMENT`; `Welcome` is the first message the worker receives;
 //! - every `ActivityResult` gets exactly one `ResultAck`, sent after the outcome is
 //!   committed (accepted) or refused (not accepted);
-//! - at most [`ACK_WINDOW`] results are in flight per session: the session stops
-//!   reading until acks leave for the wire (backpressure on a worker that does not
-//!   read its stream);
+//! - reading never waits on the committer: results go, in order, to a forwarder
+//!   that commits them and acks each after its commit, so keep-alives are read
+//!   whatever the results' backpressure, and a stall of the server is never taken
+//!   for the worker's silence (where the reader must wait, silence is not counted);
+//! - at most [`ACK_WINDOW`] acks are queued per session: the forwarder waits until
+//!   acks leave for the wire (backpressure on a worker that does not read);
 //! - when the stream ends, every attempt the worker still held fails as
 //!   `WORKER_LOST`; when the server shuts down, they are released instead.
 
@@ -230,44 +233,90 @@ struct Session {
     _place: SessionPlace,
 }
 
+/// A result the reader has taken from the worker, on its way to the committer.
+enum Forward {
+    /// The result decides an attempt the worker held: commit these ops, then ack.
+    Commit { ops: Vec<Op>, ack: v1::ResultAck },
+    /// The result answers nothing the worker holds: ack it, not accepted.
+    Refuse(v1::ResultAck),
+    /// The worker said Goodbye: once every claim planned for it has landed, tell it
+    /// that nothing more comes (Drain).
+    Goodbye,
+}
+
 impl Session {
+    /// Reads the worker's messages until its stream ends. Reading never waits on
+    /// the committer: results go to a forwarder task that commits them in order, so
+    /// keep-alives are read while results queue behind a slow commit, and a stall of
+    /// the server is never taken for silence of the worker.
     async fn run(self, mut inbound: Streaming<WorkerMessage>, shutdown: CancellationToken) {
+        // Results of attempts the worker holds are at most its max_concurrency while
+        // nothing new is dispatched (no commit, no claim); refusals take the window.
+        let capacity = self.core.registry.capacity(&self.worker_id) + ACK_WINDOW;
+        let (forward, queue) = mpsc::channel(capacity);
+        let over = CancellationToken::new();
+        let forwarder = tokio::spawn(forward_results(
+            self.core.clone(),
+            self.tx.clone(),
+            self.window.clone(),
+            queue,
+            over.clone(),
+        ));
         let end = loop {
-            let permit = tokio::select! {
-                permit = self.window.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break End::Lost("ack window closed".to_owned()),
-                },
-                _ = shutdown.cancelled() => break End::Shutdown,
-                _ = self.evict.cancelled() => break self.evicted(),
-            };
             let message = tokio::select! {
                 m = inbound.message() => m,
                 _ = shutdown.cancelled() => break End::Shutdown,
                 _ = self.evict.cancelled() => break self.evicted(),
             };
             match message {
-                Ok(Some(WorkerMessage { message: Some(m) })) => match m {
-                    worker_message::Message::Result(result) => self.on_result(result, permit).await,
-                    worker_message::Message::Heartbeat(beat) => self.on_heartbeat(beat),
-                    worker_message::Message::Hello(_) => {
-                        let status = Status::invalid_argument(
-                            "Hello may only be the first message of a Session",
-                        );
-                        let _ = self.tx.try_send(Outgoing {
-                            message: Err(status),
-                            permit: None,
-                        });
-                        break End::Lost("protocol error: second Hello".to_owned());
+                Ok(Some(WorkerMessage { message: Some(m) })) => {
+                    let item = match m {
+                        worker_message::Message::Result(result) => self.on_result(result),
+                        worker_message::Message::Goodbye(_) => {
+                            // No more claims for it; the forwarder answers with Drain
+                            // once none planned before can still arrive.
+                            self.core.registry.leave(&self.worker_id);
+                            Forward::Goodbye
+                        }
+                        worker_message::Message::Heartbeat(beat) => {
+                            self.on_heartbeat(beat);
+                            continue;
+                        }
+                        worker_message::Message::Hello(_) => {
+                            let status = Status::invalid_argument(
+                                "Hello may only be the first message of a Session",
+                            );
+                            let _ = self.tx.try_send(Outgoing {
+                                message: Err(status),
+                                permit: None,
+                            });
+                            break End::Lost("protocol error: second Hello".to_owned());
+                        }
+                    };
+                    if let Err(mpsc::error::TrySendError::Full(item)) = forward.try_send(item) {
+                        // Only a worker answering attempts it does not hold, faster
+                        // than it reads the refusals, gets here: wait for room, and do
+                        // not count the wait as the worker's silence.
+                        let _paused = self.core.registry.pause_silence(&self.worker_id);
+                        tokio::select! {
+                            _ = forward.send(item) => {}
+                            _ = shutdown.cancelled() => break End::Shutdown,
+                            _ = self.evict.cancelled() => break self.evicted(),
+                        }
                     }
-                },
+                }
                 // A message kind this server does not know (a newer worker): skip it.
                 Ok(Some(WorkerMessage { message: None })) => {}
                 Ok(None) => break End::Lost("the worker closed its stream".to_owned()),
                 Err(status) => break End::Lost(format!("the stream broke: {}", status.message())),
             }
         };
+        // Results already read are still committed; their acks go out only if the
+        // window has room (the worker may be gone).
+        drop(forward);
+        over.cancel();
         self.finish(end).await;
+        let _ = forwarder.await;
     }
 
     /// Tells a worker the sweep found silent why its stream ends.
@@ -289,6 +338,8 @@ impl Session {
             self.core.registry.touch(&self.worker_id, now);
             return;
         }
+        // Without details the heartbeat says "alive"; the details reported last
+        // stay as they are.
         let details = beat.details.and_then(|mut d| {
             if validate::check_size("heartbeat.details", &d, self.core.config.max_payload_bytes)
                 .is_err()
@@ -309,11 +360,9 @@ impl Session {
         );
     }
 
-    async fn on_result(
-        &self,
-        result: v1::ActivityResult,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) {
+    /// Takes the attempt a result answers (freeing its slot at once, so the next
+    /// claim can share the result's commit) and decides what to write.
+    fn on_result(&self, result: v1::ActivityResult) -> Forward {
         self.core.registry.touch(&self.worker_id, now_millis());
         let ack = v1::ResultAck {
             workflow_id: result.workflow_id.clone(),
@@ -330,19 +379,10 @@ impl Session {
             Answer::Held(attempt, details) => (attempt, details),
             Answer::Ended | Answer::Unknown => {
                 crate::metrics::result_refused();
-                send_ack(&self.tx, ack, false, permit);
-                return;
+                return Forward::Refuse(ack);
             }
         };
         let transition = decide(&attempt, result.outcome, self.core.config.max_payload_bytes);
-        let tx = self.tx.clone();
-        let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
-            let accepted = matches!(
-                outcome.as_deref().map(|o| o.last()),
-                Ok(Some(Outcome::Finished { accepted: true }))
-            );
-            send_ack(&tx, ack, accepted, permit);
-        });
         let mut ops = Vec::with_capacity(2);
         if let Some(details) = details {
             // The last progress reported survives the attempt's end.
@@ -357,11 +397,7 @@ impl Session {
             transition,
             lease_expired_by: None,
         });
-        if self.core.committer.commit_with(ops, reply).await.is_err() {
-            // The committer is gone (shutdown); the reply, and with it the ack,
-            // is dropped. The row stays RUNNING and is reclaimed at the next start.
-            tracing::warn!(worker_id = %self.worker_id, "result not recorded: shutting down");
-        }
+        Forward::Commit { ops, ack }
     }
 
     async fn finish(self, end: End) {
@@ -405,12 +441,62 @@ impl Session {
     }
 }
 
+/// Commits a session's results in the order they were read, and acks each after
+/// its commit. Takes an ack-window permit per result (the bound on acks queued for
+/// the worker); once the session is `over`, results are still committed but acks
+/// wait for no room.
+async fn forward_results(
+    core: Arc<Core>,
+    tx: mpsc::Sender<Outgoing>,
+    window: Arc<Semaphore>,
+    mut queue: mpsc::Receiver<Forward>,
+    over: CancellationToken,
+) {
+    while let Some(item) = queue.recv().await {
+        let permit = tokio::select! {
+            biased;
+            permit = window.clone().acquire_owned() => permit.ok(),
+            _ = over.cancelled() => window.clone().try_acquire_owned().ok(),
+        };
+        match item {
+            Forward::Refuse(ack) => send_ack(&tx, ack, false, permit),
+            Forward::Goodbye => {
+                drop(permit);
+                // An empty commit is a barrier: claims planned for this worker
+                // before it left have been assigned when it returns.
+                let _ = core.committer.commit(Vec::new()).await;
+                let _ = tx.try_send(Outgoing::message(server_message::Message::Drain(
+                    v1::Drain { deadline: None },
+                )));
+            }
+            Forward::Commit { ops, ack } => {
+                let tx = tx.clone();
+                let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
+                    let accepted = matches!(
+                        outcome.as_deref().map(|o| o.last()),
+                        Ok(Some(Outcome::Finished { accepted: true }))
+                    );
+                    send_ack(&tx, ack, accepted, permit);
+                });
+                if core.committer.commit_with(ops, reply).await.is_err() {
+                    // The committer is gone (shutdown); the reply, and with it the
+                    // ack, is dropped. The row stays RUNNING and is reclaimed later.
+                    tracing::warn!("result not recorded: shutting down");
+                }
+            }
+        }
+    }
+}
+
 fn send_ack(
     tx: &mpsc::Sender<Outgoing>,
     mut ack: v1::ResultAck,
     accepted: bool,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
+    // Without a permit the session is over and the window full: the ack has no
+    // room, and nobody is reading it.
+    let Some(permit) = permit else { return };
     ack.accepted = accepted;
     // Room is guaranteed by the ack window; closed means the worker is gone.
     let _ = tx.try_send(Outgoing {

@@ -17,7 +17,9 @@
 //!   so a cancel committed after a claim always finds the claimed attempt in the
 //!   registry;
 //! - a batch that fails is retried request by request, so one bad request cannot
-//!   fail its neighbours.
+//!   fail its neighbours, and its claims are planned again and committed on their
+//!   own, so dispatch does not wait on it; the loop pauses only when nothing
+//!   commits at all (the store itself is failing).
 
 use std::{collections::HashSet, ops::Range, sync::Arc, time::Duration};
 
@@ -117,6 +119,7 @@ impl Committer {
             timer,
             failure_pause: FIRST_FAILURE_PAUSE,
             carry: Vec::new(),
+            fatal: None,
         };
         (Self { tx }, tokio::spawn(event_loop.run()))
     }
@@ -191,9 +194,11 @@ struct Loop {
     )>,
     /// Events of the batch being applied, published after it.
     outgoing: Vec<Event>,
-    /// Other nodes' events; `None` when no other node shares the store (or the
-    /// listener is gone).
+    /// Other nodes' events; `None` when no other node shares the store.
     remote: Option<mpsc::Receiver<Remote>>,
+    /// Set when a part the loop depends on died (the listener, the publisher): the
+    /// loop ends, and the server with it.
+    fatal: Option<&'static str>,
 }
 
 impl Loop {
@@ -215,12 +220,16 @@ impl Loop {
                     _ = sleep_until(deadline), if deadline.is_some() => {}
                     remote = recv_remote(&mut self.remote), if self.remote.is_some() => match remote {
                         Some(remote) => self.on_remote(remote),
-                        None => {
-                            tracing::error!("stopped hearing from other nodes; their changes reach this one only by periodic re-reads now");
-                            self.remote = None;
-                        }
+                        None => self.fatal = Some("the listener for other nodes' changes stopped"),
                     },
                 }
+            }
+            if let Some(why) = self.fatal {
+                // A node deaf to the others, or mute to them, would live on as a
+                // zombie: end the loop; the server exits for its supervisor.
+                tracing::error!("{why}: the committer stops");
+                answer_closed(requests);
+                return;
             }
             // Remote events are read every round, not only when the select picks
             // them: a busy node must still hear the others.
@@ -232,10 +241,8 @@ impl Loop {
                     Ok(event) => self.on_remote(event),
                     Err(mpsc::error::TryRecvError::Empty) => break,
                     Err(mpsc::error::TryRecvError::Disconnected) => {
-                        tracing::error!(
-                            "stopped hearing from other nodes; their changes reach this one only by periodic re-reads now"
-                        );
-                        self.remote = None;
+                        self.fatal = Some("the listener for other nodes' changes stopped");
+                        break;
                     }
                 }
             }
@@ -379,12 +386,18 @@ impl Loop {
                         self.registry.unreserve(claim);
                     }
                 }
+                // Whether any retry below commits: if one does, the store works and
+                // the failure was one request's own; no pause is due.
+                let mut committed = false;
                 // Ops outside any request (carried releases) are retried on their own.
                 let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
                 if owned_end > 0 {
                     let mine = &ops[..owned_end];
                     match self.store.apply(Arc::from(mine), now).await {
-                        Ok(mut outcomes) => self.apply_effects(mine, &mut outcomes, now),
+                        Ok(mut outcomes) => {
+                            committed = true;
+                            self.apply_effects(mine, &mut outcomes, now);
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
                         }
@@ -394,6 +407,7 @@ impl Loop {
                     let mine = &ops[request.range.clone()];
                     let result = match self.store.apply(Arc::from(mine), now).await {
                         Ok(mut outcomes) => {
+                            committed = true;
                             self.apply_effects(mine, &mut outcomes, now);
                             Ok(outcomes)
                         }
@@ -406,9 +420,41 @@ impl Loop {
                         reply(result);
                     }
                 }
+                // Dispatch must not wait on a neighbour's failure: the claims are
+                // planned again and committed on their own.
+                if first_claim < ops.len() {
+                    let claims: Vec<Op> = self
+                        .registry
+                        .plan_claims(now.saturating_add(self.lease_ms))
+                        .into_iter()
+                        .map(Op::Claim)
+                        .collect();
+                    if !claims.is_empty() {
+                        match self.store.apply(Arc::from(claims.as_slice()), now).await {
+                            Ok(mut outcomes) => {
+                                committed = true;
+                                self.apply_effects(&claims, &mut outcomes, now);
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "claims failed");
+                                for op in &claims {
+                                    if let Op::Claim(claim) = op {
+                                        self.registry.unreserve(claim);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
                 self.publish_outgoing();
-                tokio::time::sleep(self.failure_pause).await;
-                self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
+                if committed {
+                    self.failure_pause = FIRST_FAILURE_PAUSE;
+                } else {
+                    // Nothing commits: the store itself is failing. Pause (doubling,
+                    // up to 2 s) so a broken disk does not turn the loop into a spin.
+                    tokio::time::sleep(self.failure_pause).await;
+                    self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
+                }
                 return;
             }
         }
@@ -550,8 +596,10 @@ impl Loop {
                     at,
                 }),
         );
-        if let Some((queue, _)) = &self.publisher {
-            let _ = queue.send(events);
+        if let Some((queue, task)) = &self.publisher
+            && (queue.send(events).is_err() || task.is_finished())
+        {
+            self.fatal = Some("the publisher of changes to other nodes stopped");
         }
     }
 
@@ -596,6 +644,15 @@ fn transition_name(transition: &Transition) -> &'static str {
         Transition::Snooze { .. } => "snoozed",
         Transition::Fail { .. } => "failed",
         Transition::Release => "released",
+    }
+}
+
+/// Answers requests the loop will not commit: the committer is stopping.
+fn answer_closed(requests: Vec<Request>) {
+    for request in requests {
+        if let Some(reply) = request.reply {
+            reply(Err(CommitError::Closed));
+        }
     }
 }
 
@@ -649,5 +706,189 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use spool_proto::v1::server_message;
+
+    use super::*;
+    use crate::{
+        dispatch::registry::{Outgoing, Registration},
+        store::{
+            ActivityRow, DueTimes, ListPage, ListQuery, NewActivity, Payload, RetrySpec,
+            RunningPage, SqliteStore, StatusCounts, Timeouts,
+        },
+    };
+
+    /// SQLite, except that a batch holding a cancel whose reason is "poison"
+    /// fails, as a request the database refuses would.
+    struct Poisoned {
+        inner: SqliteStore,
+        failures: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Poisoned {
+        async fn apply(
+            &self,
+            ops: Arc<[Op]>,
+            now: UnixMillis,
+        ) -> Result<Vec<Outcome>, store::Error> {
+            if ops
+                .iter()
+                .any(|op| matches!(op, Op::Cancel { reason, .. } if reason == "poison"))
+            {
+                self.failures.fetch_add(1, Ordering::SeqCst);
+                return Err(store::Error::Sqlite {
+                    code: 20,
+                    message: "datatype mismatch".to_owned(),
+                });
+            }
+            self.inner.apply(ops, now).await
+        }
+        async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
+            self.inner.get(key).await
+        }
+        async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {
+            self.inner.list(query).await
+        }
+        async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
+            self.inner.stats(namespace).await
+        }
+        async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
+            self.inner.running(after, limit).await
+        }
+        async fn expired_leases(
+            &self,
+            now: UnixMillis,
+            limit: u32,
+        ) -> Result<Vec<ActivityRow>, store::Error> {
+            self.inner.expired_leases(now, limit).await
+        }
+        async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, store::Error> {
+            self.inner.due_times(after, limit).await
+        }
+        fn single_node(&self) -> bool {
+            true
+        }
+    }
+
+    fn new(id: &str) -> NewActivity {
+        NewActivity {
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: id.into(),
+            },
+            activity_type: "t".into(),
+            input: Payload::default(),
+            next_at: 0,
+            retry: RetrySpec {
+                max_attempts: 3,
+                initial_interval_ms: 1000,
+                backoff_coefficient: 2.0,
+                max_interval_ms: 60_000,
+                non_retryable: Vec::new(),
+            },
+            timeouts: Timeouts::default(),
+            priority: 0,
+        }
+    }
+
+    async fn next_task(rx: &mut mpsc::Receiver<Outgoing>) -> String {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no task in time"))
+                .unwrap_or_else(|| panic!("outbound closed"));
+            if let Ok(spool_proto::v1::ServerMessage {
+                message: Some(server_message::Message::Task(task)),
+            }) = message.message
+            {
+                return task.activity_id;
+            }
+        }
+    }
+
+    /// A request the store refuses fails alone: its neighbours commit, the claims
+    /// of its batch go out on their own, and the loop does not pause, however often
+    /// it comes.
+    #[tokio::test]
+    async fn a_failing_request_neither_fails_its_neighbours_nor_stalls_dispatch() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = Arc::new(Poisoned {
+            inner: SqliteStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            failures: AtomicUsize::new(0),
+        });
+        let registry = Arc::new(Registry::default());
+        let (committer, task) = Committer::spawn(
+            store.clone(),
+            registry.clone(),
+            Arc::new(Pending::default()),
+            Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        let (_id, _tx, mut rx, _evict) = registry.register(
+            Registration {
+                namespace: "default".into(),
+                identity: "test".into(),
+                activity_types: vec!["t".into()],
+                max_concurrency: 1_000,
+            },
+            now_millis(),
+            |id| {
+                server_message::Message::Welcome(spool_proto::v1::Welcome {
+                    worker_id: id.to_owned(),
+                    ..Default::default()
+                })
+            },
+        );
+        let started = std::time::Instant::now();
+        const ROUNDS: usize = 20;
+        for i in 0..ROUNDS {
+            // The poison and a good submit land in one batch: the commit_with
+            // calls queue both before the loop takes either.
+            let (poison_tx, poison_rx) = oneshot::channel();
+            let (good_tx, good_rx) = oneshot::channel();
+            let reply = |tx: oneshot::Sender<_>| -> Reply {
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                })
+            };
+            let poison = vec![Op::Cancel {
+                key: new("x").key,
+                reason: "poison".into(),
+            }];
+            let good = vec![Op::Submit(vec![new(&format!("a{i}"))])];
+            let (a, b) = tokio::join!(
+                committer.commit_with(poison, reply(poison_tx)),
+                committer.commit_with(good, reply(good_tx))
+            );
+            assert!(a.is_ok() && b.is_ok());
+            let poisoned = poison_rx.await.unwrap_or_else(|_| panic!("no reply"));
+            assert!(matches!(poisoned, Err(CommitError::Store(_))));
+            let good = good_rx.await.unwrap_or_else(|_| panic!("no reply"));
+            assert!(good.is_ok(), "a neighbour of the poison commits: {good:?}");
+            assert_eq!(next_task(&mut rx).await, format!("a{i}"));
+        }
+        assert!(store.failures.load(Ordering::SeqCst) >= ROUNDS);
+        // With a pause per failure (100 ms, doubling to 2 s) this would take 30 s.
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{ROUNDS} poisoned batches took {:?}",
+            started.elapsed()
+        );
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
     }
 }

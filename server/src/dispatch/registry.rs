@@ -152,6 +152,11 @@ struct Worker {
     outbound: mpsc::Sender<Outgoing>,
     /// Cancelled by a sweep that found the worker silent: its session ends.
     evict: CancellationToken,
+    /// Set while the session waits on the server rather than reading (see
+    /// [`Registry::pause_silence`]): the worker's silence is not counted then.
+    silence_paused: u32,
+    /// The worker said Goodbye: no more claims are planned for it.
+    leaving: bool,
 }
 
 impl Worker {
@@ -181,6 +186,9 @@ struct Inner {
     rotation: usize,
     /// Set by a drain: nothing more is dispatched.
     paused: bool,
+    /// The drain's message, once a drain began: sent to every worker then, and to
+    /// any that registers later.
+    drain: Option<server_message::Message>,
 }
 
 #[derive(Default)]
@@ -227,6 +235,11 @@ impl Registry {
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let mut inner = self.lock();
+        // A worker registering after a drain began is told at once, under the same
+        // lock that `begin_drain` broadcasts under, so none is missed.
+        if let Some(drain) = &inner.drain {
+            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        }
         inner
             .groups
             .entry(group.clone())
@@ -250,6 +263,8 @@ impl Registry {
                 reserved: 0,
                 outbound: tx.clone(),
                 evict: evict.clone(),
+                silence_paused: 0,
+                leaving: false,
             },
         );
         drop(inner);
@@ -309,7 +324,10 @@ impl Registry {
         {
             Some(i) if !i.cancel_sent => {
                 i.last_heartbeat = now;
-                i.unflushed = Some(details);
+                // No details: the attempt is alive; what it reported last stands.
+                if details.is_some() {
+                    i.unflushed = Some(details);
+                }
                 true
             }
             _ => false,
@@ -323,7 +341,10 @@ impl Registry {
         let mut sweep = Sweep::default();
         let mut inner = self.lock();
         for worker in inner.workers.values_mut() {
-            if worker.last_seen < silent_before && !worker.evict.is_cancelled() {
+            if worker.last_seen < silent_before
+                && worker.silence_paused == 0
+                && !worker.evict.is_cancelled()
+            {
                 worker.evict.cancel();
                 sweep.lost_workers.push(worker.id.clone());
                 continue;
@@ -415,13 +436,6 @@ impl Registry {
         self.answered.notified()
     }
 
-    /// Sends `message` to every connected worker.
-    pub fn broadcast(&self, message: server_message::Message) {
-        for worker in self.lock().workers.values() {
-            let _ = worker.outbound.try_send(Outgoing::message(message.clone()));
-        }
-    }
-
     /// Ends every attempt still running (a drain's deadline passed): each worker is
     /// told to stop, and the attempts are returned for the caller to release.
     pub fn end_all(&self, reason: &str) -> Vec<Arc<Attempt>> {
@@ -466,10 +480,52 @@ impl Registry {
         self.wake.notify_one();
     }
 
-    /// Stops (or resumes) planning claims.
-    pub fn set_paused(&self, paused: bool) {
-        self.lock().paused = paused;
+    /// A drain begins: no more claims are planned, and every worker, including
+    /// any that registers from now on, is sent `drain`.
+    pub fn begin_drain(&self, drain: server_message::Message) {
+        let mut inner = self.lock();
+        inner.paused = true;
+        for worker in inner.workers.values() {
+            let _ = worker.outbound.try_send(Outgoing::message(drain.clone()));
+        }
+        inner.drain = Some(drain);
+        drop(inner);
         self.wake.notify_one();
+    }
+
+    /// Stops planning claims (the first step of a drain, before the barrier that
+    /// lets claims already planned land).
+    pub fn pause(&self) {
+        self.lock().paused = true;
+        self.wake.notify_one();
+    }
+
+    /// The worker takes no more tasks (it said Goodbye).
+    pub fn leave(&self, worker_id: &str) {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.leaving = true;
+        }
+    }
+
+    /// The slots a worker was granted (0 if it is not registered).
+    pub fn capacity(&self, worker_id: &str) -> usize {
+        self.lock()
+            .workers
+            .get(worker_id)
+            .map_or(0, |w| w.max_concurrency as usize)
+    }
+
+    /// While the returned guard lives, the worker's silence is not counted: its
+    /// session waits on the server, not reading. When it drops, the worker counts
+    /// as heard from.
+    pub fn pause_silence<'a>(&'a self, worker_id: &'a str) -> SilencePaused<'a> {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.silence_paused += 1;
+        }
+        SilencePaused {
+            registry: self,
+            worker_id,
+        }
     }
 
     /// Plans the claims worth running now: one per worker with free slots in a group
@@ -496,10 +552,14 @@ impl Registry {
             if group.exhausted {
                 continue;
             }
+            // An evicted worker's session is ending, a leaving worker takes no more:
+            // nothing more goes to either.
             let mut free: Vec<(u32, Arc<str>)> = group
                 .workers
                 .iter()
-                .filter_map(|id| inner.workers.get(id).map(|w| (w.free(), id.clone())))
+                .filter_map(|id| inner.workers.get(id))
+                .filter(|w| !w.evict.is_cancelled() && !w.leaving)
+                .map(|w| (w.free(), w.id.clone()))
                 .filter(|(free, _)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -684,6 +744,21 @@ impl Registry {
     }
 }
 
+/// See [`Registry::pause_silence`].
+pub struct SilencePaused<'a> {
+    registry: &'a Registry,
+    worker_id: &'a str,
+}
+
+impl Drop for SilencePaused<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.registry.lock().workers.get_mut(self.worker_id) {
+            w.silence_paused = w.silence_paused.saturating_sub(1);
+            w.last_seen = spool_proto::time::now_millis();
+        }
+    }
+}
+
 /// The timeout an attempt has passed at `now`, if any.
 fn timeout_of(
     attempt: &Arc<Attempt>,
@@ -753,5 +828,153 @@ fn task_for(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
             spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
         }),
         deadline: attempt.deadline().map(time::to_proto),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(max_concurrency: u32) -> Registration {
+        Registration {
+            namespace: "default".into(),
+            identity: "test".into(),
+            activity_types: vec!["t".into()],
+            max_concurrency,
+        }
+    }
+
+    fn welcome(id: &str) -> server_message::Message {
+        server_message::Message::Welcome(v1::Welcome {
+            worker_id: id.to_owned(),
+            ..Default::default()
+        })
+    }
+
+    fn kinds(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
+        let mut kinds = Vec::new();
+        while let Ok(out) = rx.try_recv() {
+            kinds.push(match out.message {
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Welcome(_)),
+                }) => "welcome",
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Drain(_)),
+                }) => "drain",
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Task(_)),
+                }) => "task",
+                _ => "other",
+            });
+        }
+        kinds
+    }
+
+    #[test]
+    fn a_worker_registering_after_a_drain_began_is_told_at_once() {
+        let registry = Registry::default();
+        let (_, _tx, mut before, _) = registry.register(registration(1), 0, welcome);
+        let drain = server_message::Message::Drain(v1::Drain { deadline: None });
+        registry.begin_drain(drain);
+        let (_, _tx2, mut after, _) = registry.register(registration(1), 0, welcome);
+        assert_eq!(kinds(&mut before), ["welcome", "drain"]);
+        assert_eq!(kinds(&mut after), ["welcome", "drain"]);
+        registry.mark_all_due();
+        assert!(
+            registry.plan_claims(1).is_empty(),
+            "a drain plans no claims"
+        );
+    }
+
+    #[test]
+    fn evicted_and_leaving_workers_are_planned_no_claims() {
+        let registry = Registry::default();
+        let (silent, _tx, _rx, evict) = registry.register(registration(4), 0, welcome);
+        let (leaving, _tx2, _rx2, _) = registry.register(registration(4), 1_000, welcome);
+        let (live, _tx3, _rx3, _) = registry.register(registration(4), 1_000, welcome);
+        registry.touch(&leaving, 1_000);
+        registry.touch(&live, 1_000);
+        let sweep = registry.sweep(1_000, 500);
+        assert_eq!(sweep.lost_workers, vec![silent.clone()]);
+        assert!(evict.is_cancelled());
+        registry.leave(&leaving);
+        registry.mark_all_due();
+        let claims = registry.plan_claims(1);
+        let for_whom: Vec<_> = claims.iter().map(|c| c.worker_id.clone()).collect();
+        assert_eq!(for_whom, vec![live]);
+    }
+
+    #[test]
+    fn silence_is_not_counted_while_the_session_waits_on_the_server() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, evict) = registry.register(registration(1), 0, welcome);
+        {
+            let _paused = registry.pause_silence(&id);
+            let sweep = registry.sweep(10_000, 9_000);
+            assert!(sweep.lost_workers.is_empty());
+            assert!(!evict.is_cancelled());
+        }
+        // Resuming counts as being heard from (at the wall clock's now).
+        let now = spool_proto::time::now_millis();
+        assert!(registry.sweep(now, now - 1_000).lost_workers.is_empty());
+        assert!(
+            !registry
+                .sweep(now + 10_000, now + 5_000)
+                .lost_workers
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_without_details_keeps_what_was_reported() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(60_000).remove(0);
+        let row = ActivityRow {
+            id: 7,
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+            },
+            activity_type: "t".into(),
+            status: crate::store::ActivityStatus::Running,
+            attempt: 1,
+            uncounted: 0,
+            retry: crate::store::RetrySpec {
+                max_attempts: 1,
+                initial_interval_ms: 1,
+                backoff_coefficient: 1.0,
+                max_interval_ms: 1,
+                non_retryable: Vec::new(),
+            },
+            timeouts: Default::default(),
+            priority: 0,
+            input: Payload::default(),
+            output: None,
+            last_error: None,
+            heartbeat_details: None,
+            created_at: 0,
+            next_at: 0,
+            started_at: Some(0),
+            finished_at: None,
+            lease_expires_at: None,
+            worker_id: Some(id.to_string()),
+            expires_at: None,
+        };
+        assert!(registry.assign(&claim, vec![row]).is_empty());
+        let details = Payload {
+            content_type: String::new(),
+            data: b"50%".to_vec(),
+        };
+        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), 1));
+        assert!(registry.heartbeat(&id, "wf", "a", 1, None, 2));
+        let sweep = registry.sweep(3, 0);
+        assert_eq!(sweep.heartbeats.len(), 1);
+        assert_eq!(sweep.heartbeats[0].details.as_ref(), Some(&details));
+        // Another bare heartbeat: nothing new to write.
+        assert!(registry.heartbeat(&id, "wf", "a", 1, None, 4));
+        assert!(registry.sweep(5, 0).heartbeats.is_empty());
     }
 }

@@ -85,7 +85,12 @@ fn session_limits(options: PgConnectOptions) -> PgConnectOptions {
 }
 
 pub struct PostgresStore {
+    /// Writes (the committer's transactions) and the server's own reads (due
+    /// times, reclaims), apart from the API's callers so the committer never waits
+    /// behind a caller's List.
     pool: PgPool,
+    /// Reads for callers of the API (Get, List, Stats, Waits).
+    readers: PgPool,
     /// This node's id in notifications, so it can ignore its own.
     node: String,
 }
@@ -97,16 +102,22 @@ impl PostgresStore {
     }
 
     pub async fn open_with(options: PgConnectOptions) -> Result<Self, Error> {
+        let options = session_limits(options);
         let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options.clone())
+            .await?;
+        let readers = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(session_limits(options))
-            .await?;
+            .connect_lazy_with(options);
         let mut conn = pool.acquire().await?;
         migrator().run_direct(None, &mut *conn, false).await?;
         drop(conn);
         Ok(Self {
             pool,
+            readers,
             node: uuid::Uuid::now_v7().to_string(),
         })
     }
@@ -139,7 +150,7 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.readers.acquire().await?;
         select_by_key(&mut conn, key).await
     }
 
@@ -161,7 +172,7 @@ impl Store for PostgresStore {
         .bind(status)
         .bind(query.activity_type.as_deref())
         .bind(i64::from(query.limit) + 1)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.readers)
         .await?
         .iter()
         .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
@@ -182,7 +193,7 @@ impl Store for PostgresStore {
         .bind(status)
         .bind(query.activity_type.as_deref())
         .bind(last)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.readers)
         .await?;
         Ok(ListPage {
             rows: rows::decode_all(&rows, "list"),
@@ -195,7 +206,7 @@ impl Store for PostgresStore {
             "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status",
         )
         .bind(namespace)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.readers)
         .await?;
         let pairs = rows
             .iter()
@@ -867,20 +878,21 @@ fn envelope(node: &str, events: Vec<Event>) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// Every pooled session carries the limits, and a URL's own setting wins.
-    #[tokio::test]
-    async fn sessions_set_statement_lock_and_idle_timeouts() {
+    /// A store in a schema of its own, with `extra` session options; `None`
+    /// without a server (but not under CI=true).
+    async fn store_with(extra: &[(&str, &str)]) -> Option<PostgresStore> {
         let Ok(url) = std::env::var("SPOOL_TEST_POSTGRES_URL") else {
             assert!(
                 std::env::var("CI").as_deref() != Ok("true"),
                 "SPOOL_TEST_POSTGRES_URL must name a PostgreSQL server under CI=true"
             );
-            return;
+            return None;
         };
         let schema = format!("spool_test_{}", uuid::Uuid::new_v4().simple());
         let options = PgConnectOptions::from_str(&url)
             .unwrap_or_else(|e| panic!("{e}"))
-            .options([("search_path", schema.as_str()), ("lock_timeout", "3s")]);
+            .options([("search_path", schema.as_str())])
+            .options(extra.iter().copied());
         let admin = PgPoolOptions::new()
             .max_connections(1)
             .connect(&url)
@@ -890,9 +902,54 @@ mod tests {
             .execute(&admin)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let store = PostgresStore::open_with(options)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        Some(
+            PostgresStore::open_with(options)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    }
+
+    /// Callers holding every API read connection do not hold up the committer's
+    /// writes or the server's own reads.
+    #[tokio::test]
+    async fn writes_never_wait_behind_callers_reads() {
+        let Some(store) = store_with(&[]).await else {
+            return;
+        };
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(
+                store
+                    .readers
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        let quick = std::time::Duration::from_secs(2);
+        let applied = tokio::time::timeout(
+            quick,
+            store.apply(
+                Arc::from(vec![Op::Prune {
+                    before: 0,
+                    limit: 1,
+                }]),
+                0,
+            ),
+        )
+        .await;
+        assert!(matches!(applied, Ok(Ok(_))), "a write waited: {applied:?}");
+        let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
+        assert!(matches!(due, Ok(Ok(_))), "due times waited");
+        drop(held);
+    }
+
+    /// Every pooled session carries the limits, and a URL's own setting wins.
+    #[tokio::test]
+    async fn sessions_set_statement_lock_and_idle_timeouts() {
+        let Some(store) = store_with(&[("lock_timeout", "3s")]).await else {
+            return;
+        };
         let show = |name: &'static str| {
             let pool = store.pool.clone();
             async move {

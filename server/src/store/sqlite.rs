@@ -3,8 +3,10 @@
 //! Writes go through one dedicated connection on its own thread
 //! (`sqlite_writer`; SQLite has one writer anyway), each batch in a `BEGIN
 //! IMMEDIATE` transaction committed with `synchronous=FULL`, so a commit is on disk
-//! before any caller hears of it. Reads use a small sqlx pool of other connections,
-//! which WAL lets run beside the writer. Migrations run through sqlx at open.
+//! before any caller hears of it. Reads use small sqlx pools of other connections,
+//! which WAL lets run beside the writer: one for the API's callers, one for the
+//! server's own reads (so the committer never waits behind a caller's List).
+//! Migrations run through sqlx at open.
 //!
 //! Statuses appear in SQL as the wire enum's numbers: 1 SCHEDULED, 2 RUNNING,
 //! 3 COMPLETED, 4 FAILED, 5 CANCELLED.
@@ -56,7 +58,11 @@ pub struct SqliteStore {
     /// The thread that owns the one writing connection (dropped first: it closes
     /// the connection before the lock below is released).
     writer: Writer,
+    /// Reads for callers of the API (Get, List, Stats, Waits).
     readers: SqlitePool,
+    /// The server's own reads (due times, reclaims), on a connection of their own,
+    /// so the committer never waits behind the API's reads.
+    internal: SqlitePool,
     /// Holds the process-wide `flock` until the store is dropped.
     _lock: File,
 }
@@ -90,11 +96,17 @@ impl SqliteStore {
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
+            .connect_with(options.clone())
+            .await?;
+        let internal = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
             .connect_with(options)
             .await?;
         Ok(Self {
             writer,
             readers,
+            internal,
             _lock: lock,
         })
     }
@@ -179,7 +191,7 @@ impl Store for SqliteStore {
         ))
         .bind(after_id)
         .bind(i64::from(limit))
-        .fetch_all(&self.readers)
+        .fetch_all(&self.internal)
         .await?;
         Ok(RunningPage {
             next_after: (rows.len() == limit as usize)
@@ -198,7 +210,7 @@ impl Store for SqliteStore {
         ))
         .bind(now)
         .bind(i64::from(limit))
-        .fetch_all(&self.readers)
+        .fetch_all(&self.internal)
         .await?;
         Ok(rows::decode_all(&rows, "expired_leases"))
     }
@@ -217,7 +229,7 @@ impl Store for SqliteStore {
         )
         .bind(after)
         .bind(i64::from(limit))
-        .fetch_all(&self.readers)
+        .fetch_all(&self.internal)
         .await?;
         let rows = rows
             .iter()
@@ -246,4 +258,36 @@ async fn select_by_key(
 
 fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
     rows::decode(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Callers holding every API read connection do not hold up the server's own
+    /// reads (the committer's due times, the sweep's reclaims).
+    #[tokio::test]
+    async fn the_servers_own_reads_never_wait_behind_callers() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = SqliteStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(
+                store
+                    .readers
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+            );
+        }
+        let quick = std::time::Duration::from_secs(2);
+        let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
+        assert!(matches!(due, Ok(Ok(_))), "due times waited: {due:?}");
+        let leases = tokio::time::timeout(quick, store.expired_leases(0, 10)).await;
+        assert!(matches!(leases, Ok(Ok(_))), "reclaim waited");
+        drop(held);
+    }
 }

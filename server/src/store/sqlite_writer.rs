@@ -45,12 +45,8 @@ impl Writer {
             .spawn(move || {
                 while let Ok(job) = inbox.recv() {
                     let result = run_batch(&mut conn, &job.ops, job.now);
-                    if result.is_err() && conn.in_transaction() {
-                        tracing::error!("the writing connection is stuck in a transaction after a failed rollback; reopening it");
-                        match Connection::open(&reopen_path) {
-                            Ok(fresh) => conn = fresh,
-                            Err(e) => tracing::error!(error = %e, "cannot reopen the writing connection"),
-                        }
+                    if result.is_err() {
+                        recover(&mut conn, &reopen_path);
                     }
                     let _ = job.reply.send(result);
                 }
@@ -86,6 +82,21 @@ impl Drop for Writer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// After a failed batch: a connection its ROLLBACK left inside a transaction would
+/// fail every later `BEGIN`; replace it with a fresh one.
+fn recover(conn: &mut Connection, path: &Path) {
+    if !conn.in_transaction() {
+        return;
+    }
+    tracing::error!(
+        "the writing connection is stuck in a transaction after a failed rollback; reopening it"
+    );
+    match Connection::open(path) {
+        Ok(fresh) => *conn = fresh,
+        Err(e) => tracing::error!(error = %e, "cannot reopen the writing connection"),
     }
 }
 
@@ -642,4 +653,38 @@ fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
         worker_id: q.opt_text(33),
         expires_at: q.opt_int(34),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_left_in_a_transaction_is_replaced() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        // Creates and migrates the file; the store's own writer is dropped with it.
+        drop(
+            super::super::SqliteStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let path = dir.path().join("spool.db");
+        let mut conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        // As a failed ROLLBACK would leave it.
+        conn.batch("BEGIN IMMEDIATE")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(conn.in_transaction());
+        recover(&mut conn, &path);
+        assert!(!conn.in_transaction());
+        let outcome = run_batch(
+            &mut conn,
+            &[Op::Prune {
+                before: 0,
+                limit: 1,
+            }],
+            0,
+        );
+        assert!(outcome.is_ok(), "batches run again: {outcome:?}");
+    }
 }

@@ -1,0 +1,230 @@
+//! The smaller holes: a worker leaving cleanly, a stalled server, bare heartbeats,
+//! absurd SDK durations.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use spool_proto::v1::{self, ActivityStatus, server_message, worker_message};
+use spool_server::store::Store;
+
+use crate::{faults::Faulty, harness::*};
+
+/// Goodbye: the server plans nothing more for the worker and says so with Drain;
+/// nothing is sent after it.
+#[tokio::test]
+async fn goodbye_is_answered_with_drain_and_nothing_follows_it() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let mut worker = RawWorker::connect(&server, &["t"], 5).await;
+    submit(&mut client, request("t", "wf", "before")).await;
+    let task = worker.task().await;
+    worker
+        .send(worker_message::Message::Goodbye(v1::Goodbye {}))
+        .await;
+    loop {
+        match worker.next().await {
+            server_message::Message::Drain(drain) => {
+                assert!(drain.deadline.is_none());
+                break;
+            }
+            server_message::Message::Task(t) => panic!("a task after Goodbye: {t:?}"),
+            _ => {}
+        }
+    }
+    for i in 0..5 {
+        submit(&mut client, request("t", "wf", &format!("after{i}"))).await;
+    }
+    worker.quiet_for(Duration::from_millis(300)).await;
+    // What it held it may still finish.
+    worker.complete(&task, task.attempt).await;
+    assert!(worker.ack().await.accepted);
+}
+
+/// An SDK worker shut down while tasks keep coming never drops one: everything it
+/// was sent is run or handed back, so no attempt is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_shutdown_under_load_loses_no_attempt() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let worker = server.worker(|w| {
+        w.max_concurrency(4)
+            .activity("t", |_, _| async { Ok(spool_worker::json(&"ok")) })
+    });
+    server.await_workers(1).await;
+    let submitter = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            for i in 0..300 {
+                submit(&mut client, request("t", "wf", &format!("a{i}"))).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    worker.shutdown().await.expect("clean shutdown");
+    submitter.await.unwrap();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list(v1::ListRequest {
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for a in &page.activities {
+            let lost = a
+                .last_error
+                .as_ref()
+                .is_some_and(|e| e.kind == v1::ErrorKind::WorkerLost as i32);
+            assert!(!lost, "an attempt was lost in a clean shutdown: {a:?}");
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// A committer stalled for many heartbeat intervals: the worker keeps sending
+/// keep-alives and results; it is not evicted, and no attempt is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_server_does_not_evict_healthy_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let store: Arc<dyn Store> = faulty.clone();
+    let server = TestServer::start_with_store(
+        move |_| Box::pin(async move { store }),
+        |c| c.heartbeat_interval = Duration::from_millis(100),
+    )
+    .await;
+    let mut client = server.client().await;
+    const N: usize = 300;
+    client
+        .submit_batch(v1::SubmitBatchRequest {
+            activities: (0..N)
+                .map(|i| request("t", "wf", &format!("a{i}")))
+                .collect(),
+        })
+        .await
+        .unwrap();
+    let mut worker = RawWorker::connect(&server, &["t"], N as u32).await;
+    let mut tasks = Vec::new();
+    while tasks.len() < N {
+        tasks.push(worker.task().await);
+    }
+    faulty.stall(true);
+    // Results pile up behind the stall, more than the ack window; keep-alives go
+    // on all the while.
+    for task in &tasks {
+        worker.complete(task, task.attempt).await;
+    }
+    let stalled_until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < stalled_until {
+        worker
+            .send(worker_message::Message::Heartbeat(v1::Heartbeat::default()))
+            .await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // Keep-alives were read all along, results queued behind the stall or not.
+    let workers = server
+        .admin()
+        .await
+        .list_workers(v1::ListWorkersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    let seen = workers[0]
+        .last_seen_at
+        .as_ref()
+        .map(spool_proto::time::from_proto);
+    let silent_for = spool_proto::time::now_millis() - seen.unwrap_or(0);
+    assert!(
+        silent_for < 300,
+        "the worker looked silent for {silent_for} ms"
+    );
+    faulty.stall(false);
+    let mut accepted = 0;
+    while accepted < N {
+        match worker.next().await {
+            server_message::Message::Ack(ack) => {
+                assert!(ack.accepted, "{ack:?}");
+                accepted += 1;
+            }
+            server_message::Message::Cancel(c) => panic!("the worker was cut off: {c:?}"),
+            _ => {}
+        }
+        worker
+            .send(worker_message::Message::Heartbeat(v1::Heartbeat::default()))
+            .await;
+    }
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.completed, N as u64);
+    assert_eq!(stats.connected_workers, 1, "the worker was never evicted");
+}
+
+/// A heartbeat without details says "alive": the progress reported before stays.
+#[tokio::test]
+async fn a_bare_heartbeat_keeps_the_stored_details() {
+    let server =
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "a")).await;
+    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
+    let task = worker.task().await;
+    let beat = |details: Option<v1::Payload>| {
+        worker_message::Message::Heartbeat(v1::Heartbeat {
+            workflow_id: task.workflow_id.clone(),
+            activity_id: task.activity_id.clone(),
+            attempt: task.attempt,
+            details,
+        })
+    };
+    worker
+        .send(beat(Some(json(serde_json::json!({"done": 50})))))
+        .await;
+    eventually("the details to be stored", || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, key("wf", "a")).await;
+            row.heartbeat_details.filter(|d| !d.data.is_empty())
+        }
+    })
+    .await;
+    worker.send(beat(None)).await;
+    // Two sweeps (a quarter interval each) pass.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let row = get(&mut client, key("wf", "a")).await;
+    assert_eq!(status(&row), ActivityStatus::Running);
+    assert_eq!(
+        row.heartbeat_details.map(|d| d.data),
+        Some(br#"{"done":50}"#.to_vec())
+    );
+}
+
+/// Durations past what a clock holds do not panic the SDK.
+#[tokio::test]
+async fn the_sdk_survives_absurd_durations() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let worker = server.worker(|w| {
+        w.shutdown_timeout(Duration::MAX)
+            .reconnect_backoff(Duration::MAX, Duration::MAX)
+            .activity("t", |_, _| async { Ok(spool_worker::json(&"ok")) })
+    });
+    submit(&mut client, request("t", "wf", "a")).await;
+    let done = wait(&mut client, key("wf", "a")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    tokio::time::timeout(WAIT, worker.shutdown())
+        .await
+        .expect("shuts down")
+        .expect("without error");
+}

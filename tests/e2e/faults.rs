@@ -1,0 +1,99 @@
+//! A store with faults a test switches on: stalls, a panicking read, a listener
+//! that dies. Wraps a real SQLite store.
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
+
+use spool_proto::time::UnixMillis;
+use spool_server::store::{
+    self, ActivityRow, DueTimes, Key, ListPage, ListQuery, Op, Outcome, Remote, RunningPage,
+    StatusCounts, Store,
+};
+use tokio::sync::{mpsc, watch};
+
+pub struct Faulty {
+    inner: Arc<dyn Store>,
+    /// While true, every write waits.
+    stalled: watch::Sender<bool>,
+    /// `due_times` panics (the committer reads it at start).
+    pub panic_on_due_times: AtomicBool,
+    /// The sending half of the "other nodes" channel `subscribe` hands out;
+    /// dropping it is the listener dying.
+    remote: Mutex<Option<mpsc::Sender<Remote>>>,
+    /// Whether `subscribe` hands out a channel at all.
+    pub listens: AtomicBool,
+}
+
+impl Faulty {
+    pub async fn sqlite(database: &str) -> Arc<Self> {
+        let inner = store::open(database).await.expect("open the store");
+        Arc::new(Self {
+            inner,
+            stalled: watch::Sender::new(false),
+            panic_on_due_times: AtomicBool::new(false),
+            remote: Mutex::new(None),
+            listens: AtomicBool::new(false),
+        })
+    }
+
+    pub fn stall(&self, stalled: bool) {
+        self.stalled.send_replace(stalled);
+    }
+
+    /// The listener for other nodes dies.
+    pub fn kill_listener(&self) {
+        self.remote.lock().unwrap().take();
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Faulty {
+    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, store::Error> {
+        let mut stalled = self.stalled.subscribe();
+        while *stalled.borrow_and_update() {
+            if stalled.changed().await.is_err() {
+                break;
+            }
+        }
+        self.inner.apply(ops, now).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {
+        self.inner.list(query).await
+    }
+    async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
+        self.inner.stats(namespace).await
+    }
+    async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
+        self.inner.running(after, limit).await
+    }
+    async fn expired_leases(
+        &self,
+        now: UnixMillis,
+        limit: u32,
+    ) -> Result<Vec<ActivityRow>, store::Error> {
+        self.inner.expired_leases(now, limit).await
+    }
+    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, store::Error> {
+        assert!(
+            !self.panic_on_due_times.load(Ordering::SeqCst),
+            "injected: due_times panics"
+        );
+        self.inner.due_times(after, limit).await
+    }
+    fn single_node(&self) -> bool {
+        self.inner.single_node()
+    }
+    async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, store::Error> {
+        if !self.listens.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let (tx, rx) = mpsc::channel(16);
+        *self.remote.lock().unwrap() = Some(tx);
+        Ok(Some(rx))
+    }
+}
