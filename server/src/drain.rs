@@ -18,7 +18,7 @@
 use std::{sync::Arc, time::Duration};
 
 use spool_proto::{
-    time::{self, now_millis},
+    time,
     v1::{
         activity_service_server::ActivityServiceServer, admin_service_server::AdminServiceServer,
         server_message, worker_service_server::WorkerServiceServer,
@@ -75,8 +75,11 @@ impl Drainer {
         let _one = tokio::time::timeout_at(deadline, self.running.lock())
             .await
             .ok();
-        let deadline_ms =
-            now_millis().saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
+        let deadline_ms = self
+            .core
+            .store
+            .now()
+            .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
 
         // Phase 1. Stop dispatch first, then let any claim already in the
         // committer's current batch land (the empty commit is a barrier), so the

@@ -14,12 +14,9 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use spool_proto::{
-    time::now_millis,
-    v1::{
-        activity_service_server::ActivityServiceServer, admin_service_server::AdminServiceServer,
-        worker_service_server::WorkerServiceServer,
-    },
+use spool_proto::v1::{
+    activity_service_server::ActivityServiceServer, admin_service_server::AdminServiceServer,
+    worker_service_server::WorkerServiceServer,
 };
 use tokio::net::TcpListener;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -182,6 +179,7 @@ async fn serve(
     let prune = supervise(
         "the pruner",
         tokio::spawn(prune_loop(
+            core.store.clone(),
             committer.clone(),
             config.retention,
             root.clone(),
@@ -322,7 +320,7 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
     let mut count = 0;
     loop {
         let page = store.running(after, PAGE).await?;
-        let now = now_millis();
+        let now = store.now();
         let ops: Vec<Op> = page
             .rows
             .iter()
@@ -360,11 +358,16 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
 }
 
 /// Deletes finished rows older than the retention period, a bounded batch at a time.
-async fn prune_loop(committer: Committer, retention: Duration, shutdown: CancellationToken) {
+async fn prune_loop(
+    store: Arc<dyn Store>,
+    committer: Committer,
+    retention: Duration,
+    shutdown: CancellationToken,
+) {
     const LIMIT: u32 = 5_000;
     let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     loop {
-        let before = now_millis().saturating_sub(retention_ms);
+        let before = store.now().saturating_sub(retention_ms);
         let pruned = match committer
             .commit(vec![Op::Prune {
                 before,

@@ -2,10 +2,7 @@
 
 use std::sync::Arc;
 
-use spool_proto::{
-    time::now_millis,
-    v1::{self, activity_service_server::ActivityService},
-};
+use spool_proto::v1::{self, activity_service_server::ActivityService};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -85,7 +82,11 @@ impl ActivityService for ActivityApi {
     ) -> Result<Response<v1::SubmitResponse>, Status> {
         within(self.core.config.limits.request_timeout, async {
             let principal = request.extensions().get::<Principal>().cloned();
-            let new = validate::submit(request.into_inner(), &self.core.config, now_millis())?;
+            let new = validate::submit(
+                request.into_inner(),
+                &self.core.config,
+                self.core.store.now(),
+            )?;
             authorize_principal(principal.as_ref(), Role::Client, &new.key.namespace)?;
             let mut results = self.submit_all(vec![new]).await?;
             let result = results
@@ -111,7 +112,7 @@ impl ActivityService for ActivityApi {
                 ))
                 .into());
             }
-            let now = now_millis();
+            let now = self.core.store.now();
             let batch = activities
                 .into_iter()
                 .enumerate()

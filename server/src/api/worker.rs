@@ -22,7 +22,7 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 
 use spool_proto::{
     duration,
-    time::now_millis,
+    time::{UnixMillis, now_millis},
     v1::{
         self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message,
         worker_message, worker_service_server::WorkerService,
@@ -333,7 +333,7 @@ impl Session {
     }
 
     fn on_heartbeat(&self, beat: v1::Heartbeat) {
-        let now = now_millis();
+        let now = tokio::time::Instant::now();
         if beat.workflow_id.is_empty() && beat.activity_id.is_empty() {
             self.core.registry.touch(&self.worker_id, now);
             return;
@@ -363,7 +363,9 @@ impl Session {
     /// Takes the attempt a result answers (freeing its slot at once, so the next
     /// claim can share the result's commit) and decides what to write.
     fn on_result(&self, result: v1::ActivityResult) -> Forward {
-        self.core.registry.touch(&self.worker_id, now_millis());
+        self.core
+            .registry
+            .touch(&self.worker_id, tokio::time::Instant::now());
         let ack = v1::ResultAck {
             workflow_id: result.workflow_id.clone(),
             activity_id: result.activity_id.clone(),
@@ -382,7 +384,12 @@ impl Session {
                 return Forward::Refuse(ack);
             }
         };
-        let transition = decide(&attempt, result.outcome, self.core.config.max_payload_bytes);
+        let transition = decide(
+            &attempt,
+            result.outcome,
+            self.core.config.max_payload_bytes,
+            self.core.store.now(),
+        );
         let mut ops = Vec::with_capacity(2);
         if let Some(details) = details {
             // The last progress reported survives the attempt's end.
@@ -402,7 +409,7 @@ impl Session {
 
     async fn finish(self, end: End) {
         let attempts = self.core.registry.unregister(&self.worker_id);
-        let now = now_millis();
+        let now = self.core.store.now();
         let ops: Vec<Op> = attempts
             .into_iter()
             .map(|attempt| {
@@ -512,8 +519,8 @@ fn decide(
     attempt: &Attempt,
     outcome: Option<activity_result::Outcome>,
     max_payload: usize,
+    now: UnixMillis,
 ) -> Transition {
-    let now = now_millis();
     match outcome {
         Some(activity_result::Outcome::Output(mut output)) => {
             match validate::check_size("output", &output, max_payload) {

@@ -23,7 +23,7 @@
 
 use std::{collections::HashSet, ops::Range, sync::Arc, time::Duration};
 
-use spool_proto::time::{UnixMillis, now_millis};
+use spool_proto::time::UnixMillis;
 use tokio::{
     sync::{mpsc, oneshot},
     time::Instant,
@@ -49,6 +49,10 @@ const SAFETY_NET_MS: i64 = 5_000;
 
 /// The longest cancel reason carried in a notification (the row has it whole).
 const MAX_EVENT_REASON: usize = 1024;
+
+/// The longest the loop sleeps towards a due time before looking at the wall
+/// clock again.
+const WALL_RECHECK: Duration = Duration::from_secs(1);
 
 /// How many requests may queue before submitters wait: backpressure on clients.
 const QUEUE: usize = 8192;
@@ -209,7 +213,10 @@ impl Loop {
             let mut ops: Vec<Op> = std::mem::take(&mut self.carry);
             let mut requests: Vec<Request> = Vec::new();
             if ops.is_empty() && stop.is_none() && !closed {
-                let deadline = self.timer.next().map(instant_for);
+                let deadline = self
+                    .timer
+                    .next()
+                    .map(|at| instant_for(at, self.store.now()));
                 tokio::select! {
                     biased;
                     message = self.rx.recv() => match message {
@@ -257,7 +264,7 @@ impl Loop {
                 }
             }
 
-            let now = now_millis();
+            let now = self.store.now();
             self.fire_timer(now).await;
             // Rows submitted in this very batch can be claimed in it too: one commit
             // from submit to dispatch.
@@ -573,7 +580,7 @@ impl Loop {
         if self.outgoing.is_empty() {
             return;
         }
-        let now = now_millis();
+        let now = self.store.now();
         let mut due: HashSet<(String, String, UnixMillis)> = HashSet::new();
         let mut events = Vec::new();
         for event in self.outgoing.drain(..) {
@@ -610,7 +617,7 @@ impl Loop {
                 namespace,
                 activity_type,
                 at,
-            }) => self.due(&namespace, &activity_type, at, now_millis()),
+            }) => self.due(&namespace, &activity_type, at, self.store.now()),
             Remote::Event(Event::Finished { key }) => self.pending.notify(&key),
             Remote::Event(Event::Cancelled {
                 worker_id,
@@ -622,7 +629,7 @@ impl Loop {
                 .cancel_running(&worker_id, &key, attempt, &reason),
             Remote::Resync => {
                 self.registry.mark_all_due();
-                self.timer.read_again_by(now_millis());
+                self.timer.read_again_by(self.store.now());
             }
         }
     }
@@ -667,12 +674,13 @@ fn answer(requests: Vec<Request>, mut outcomes: Vec<Outcome>) {
     }
 }
 
-fn instant_for(at: UnixMillis) -> Instant {
-    let wait = at.saturating_sub(now_millis()).max(0);
-    let now = Instant::now();
-    // Past what the clock can hold, a year is as good: the loop re-arms on waking.
-    now.checked_add(Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
-        .unwrap_or(now + Duration::from_secs(365 * 86_400))
+/// When to wake for a due time. Due times are wall-clock times, and a wait is
+/// measured on the monotonic clock, so a wait is never longer than
+/// [`WALL_RECHECK`]: a step of the wall clock is noticed within it, and rows it
+/// made due are not stalled.
+fn instant_for(at: UnixMillis, now: UnixMillis) -> Instant {
+    let wait = u64::try_from(at.saturating_sub(now).max(0)).unwrap_or(0);
+    Instant::now() + Duration::from_millis(wait).min(WALL_RECHECK)
 }
 
 /// Publishes each committed batch's events in order, retrying a failed publication
@@ -844,7 +852,7 @@ mod tests {
                 activity_types: vec!["t".into()],
                 max_concurrency: 1_000,
             },
-            now_millis(),
+            spool_proto::time::now_millis(),
             |id| {
                 server_message::Message::Welcome(spool_proto::v1::Welcome {
                     worker_id: id.to_owned(),

@@ -21,7 +21,8 @@
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use spool_proto::time::{UnixMillis, now_millis};
+use spool_proto::time::UnixMillis;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Committer, Registry};
@@ -48,18 +49,21 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let tick = options.tick;
-    let interval_ms = millis(options.heartbeat_interval);
+    let silence = options.heartbeat_interval.saturating_mul(3);
     let lease_ms = millis(options.lease).max(1);
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_renewal: UnixMillis = 0;
+    // When leases were last renewed, on the monotonic clock: a step of the wall
+    // clock must neither skip renewals nor rush them.
+    let mut last_renewal: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let now = now_millis();
-        let sweep = registry.sweep(now, now.saturating_sub(interval_ms.saturating_mul(3)));
+        let now = store.now();
+        let tick_at = Instant::now();
+        let sweep = registry.sweep(tick_at, silence);
         crate::metrics::liveness(registry.worker_count(), registry.running_count());
         for worker_id in &sweep.lost_workers {
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
@@ -86,7 +90,8 @@ pub async fn run(
             });
         }
         ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
-        let renewing = now.saturating_sub(last_renewal) >= lease_ms / 3;
+        let renewing = last_renewal
+            .is_none_or(|at| tick_at.saturating_duration_since(at) >= options.lease / 3);
         let mut renewed_at = None;
         if renewing {
             if !sweep.running.is_empty() {
@@ -102,7 +107,7 @@ pub async fn run(
             Ok(outcomes) => {
                 if renewing {
                     // Only once renewed for sure: a failed write retries next tick.
-                    last_renewal = now;
+                    last_renewal = Some(tick_at);
                 }
                 if let Some(Outcome::Renewed(renewed)) = renewed_at.and_then(|i| outcomes.get(i)) {
                     // An attempt held here but no longer RUNNING in the store was

@@ -12,6 +12,11 @@
 //!   still be running it (attempts are keyed with their number, so a later attempt
 //!   of the same activity on the same worker takes a slot of its own);
 //! - a task that cannot be put on the worker's channel is released, never held;
+//! - liveness runs on the monotonic clock ([`Instant`]): when a worker was last
+//!   heard from, when an attempt last reported, and when its timeouts fall, so a
+//!   step of the wall clock neither evicts every worker nor fires (or stalls)
+//!   timeouts; a deadline stored as wall time is turned into an `Instant` once, at
+//!   dispatch;
 //! - a worker's outbound channel never overflows: it holds at most
 //!   `max_concurrency` tasks, one cancel per held attempt, the welcome, a drain,
 //!   and [`ACK_WINDOW`] acks (each carries a permit of the session's ack window).
@@ -25,7 +30,12 @@ use spool_proto::{
     time::{self, UnixMillis},
     v1::{self, ServerMessage, server_message},
 };
-use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
+use std::time::Duration;
+
+use tokio::{
+    sync::{Notify, OwnedSemaphorePermit, mpsc},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -93,14 +103,24 @@ struct Inflight {
     /// The server ended the attempt and told the worker to stop.
     cancel_sent: bool,
     /// When the attempt last reported progress (dispatch time at first).
-    last_heartbeat: UnixMillis,
+    last_heartbeat: Instant,
+    /// When start-to-close and schedule-to-close end this attempt.
+    start_to_close_at: Option<Instant>,
+    schedule_to_close_at: Option<Instant>,
     /// Details reported since the last flush to the store; latest wins.
     unflushed: Option<Option<Payload>>,
 }
 
 impl Inflight {
-    fn new(attempt: Arc<Attempt>, now: UnixMillis) -> Self {
+    /// An attempt dispatched at `now` (monotonic) and `now_wall`.
+    fn new(attempt: Arc<Attempt>, now: Instant, now_wall: UnixMillis) -> Self {
+        let after = |ms: i64| now + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
         Self {
+            start_to_close_at: attempt.timeouts.start_to_close_ms.map(after),
+            // Stored as wall time: what is left of it from now.
+            schedule_to_close_at: attempt
+                .schedule_to_close_deadline()
+                .map(|deadline| after(deadline.saturating_sub(now_wall))),
             attempt,
             cancel_sent: false,
             last_heartbeat: now,
@@ -138,8 +158,9 @@ struct Worker {
     group: GroupKey,
     identity: String,
     max_concurrency: u32,
+    /// Wall time, for display.
     connected_at: UnixMillis,
-    last_seen: UnixMillis,
+    last_seen: Instant,
     /// Attempts sent to the worker and not yet answered, by `(workflow_id,
     /// activity_id, attempt)`: the attempt is part of the key because a worker may
     /// still run attempt n (ended by the server, not yet answered) when attempt n+1
@@ -258,7 +279,7 @@ impl Registry {
                 identity: reg.identity,
                 max_concurrency: max,
                 connected_at: now,
-                last_seen: now,
+                last_seen: Instant::now(),
                 inflight: HashMap::new(),
                 reserved: 0,
                 outbound: tx.clone(),
@@ -296,7 +317,7 @@ impl Registry {
     }
 
     /// Records that the worker was heard from.
-    pub fn touch(&self, worker_id: &str, now: UnixMillis) {
+    pub fn touch(&self, worker_id: &str, now: Instant) {
         if let Some(w) = self.lock().workers.get_mut(worker_id) {
             w.last_seen = now;
         }
@@ -311,7 +332,7 @@ impl Registry {
         activity_id: &str,
         attempt: u32,
         details: Option<Payload>,
-        now: UnixMillis,
+        now: Instant,
     ) -> bool {
         let mut inner = self.lock();
         let Some(worker) = inner.workers.get_mut(worker_id) else {
@@ -334,14 +355,14 @@ impl Registry {
         }
     }
 
-    /// One liveness pass: finds workers silent since before `silent_before`, ends
+    /// One liveness pass: finds workers silent for `silence` or longer, ends
     /// attempts whose timeouts passed (telling their workers to stop), and collects
     /// heartbeat details to store and running rows to renew.
-    pub fn sweep(&self, now: UnixMillis, silent_before: UnixMillis) -> Sweep {
+    pub fn sweep(&self, now: Instant, silence: Duration) -> Sweep {
         let mut sweep = Sweep::default();
         let mut inner = self.lock();
         for worker in inner.workers.values_mut() {
-            if worker.last_seen < silent_before
+            if now.saturating_duration_since(worker.last_seen) >= silence
                 && worker.silence_paused == 0
                 && !worker.evict.is_cancelled()
             {
@@ -361,7 +382,7 @@ impl Registry {
                         details,
                     });
                 }
-                let Some(timed_out) = timeout_of(attempt, inflight.last_heartbeat, now) else {
+                let Some(timed_out) = timeout_of(inflight, now) else {
                     sweep.running.push((attempt.id, attempt.attempt));
                     continue;
                 };
@@ -628,14 +649,15 @@ impl Registry {
                 });
                 continue;
             }
-            let now = attempt.started_at;
+            let now = Instant::now();
+            let now_wall = attempt.started_at;
             worker.inflight.insert(
                 attempt_key(
                     &attempt.key.workflow_id,
                     &attempt.key.activity_id,
                     attempt.attempt,
                 ),
-                Inflight::new(attempt, now),
+                Inflight::new(attempt, now, now_wall),
             );
         }
         let group = worker.group.clone();
@@ -723,7 +745,7 @@ impl Registry {
                 max_concurrency: w.max_concurrency,
                 in_flight: u32::try_from(w.inflight.len()).unwrap_or(u32::MAX),
                 connected_at: Some(time::to_proto(w.connected_at)),
-                last_seen_at: Some(time::to_proto(w.last_seen)),
+                last_seen_at: Some(time::to_proto(wall_of(w.last_seen))),
             })
             .collect();
         out.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
@@ -754,17 +776,21 @@ impl Drop for SilencePaused<'_> {
     fn drop(&mut self) {
         if let Some(w) = self.registry.lock().workers.get_mut(self.worker_id) {
             w.silence_paused = w.silence_paused.saturating_sub(1);
-            w.last_seen = spool_proto::time::now_millis();
+            w.last_seen = Instant::now();
         }
     }
 }
 
+/// The wall time an `Instant` of the past corresponds to, for display.
+fn wall_of(then: Instant) -> UnixMillis {
+    let ago = i64::try_from(Instant::now().saturating_duration_since(then).as_millis())
+        .unwrap_or(i64::MAX);
+    time::now_millis().saturating_sub(ago)
+}
+
 /// The timeout an attempt has passed at `now`, if any.
-fn timeout_of(
-    attempt: &Arc<Attempt>,
-    last_heartbeat: UnixMillis,
-    now: UnixMillis,
-) -> Option<TimedOut> {
+fn timeout_of(inflight: &Inflight, now: Instant) -> Option<TimedOut> {
+    let attempt = &inflight.attempt;
     let timeouts = &attempt.timeouts;
     let timed_out = |error_type: &'static str, message: String, final_: bool| TimedOut {
         attempt: attempt.clone(),
@@ -772,9 +798,7 @@ fn timeout_of(
         message,
         final_,
     };
-    if let Some(deadline) = attempt.schedule_to_close_deadline()
-        && now >= deadline
-    {
+    if inflight.schedule_to_close_at.is_some_and(|at| now >= at) {
         return Some(timed_out(
             "ScheduleToCloseTimeout",
             "schedule_to_close_timeout passed before the activity finished".to_owned(),
@@ -782,7 +806,7 @@ fn timeout_of(
         ));
     }
     if let Some(ms) = timeouts.start_to_close_ms
-        && now >= attempt.started_at.saturating_add(ms)
+        && inflight.start_to_close_at.is_some_and(|at| now >= at)
     {
         return Some(timed_out(
             "StartToCloseTimeout",
@@ -794,7 +818,8 @@ fn timeout_of(
         ));
     }
     if let Some(ms) = timeouts.heartbeat_ms
-        && now >= last_heartbeat.saturating_add(ms)
+        && now.saturating_duration_since(inflight.last_heartbeat)
+            >= Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0))
     {
         return Some(timed_out(
             "HeartbeatTimeout",
@@ -892,9 +917,10 @@ mod tests {
         let (silent, _tx, _rx, evict) = registry.register(registration(4), 0, welcome);
         let (leaving, _tx2, _rx2, _) = registry.register(registration(4), 1_000, welcome);
         let (live, _tx3, _rx3, _) = registry.register(registration(4), 1_000, welcome);
-        registry.touch(&leaving, 1_000);
-        registry.touch(&live, 1_000);
-        let sweep = registry.sweep(1_000, 500);
+        let later = Instant::now() + Duration::from_secs(1);
+        registry.touch(&leaving, later);
+        registry.touch(&live, later);
+        let sweep = registry.sweep(later, Duration::from_millis(500));
         assert_eq!(sweep.lost_workers, vec![silent.clone()]);
         assert!(evict.is_cancelled());
         registry.leave(&leaving);
@@ -908,21 +934,22 @@ mod tests {
     fn silence_is_not_counted_while_the_session_waits_on_the_server() {
         let registry = Registry::default();
         let (id, _tx, _rx, evict) = registry.register(registration(1), 0, welcome);
+        let silence = Duration::from_secs(1);
         {
             let _paused = registry.pause_silence(&id);
-            let sweep = registry.sweep(10_000, 9_000);
+            let sweep = registry.sweep(Instant::now() + Duration::from_secs(10), silence);
             assert!(sweep.lost_workers.is_empty());
             assert!(!evict.is_cancelled());
         }
-        // Resuming counts as being heard from (at the wall clock's now).
-        let now = spool_proto::time::now_millis();
-        assert!(registry.sweep(now, now - 1_000).lost_workers.is_empty());
+        // Resuming counts as being heard from.
         assert!(
-            !registry
-                .sweep(now + 10_000, now + 5_000)
+            registry
+                .sweep(Instant::now(), silence)
                 .lost_workers
                 .is_empty()
         );
+        let later = Instant::now() + Duration::from_secs(10);
+        assert!(!registry.sweep(later, silence).lost_workers.is_empty());
     }
 
     #[test]
@@ -968,13 +995,15 @@ mod tests {
             content_type: String::new(),
             data: b"50%".to_vec(),
         };
-        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), 1));
-        assert!(registry.heartbeat(&id, "wf", "a", 1, None, 2));
-        let sweep = registry.sweep(3, 0);
+        let now = Instant::now();
+        let quiet = Duration::from_secs(60);
+        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
+        assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
+        let sweep = registry.sweep(now, quiet);
         assert_eq!(sweep.heartbeats.len(), 1);
         assert_eq!(sweep.heartbeats[0].details.as_ref(), Some(&details));
         // Another bare heartbeat: nothing new to write.
-        assert!(registry.heartbeat(&id, "wf", "a", 1, None, 4));
-        assert!(registry.sweep(5, 0).heartbeats.is_empty());
+        assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
+        assert!(registry.sweep(now, quiet).heartbeats.is_empty());
     }
 }

@@ -489,6 +489,14 @@ pub trait Store: Send + Sync + 'static {
     /// most `limit` rows: what arms the dispatch timer.
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
 
+    /// The time every write is stamped with and judged by: what `apply`'s `now`,
+    /// leases and due times mean. A single-node store uses the wall clock; a shared
+    /// one the database's, so clock skew between nodes cannot reclaim a live
+    /// attempt or hold a due row back.
+    fn now(&self) -> UnixMillis {
+        spool_proto::time::now_millis()
+    }
+
     /// True when one process owns the database (SQLite, with its file lock): at
     /// start, every RUNNING row is a dead process's, to reclaim at once. Otherwise
     /// only rows whose lease expired are (by the liveness sweep).

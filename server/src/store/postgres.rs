@@ -8,6 +8,10 @@
 //! The schema is `migrations/postgres`, the same table as SQLite's in PostgreSQL's
 //! types; statuses are the wire enum's numbers.
 //!
+//! Time is the database's (`DbClock`): every node stamps leases and due times
+//! with it and judges them by it, so skew between the nodes' own clocks cannot
+//! reclaim a live attempt or hold a due row back.
+//!
 //! Every session sets `statement_timeout`, `lock_timeout` and
 //! `idle_in_transaction_session_timeout` (unless the URL's `options` do), so a node
 //! that stalls mid-transaction cannot block the others for long. The URL's
@@ -84,7 +88,56 @@ fn session_limits(options: PgConnectOptions) -> PgConnectOptions {
     }
 }
 
+/// The database's clock, read without a round trip: the database's time at the
+/// last sync plus the monotonic time elapsed since. Every node stamps and judges
+/// times by it, so their own wall clocks (skewed, or stepped) do not matter: a
+/// lease renewed by one node is judged by the same clock on every other.
+struct DbClock {
+    /// The database's time (Unix ms) at an instant of this process.
+    anchor: std::sync::Mutex<(UnixMillis, std::time::Instant)>,
+}
+
+/// How often the clock is synced with the database (the monotonic clock drifts
+/// little between syncs).
+const CLOCK_SYNC: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl DbClock {
+    fn now(&self) -> UnixMillis {
+        let (at, instant) = *self.anchor.lock().unwrap_or_else(|e| e.into_inner());
+        at.saturating_add(i64::try_from(instant.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// Reads the database's clock, placing the reading at the middle of the round
+    /// trip.
+    async fn sync(&self, pool: &PgPool) -> Result<(), Error> {
+        let sent = std::time::Instant::now();
+        let db: i64 =
+            sqlx::query_scalar("SELECT (extract(epoch from clock_timestamp()) * 1000)::BIGINT")
+                .fetch_one(pool)
+                .await?;
+        let round_trip = sent.elapsed();
+        *self.anchor.lock().unwrap_or_else(|e| e.into_inner()) = (db, sent + round_trip / 2);
+        Ok(())
+    }
+
+    /// Keeps the clock synced while the store lives.
+    fn keep_synced(clock: &Arc<Self>, pool: PgPool) {
+        let clock = Arc::downgrade(clock);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(CLOCK_SYNC).await;
+                let Some(clock) = clock.upgrade() else { return };
+                if let Err(e) = clock.sync(&pool).await {
+                    tracing::warn!(error = %e, "cannot read the database's clock; keeping the last reading");
+                }
+            }
+        });
+    }
+}
+
 pub struct PostgresStore {
+    /// Time as the database tells it (see [`DbClock`]).
+    clock: Arc<DbClock>,
     /// Writes (the committer's transactions) and the server's own reads (due
     /// times, reclaims), apart from the API's callers so the committer never waits
     /// behind a caller's List.
@@ -115,7 +168,16 @@ impl PostgresStore {
         let mut conn = pool.acquire().await?;
         migrator().run_direct(None, &mut *conn, false).await?;
         drop(conn);
+        let clock = Arc::new(DbClock {
+            anchor: std::sync::Mutex::new((
+                spool_proto::time::now_millis(),
+                std::time::Instant::now(),
+            )),
+        });
+        clock.sync(&pool).await?;
+        DbClock::keep_synced(&clock, pool.clone());
         Ok(Self {
+            clock,
             pool,
             readers,
             node: uuid::Uuid::now_v7().to_string(),
@@ -249,6 +311,10 @@ impl Store for PostgresStore {
 
     fn single_node(&self) -> bool {
         false
+    }
+
+    fn now(&self) -> UnixMillis {
+        self.clock.now()
     }
 
     async fn publish(&self, events: Vec<Event>) -> Result<(), Error> {

@@ -6,6 +6,7 @@
 
 mod child;
 mod cli;
+mod clock;
 mod metrics;
 mod support;
 

@@ -50,12 +50,26 @@ impl Env {
 
     /// Starts `spool serve` on this environment's port and database.
     pub fn server(&self, args: &[&str]) -> ServerProcess {
-        let database = format!("sqlite://{}", self.dir.path().join("spool.db").display());
-        self.server_on(&database, args)
+        self.server_on(&self.database(), args)
+    }
+
+    /// This environment's SQLite database URL.
+    pub fn database(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("spool.db").display())
     }
 
     /// Starts `spool serve` on this environment's port and the given database.
     pub fn server_on(&self, database: &str, args: &[&str]) -> ServerProcess {
+        self.server_with(database, args, &[])
+    }
+
+    /// [`Env::server_on`] with extra environment variables.
+    pub fn server_with(
+        &self,
+        database: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> ServerProcess {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -67,6 +81,7 @@ impl Env {
             .args(["--database", database])
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
