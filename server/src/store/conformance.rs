@@ -143,6 +143,7 @@ conformance!(
     a_batch_answers_existing_keys_without_payloads,
     claims_skip_rows_past_schedule_to_close,
     an_unreadable_row_is_left_out_of_every_read,
+    every_submit_is_refused_or_stored_and_read_back_equal,
 );
 
 const T0: i64 = 1_000_000;
@@ -984,4 +985,193 @@ async fn an_unreadable_row_is_left_out_of_every_read(store: &dyn Store, raw: &Ra
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(counts.running, 3, "the unknown status is left out of Stats");
     assert!(matches!(store.get(&key("b")).await, Err(Error::Corrupt(_))));
+}
+
+/// Generated submits, absurd ones among them, through the request validator and
+/// the store: each is refused (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED for a
+/// payload) or stored and read back equal. Inputs mix valid values with the edges
+/// (control characters, lengths at and past the limits, negative and enormous
+/// durations, invalid nanos, NaN).
+async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store, _raw: &Raw) {
+    use proptest::{
+        prelude::*,
+        strategy::ValueTree,
+        test_runner::{Config as Cases, RngAlgorithm, TestRng, TestRunner},
+    };
+
+    use crate::api::{self, validate};
+
+    // Mostly valid, so that both outcomes are common; every edge shows up.
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            24 => "[a-z0-9._-]{1,20}",
+            8 => "\\PC{1,30}",
+            1 => Just(String::new()),
+            1 => "[a-zA-Z0-9 ._/-]{250,260}",
+            1 => ".{0,12}",
+            1 => "[a-z]{1,5}[\\x00-\\x1f\\x7f][a-z]{0,5}",
+        ]
+    }
+    fn duration() -> impl Strategy<Value = Option<prost_types::Duration>> {
+        let seconds = prop_oneof![
+            40 => 0i64..5_000,
+            2 => Just(10 * 365 * 86_400),
+            1 => Just(10 * 365 * 86_400 + 1),
+            1 => -5i64..0,
+            1 => Just(i64::MAX),
+            1 => Just(i64::MIN),
+            1 => 1_000_000_000_000i64..1_000_000_000_001,
+        ];
+        let nanos = prop_oneof![
+            20 => Just(0i32),
+            20 => 0i32..1_000_000_000,
+            1 => Just(1_000_000_000),
+            1 => Just(-1)
+        ];
+        proptest::option::weighted(
+            0.4,
+            (seconds, nanos).prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+        )
+    }
+    let policy = proptest::option::of(
+        (
+            prop_oneof![
+                10 => Just(0u32),
+                20 => 1u32..20,
+                2 => Just(10_000),
+                1 => Just(10_001),
+                1 => Just(u32::MAX)
+            ],
+            duration(),
+            prop_oneof![
+                10 => Just(0.0f64),
+                20 => 1.0f64..3.0,
+                2 => Just(100.0),
+                1 => Just(0.5),
+                1 => Just(f64::NAN),
+                1 => Just(f64::INFINITY),
+                1 => Just(100.5)
+            ],
+            duration(),
+            proptest::collection::vec("[A-Za-z]{1,10}|\\PC{0,5}", 0..3),
+        )
+            .prop_map(|(max_attempts, initial, coefficient, max, types)| {
+                spool_proto::v1::RetryPolicy {
+                    max_attempts,
+                    initial_interval: initial,
+                    backoff_coefficient: coefficient,
+                    max_interval: max,
+                    non_retryable_error_types: types,
+                }
+            }),
+    );
+    let payload = proptest::option::of(
+        (text(), proptest::collection::vec(any::<u8>(), 0..64))
+            .prop_map(|(content_type, data)| Payload { content_type, data }),
+    );
+    let namespace = prop_oneof![4 => Just(String::new()), 8 => "[a-z]{1,8}", 1 => text()];
+    let request = (
+        (namespace, text(), text(), text()),
+        payload,
+        (duration(), duration(), duration(), duration()),
+        policy,
+        any::<i32>(),
+    )
+        .prop_map(
+            |(
+                (namespace, workflow_id, activity_id, activity_type),
+                input,
+                d,
+                retry_policy,
+                priority,
+            )| {
+                spool_proto::v1::SubmitRequest {
+                    namespace,
+                    workflow_id,
+                    activity_id,
+                    activity_type,
+                    input,
+                    delay: d.0,
+                    retry_policy,
+                    heartbeat_timeout: d.1,
+                    start_to_close_timeout: d.2,
+                    schedule_to_close_timeout: d.3,
+                    priority,
+                }
+            },
+        );
+
+    let mut config = crate::Config::new("unused");
+    config.max_payload_bytes = 32;
+    let mut runner = TestRunner::new_with_rng(
+        Cases {
+            cases: 200,
+            ..Cases::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let (mut stored, mut refused) = (0, 0);
+    for case in 0..200 {
+        let submitted = request
+            .new_tree(&mut runner)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .current();
+        let shown = format!("{submitted:?}");
+        let new = match validate::submit(submitted, &config, T0) {
+            Ok(new) => new,
+            Err(api::Error::InvalidArgument(_) | api::Error::PayloadTooLarge { .. }) => {
+                refused += 1;
+                continue;
+            }
+            Err(other) => panic!("case {case}: {other} for {shown}"),
+        };
+        // Each case a key of its own: the generated ids may repeat.
+        let mut new = new;
+        new.key.workflow_id = format!("{case}-{}", new.key.workflow_id);
+        new.key.workflow_id = validate::truncate(new.key.workflow_id, validate::MAX_NAME_BYTES);
+        let outcome = store
+            .apply(vec![Op::Submit(vec![new.clone()])].into(), T0)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("case {case}: the store refused a valid submit: {e} for {shown}")
+            });
+        assert!(
+            matches!(&outcome[..], [Outcome::Submitted(s)] if s[0].created),
+            "case {case}: {outcome:?}"
+        );
+        let row = store
+            .get(&new.key)
+            .await
+            .unwrap_or_else(|e| panic!("case {case}: {e} for {shown}"))
+            .unwrap_or_else(|| panic!("case {case}: not stored: {shown}"));
+        let read_back = (
+            &row.key,
+            &row.activity_type,
+            &row.input,
+            row.next_at,
+            &row.retry,
+            row.timeouts,
+            row.priority,
+            row.expires_at,
+            row.status,
+        );
+        let sent = (
+            &new.key,
+            &new.activity_type,
+            &new.input,
+            new.next_at,
+            &new.retry,
+            new.timeouts,
+            new.priority,
+            rows::expires_at(T0, new.timeouts.schedule_to_close_ms),
+            ActivityStatus::Scheduled,
+        );
+        assert_eq!(read_back, sent, "case {case}: {shown}");
+        stored += 1;
+    }
+    eprintln!("validator property: {stored} stored, {refused} refused");
+    assert!(
+        stored > 20 && refused > 20,
+        "stored {stored}, refused {refused}"
+    );
 }

@@ -281,3 +281,91 @@ async fn serve_refuses_bad_flags_at_start_naming_the_flag() {
     );
     assert!(!all.contains("hunter2-secret"), "{all}");
 }
+
+/// The CLI over TLS and mutual TLS, certificates made in the test.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_speaks_tls_and_mutual_tls() {
+    let env = Env::new();
+    let pki = crate::pki::Pki::new(&env.file("x", b"").with_file_name(""));
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let (cert, key, ca) = (path(&pki.server_cert), path(&pki.server_key), path(&pki.ca));
+    let https = env.url().replace("http://", "https://");
+    let cli = |args: Vec<String>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(args)
+            .output()
+            .await
+            .expect("run spool")
+    };
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut all = vec!["--server".to_owned(), https.clone()];
+        all.extend(extra.iter().map(|s| s.to_string()));
+        all
+    };
+    {
+        let _server = env.server(&["--tls-cert", &cert, "--tls-key", &key]);
+        let ok = eventually("the TLS server to answer", || {
+            let cli = cli.clone();
+            let args = args(&["--ca-cert", &ca, "stats"]);
+            async move {
+                let out = cli(args).await;
+                out.status.success().then_some(out)
+            }
+        })
+        .await;
+        assert!(stdout(&ok).contains("SCHEDULED"), "{}", stdout(&ok));
+        let untrusted = cli(args(&["stats"])).await;
+        assert_eq!(untrusted.status.code(), Some(1), "{}", stderr(&untrusted));
+        // http:// with TLS settings is refused, not sent in clear text.
+        let plain = cli(vec![
+            "--server".into(),
+            env.url(),
+            "--ca-cert".into(),
+            ca.clone(),
+            "stats".into(),
+        ])
+        .await;
+        assert_eq!(plain.status.code(), Some(1));
+        assert!(stderr(&plain).contains("https://"), "{}", stderr(&plain));
+    }
+    let env = Env::new();
+    let https = env.url().replace("http://", "https://");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut all = vec!["--server".to_owned(), https.clone()];
+        all.extend(extra.iter().map(|s| s.to_string()));
+        all
+    };
+    let _server = env.server(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &ca,
+    ]);
+    let (client_cert, client_key) = (path(&pki.client_cert), path(&pki.client_key));
+    eventually(
+        "the mTLS server to answer a client with a certificate",
+        || {
+            let cli = cli.clone();
+            let args = args(&[
+                "--ca-cert",
+                &ca,
+                "--client-cert",
+                &client_cert,
+                "--client-key",
+                &client_key,
+                "stats",
+            ]);
+            async move { cli(args).await.status.success().then_some(()) }
+        },
+    )
+    .await;
+    let anonymous = cli(args(&["--ca-cert", &ca, "stats"])).await;
+    assert_eq!(
+        anonymous.status.code(),
+        Some(1),
+        "no client certificate: {}",
+        stderr(&anonymous)
+    );
+}

@@ -8,6 +8,8 @@ mod child;
 mod cli;
 mod clock;
 mod metrics;
+#[path = "../../../tests/support/pki.rs"]
+mod pki;
 mod support;
 
 use std::time::{Duration, Instant};
