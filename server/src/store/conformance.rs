@@ -813,6 +813,18 @@ async fn renew_extends_only_attempts_still_running(store: &dyn Store, _raw: &Raw
     assert_eq!(get(store, "c").await.lease_expires_at, Some(T0 + 30_000));
 }
 
+/// The first page of the default namespace, unfiltered.
+fn everything(limit: u32) -> ListQuery {
+    ListQuery {
+        namespace: "default".into(),
+        status: None,
+        activity_type: None,
+        after_id: 0,
+        limit,
+        max_bytes: 1 << 20,
+    }
+}
+
 async fn computed_times_saturate_and_stay_integers(store: &dyn Store, _raw: &Raw) {
     // Validation bounds durations far below this; the store must not overflow
     // even when handed the extreme.
@@ -824,14 +836,7 @@ async fn computed_times_saturate_and_stay_integers(store: &dyn Store, _raw: &Raw
     let row = get(store, "huge").await;
     assert_eq!(row.expires_at, Some(i64::MAX));
     let page = store
-        .list(&ListQuery {
-            namespace: "default".into(),
-            status: None,
-            activity_type: None,
-            after_id: 0,
-            limit: 10,
-            max_bytes: 1 << 20,
-        })
+        .list(&everything(10))
         .await
         .unwrap_or_else(|e| panic!("list: {e}"));
     assert_eq!(page.rows.len(), 1);
@@ -951,14 +956,7 @@ async fn an_unreadable_row_is_left_out_of_every_read(store: &dyn Store, raw: &Ra
             .await;
     }
     let page = store
-        .list(&ListQuery {
-            namespace: "default".into(),
-            status: None,
-            activity_type: None,
-            after_id: 0,
-            limit: 10,
-            max_bytes: 1 << 20,
-        })
+        .list(&everything(10))
         .await
         .unwrap_or_else(|e| panic!("list: {e}"));
     let ids: Vec<_> = page

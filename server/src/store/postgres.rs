@@ -858,17 +858,16 @@ async fn expire_scheduled(
 
 /// One row by key.
 async fn select_by_key(conn: &mut PgConnection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-    ))
-    .bind(&key.namespace)
-    .bind(&key.workflow_id)
-    .bind(&key.activity_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref().map(decode).transpose()
+    select_one(
+        conn,
+        key,
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
+        ),
+    )
+    .await
 }
 
 /// One row by key without its payloads (see `light_columns!`); with `lock`,
@@ -878,20 +877,29 @@ async fn select_light(
     key: &Key,
     lock: bool,
 ) -> Result<Option<ActivityRow>, Error> {
-    let query = if lock {
-        sqlx::query(concat!(
+    let sql = if lock {
+        concat!(
             "SELECT ",
             light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
             " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 FOR UPDATE"
-        ))
+        )
     } else {
-        sqlx::query(concat!(
+        concat!(
             "SELECT ",
             light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
             " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-        ))
+        )
     };
-    let row = query
+    select_one(conn, key, sql).await
+}
+
+/// The row `sql` (a `SELECT` of the `columns!()` shape by key) finds.
+async fn select_one(
+    conn: &mut PgConnection,
+    key: &Key,
+    sql: &'static str,
+) -> Result<Option<ActivityRow>, Error> {
+    let row = sqlx::query(sql)
         .bind(&key.namespace)
         .bind(&key.workflow_id)
         .bind(&key.activity_id)
@@ -1008,6 +1016,40 @@ mod tests {
         let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
         assert!(matches!(due, Ok(Ok(_))), "due times waited");
         drop(held);
+    }
+
+    /// `sslmode` in the URL is honoured: `require` speaks TLS (the server's own
+    /// certificate here is self-signed), `verify-full` refuses a certificate no
+    /// trusted CA signed.
+    #[tokio::test]
+    async fn the_urls_sslmode_is_honoured() {
+        let Ok(url) = std::env::var("SPOOL_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "SPOOL_TEST_POSTGRES_URL must name a PostgreSQL server under CI=true"
+            );
+            return;
+        };
+        let with = |mode: &str| {
+            let separator = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{separator}sslmode={mode}")
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&with("require"))
+            .await
+            .unwrap_or_else(|e| panic!("sslmode=require: {e}"));
+        let encrypted: bool =
+            sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+                .fetch_one(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(encrypted, "sslmode=require must speak TLS");
+        let verified = PostgresStore::open(&with("verify-full")).await;
+        assert!(
+            verified.is_err(),
+            "verify-full must refuse the self-signed certificate"
+        );
     }
 
     /// Every pooled session carries the limits, and a URL's own setting wins.

@@ -312,21 +312,15 @@ fn submit(
 /// submit answers for a key that exists, so a batch naming one large stored row many
 /// times costs no memory.
 fn select_light(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    let mut q = conn
-        .query(concat!(
+    select_one(
+        conn,
+        key,
+        concat!(
             "SELECT ",
             light_columns!("X''", "NULL", "NULL"),
             " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-        ))
-        .map_err(sqlite)?
-        .bind(&key.namespace)
-        .bind(&key.workflow_id)
-        .bind(&key.activity_id);
-    if q.step().map_err(sqlite)? {
-        decode(&q).map(Some)
-    } else {
-        Ok(None)
-    }
+        ),
+    )
 }
 
 fn claim_rows(
@@ -576,12 +570,25 @@ fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Resul
 }
 
 fn select_by_key(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    let mut q = conn
-        .query(concat!(
+    select_one(
+        conn,
+        key,
+        concat!(
             "SELECT ",
             columns!(),
             " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-        ))
+        ),
+    )
+}
+
+/// The row `sql` (a `SELECT` of the `columns!()` shape by key) finds.
+fn select_one(
+    conn: &mut Connection,
+    key: &Key,
+    sql: &'static str,
+) -> Result<Option<ActivityRow>, Error> {
+    let mut q = conn
+        .query(sql)
         .map_err(sqlite)?
         .bind(&key.namespace)
         .bind(&key.workflow_id)

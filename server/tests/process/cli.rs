@@ -305,7 +305,6 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
     {
         let _server = env.server(&["--tls-cert", &cert, "--tls-key", &key]);
         let ok = eventually("the TLS server to answer", || {
-            let cli = cli.clone();
             let args = args(&["--ca-cert", &ca, "stats"]);
             async move {
                 let out = cli(args).await;
@@ -347,7 +346,6 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
     eventually(
         "the mTLS server to answer a client with a certificate",
         || {
-            let cli = cli.clone();
             let args = args(&[
                 "--ca-cert",
                 &ca,
