@@ -265,10 +265,12 @@ async fn worker_text_is_sanitised_on_sqlite() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+)]
 async fn worker_text_is_sanitised_on_postgres() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
+    let database = postgres_schema().await;
     let server = TestServer::start_on_database(&database).await;
     worker_text_is_sanitised(&server).await;
 }

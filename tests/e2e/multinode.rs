@@ -8,10 +8,12 @@ use spool_proto::v1::{self, ActivityStatus, server_message};
 use crate::harness::*;
 
 #[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+)]
 async fn nodes_sharing_a_database_hand_work_to_each_other() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
+    let database = postgres_schema().await;
     let a = TestServer::start_on_database(&database).await;
     let b = TestServer::start_on_database(&database).await;
     let _worker_on_b =
@@ -61,10 +63,12 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+)]
 async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
+    let database = postgres_schema().await;
     let a = TestServer::start_on_database(&database).await;
     let b = TestServer::start_on_database(&database).await;
     let _worker_on_b = b.worker(|w| w.activity("t", |_, _| async { Ok(Default::default()) }));

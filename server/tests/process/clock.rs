@@ -30,13 +30,15 @@ async fn worker_ids(url: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_faketime),
+    ignore = "needs libfaketime: apt-get install faketime"
+)]
 async fn a_wall_clock_step_neither_evicts_workers_nor_stalls_due_rows() {
     let env = Env::new();
     let clock = env.file("clock", b"+0");
     let clock = clock.to_string_lossy();
-    let Some(envs) = faked(&clock) else {
-        return;
-    };
+    let envs = faked(&clock);
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let server = env.server_with(&env.database(), &["--heartbeat-interval", "500ms"], &envs);
     let mut client = server.client().await;
@@ -79,50 +81,44 @@ async fn a_wall_clock_step_neither_evicts_workers_nor_stalls_due_rows() {
 }
 
 /// The variables that run `spool serve` under libfaketime, reading its offset
-/// from `clock`; `None` (skip) where libfaketime is missing, but not under CI.
-fn faked(clock: &str) -> Option<[(&'static str, String); 4]> {
-    if !std::path::Path::new(FAKETIME).exists() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{FAKETIME} is missing: apt-get install faketime"
-        );
-        eprintln!("skipping: {FAKETIME} is missing (apt-get install faketime)");
-        return None;
-    }
-    Some([
+/// from `clock`. Tests that use it are ignored where libfaketime is missing
+/// (`spool_test_faketime`); where they run, a missing library fails them.
+fn faked(clock: &str) -> [(&'static str, String); 4] {
+    assert!(
+        std::path::Path::new(FAKETIME).exists(),
+        "{FAKETIME} is missing: apt-get install faketime"
+    );
+    [
         ("LD_PRELOAD", FAKETIME.to_owned()),
         ("FAKETIME_TIMESTAMP_FILE", clock.to_owned()),
         ("FAKETIME_NO_CACHE", "1".to_owned()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
-    ])
+    ]
 }
 
 /// Two nodes on one PostgreSQL, b's wall clock `offset` from a's (and the
 /// database's).
-async fn skewed_pair(
-    database: &str,
-    offset: &str,
-) -> Option<(Env, Env, ServerProcess, ServerProcess)> {
+async fn skewed_pair(database: &str, offset: &str) -> (Env, Env, ServerProcess, ServerProcess) {
     let (node_a, node_b) = (Env::new(), Env::new());
     let clock = node_b.file("clock", offset.as_bytes());
-    let envs = faked(&clock.to_string_lossy())?;
+    let envs = faked(&clock.to_string_lossy());
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let args = ["--lease-timeout", "2s", "--heartbeat-interval", "500ms"];
     let a = node_a.server_on(database, &args);
     let b = node_b.server_with(database, &args, &envs);
-    Some((node_a, node_b, a, b))
+    (node_a, node_b, a, b)
 }
 
 /// Leases are judged by the database's clock: a node whose own clock runs an
 /// hour ahead does not take a live attempt from another node.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(all(spool_test_postgres, spool_test_faketime)),
+    ignore = "needs PostgreSQL (SPOOL_TEST_POSTGRES_URL) and libfaketime"
+)]
 async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
-    let Some((node_a, _node_b, a, b)) = skewed_pair(&database, "+3600").await else {
-        return;
-    };
+    let database = postgres_schema().await;
+    let (node_a, _node_b, a, b) = skewed_pair(&database, "+3600").await;
     let mut client_a = a.client().await;
     b.client().await;
     let worker = node_a.worker(1);
@@ -144,13 +140,13 @@ async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
 /// Due times are judged by the database's clock: a node whose clock runs an hour
 /// behind still dispatches a row another node submitted, at once.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(all(spool_test_postgres, spool_test_faketime)),
+    ignore = "needs PostgreSQL (SPOOL_TEST_POSTGRES_URL) and libfaketime"
+)]
 async fn a_node_whose_clock_runs_behind_does_not_hold_due_rows_back() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
-    let Some((_node_a, node_b, a, b)) = skewed_pair(&database, "-3600").await else {
-        return;
-    };
+    let database = postgres_schema().await;
+    let (_node_a, node_b, a, b) = skewed_pair(&database, "-3600").await;
     let mut client_a = a.client().await;
     let mut client_b = b.client().await;
     let _worker = node_b.worker(1);

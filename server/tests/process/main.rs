@@ -18,9 +18,10 @@ use spool_proto::v1::{self, ActivityStatus, ErrorKind};
 use support::*;
 
 /// The entry point of worker child processes: `WorkerProcess::start` re-runs this
-/// test binary with only this test selected and its configuration in the
-/// environment. Run as an ordinary test, it returns at once.
+/// test binary with only this (ignored) test selected and its configuration in the
+/// environment.
 #[test]
+#[ignore = "the worker child processes' entry point, not a test"]
 fn worker_process_entry() {
     if let Ok(config) = std::env::var(child::CONFIG_ENV) {
         child::run(&config);
@@ -285,10 +286,12 @@ async fn a_second_signal_exits_at_once() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+)]
 async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
-    let Some(database) = postgres_schema().await else {
-        return;
-    };
+    let database = postgres_schema().await;
     let (node_a, node_b) = (Env::new(), Env::new());
     let args = ["--lease-timeout", "2s", "--heartbeat-interval", "500ms"];
     let mut a = node_a.server_on(&database, &args);
