@@ -91,8 +91,16 @@ impl TestServer {
 
     /// A server on `database` (a URL), sharing it with whoever else uses it.
     pub async fn start_on_database(database: &str) -> Self {
+        Self::start_on_database_with(database, |_| {}).await
+    }
+
+    /// [`TestServer::start_on_database`], configured.
+    pub async fn start_on_database_with(
+        database: &str,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
         let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-        Self::start_on(dir, database.to_owned(), |_| {}).await
+        Self::start_on(dir, database.to_owned(), configure).await
     }
 
     /// Stops this server and starts a new one on the same database file.

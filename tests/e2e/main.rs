@@ -11,6 +11,7 @@ mod http2;
 
 mod api;
 mod interop;
+mod invariants;
 mod lifecycle;
 mod limits;
 mod liveness;

@@ -185,16 +185,21 @@ async fn cancel_a_running_activity_tells_the_worker_and_refuses_its_result() {
     );
 }
 
+/// The cancel reaches the handler: with one slot, the next activity can start
+/// only once the cancelled handler saw `ctx.cancelled()` fire and returned.
 #[tokio::test]
 async fn the_sdk_stops_a_cancelled_handler() {
     let server = TestServer::start().await;
-    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let (stopped, mut stops) = tokio::sync::mpsc::unbounded_channel();
     let _worker = server.worker(move |w| {
-        w.activity("long", move |ctx, _| {
-            let tx = tx.clone();
+        w.max_concurrency(1).activity("long", move |ctx, _| {
+            let (started, stopped) = (started.clone(), stopped.clone());
             async move {
-                let _ = tx.send(()).await;
+                let id = ctx.info().activity_id.clone();
+                let _ = started.send(id.clone());
                 ctx.cancelled().await;
+                let _ = stopped.send(id);
                 Err(spool_worker::ActivityError::retryable(
                     "Cancelled",
                     "stopped as asked",
@@ -204,7 +209,8 @@ async fn the_sdk_stops_a_cancelled_handler() {
     });
     let mut client = server.client().await;
     submit(&mut client, request("long", "wf", "l")).await;
-    rx.recv().await.unwrap();
+    assert_eq!(starts.recv().await.as_deref(), Some("l"));
+    submit(&mut client, request("long", "wf", "m")).await;
     client
         .cancel(v1::CancelRequest {
             key: Some(key("wf", "l")),
@@ -212,12 +218,15 @@ async fn the_sdk_stops_a_cancelled_handler() {
         })
         .await
         .unwrap();
-    // The handler returns; its worker slot is free for the next activity.
-    submit(&mut client, request("long", "wf", "m")).await;
-    tokio::time::timeout(WAIT, rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let stopped = tokio::time::timeout(WAIT, stops.recv()).await.unwrap();
+    assert_eq!(
+        stopped.as_deref(),
+        Some("l"),
+        "the cancel fired in the handler"
+    );
+    // Only then does the one slot take the next activity.
+    let next = tokio::time::timeout(WAIT, starts.recv()).await.unwrap();
+    assert_eq!(next.as_deref(), Some("m"));
 }
 
 #[tokio::test]

@@ -142,6 +142,9 @@ conformance!(
     claims_skip_rows_past_schedule_to_close,
     an_unreadable_row_is_left_out_of_every_read,
     every_submit_is_refused_or_stored_and_read_back_equal,
+    a_reclaim_is_refused_after_renewal_and_accepted_after_expiry,
+    expire_scheduled_fails_only_overdue_waiting_rows,
+    record_heartbeats_is_fenced_by_attempt,
 );
 
 const T0: i64 = 1_000_000;
@@ -1169,5 +1172,135 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
     assert!(
         stored > 20 && refused > 20,
         "stored {stored}, refused {refused}"
+    );
+}
+
+/// The lease guard: a reclaim (`Finish` with `lease_expired_by`) takes an attempt
+/// only if its lease expired by then, so a renewal keeps it from another node.
+async fn a_reclaim_is_refused_after_renewal_and_accepted_after_expiry(
+    store: &dyn Store,
+    _raw: &Raw,
+) {
+    submit(store, new("a", "t")).await;
+    let row = claim(store, &["t"], 1, T0).await.remove(0);
+    assert_eq!(row.lease_expires_at, Some(T0 + 30_000));
+    let reclaim = |by: i64| Op::Finish {
+        attempt: Arc::new(Attempt::from_row(&row)),
+        transition: lifecycle::on_failure(
+            &Attempt::from_row(&row),
+            lifecycle::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into()),
+            by,
+            0.5,
+        ),
+        lease_expired_by: Some(by),
+    };
+    // Renewed until T0 + 90 s: a reclaim judged at T0 + 60 s finds it alive.
+    match one(
+        store,
+        Op::Renew {
+            attempts: vec![(row.id, row.attempt)],
+            lease_expires_at: T0 + 90_000,
+        },
+        T0 + 20_000,
+    )
+    .await
+    {
+        Outcome::Renewed(r) => assert_eq!(r, vec![(row.id, row.attempt)]),
+        other => panic!("expected Renewed, got {other:?}"),
+    }
+    match one(store, reclaim(T0 + 60_000), T0 + 60_000).await {
+        Outcome::Finished { accepted } => assert!(!accepted, "a renewed lease is not reclaimed"),
+        other => panic!("expected Finished, got {other:?}"),
+    }
+    assert_eq!(get(store, "a").await.status, ActivityStatus::Running);
+    // At the lease's very end it is still held; just past it, it is taken.
+    match one(store, reclaim(T0 + 90_000), T0 + 90_000).await {
+        Outcome::Finished { accepted } => assert!(!accepted, "not before the lease ends"),
+        other => panic!("expected Finished, got {other:?}"),
+    }
+    match one(store, reclaim(T0 + 90_001), T0 + 90_001).await {
+        Outcome::Finished { accepted } => assert!(accepted, "an expired lease is reclaimed"),
+        other => panic!("expected Finished, got {other:?}"),
+    }
+    let row = get(store, "a").await;
+    assert_eq!(row.status, ActivityStatus::Scheduled);
+    assert_eq!(
+        row.last_error.map(|e| e.kind),
+        Some(ErrorKind::WorkerLost as i32)
+    );
+    let expired = store
+        .expired_leases(T0 + 100_000, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(expired.is_empty(), "a reclaimed row is no longer RUNNING");
+}
+
+/// `ExpireScheduled` fails SCHEDULED rows past their deadline, as TIMEOUT, up to its
+/// limit; rows running, without a deadline, or not yet due stay.
+async fn expire_scheduled_fails_only_overdue_waiting_rows(store: &dyn Store, _raw: &Raw) {
+    let with_deadline = |id: &str, ms: i64| {
+        let mut a = new(id, "t");
+        a.timeouts.schedule_to_close_ms = Some(ms);
+        a
+    };
+    submit(store, with_deadline("late1", 100)).await;
+    submit(store, with_deadline("late2", 100)).await;
+    submit(store, with_deadline("later", 10_000)).await;
+    submit(store, new("none", "t")).await;
+    let mut running = with_deadline("running", 100);
+    running.activity_type = "r".into();
+    submit(store, running).await;
+    claim(store, &["r"], 1, T0).await;
+    match one(store, Op::ExpireScheduled { limit: 1 }, T0 + 100).await {
+        Outcome::Expired(keys) => assert_eq!(keys.len(), 1, "at most the limit"),
+        other => panic!("expected Expired, got {other:?}"),
+    }
+    match one(store, Op::ExpireScheduled { limit: 10 }, T0 + 100).await {
+        Outcome::Expired(keys) => assert_eq!(keys.len(), 1, "the other overdue one"),
+        other => panic!("expected Expired, got {other:?}"),
+    }
+    for id in ["late1", "late2"] {
+        let row = get(store, id).await;
+        assert_eq!(row.status, ActivityStatus::Failed);
+        assert_eq!(row.finished_at, Some(T0 + 100));
+    }
+    assert_eq!(get(store, "later").await.status, ActivityStatus::Scheduled);
+    assert_eq!(get(store, "none").await.status, ActivityStatus::Scheduled);
+    assert_eq!(
+        get(store, "running").await.status,
+        ActivityStatus::Running,
+        "a running attempt's deadline is the sweep's to enforce"
+    );
+}
+
+/// Heartbeat details are stored only for the RUNNING attempt they name.
+async fn record_heartbeats_is_fenced_by_attempt(store: &dyn Store, _raw: &Raw) {
+    submit(store, new("a", "t")).await;
+    let row = claim(store, &["t"], 1, T0).await.remove(0);
+    let details = |s: &str| {
+        Some(Payload {
+            content_type: "text/plain".into(),
+            data: s.as_bytes().to_vec(),
+        })
+    };
+    let beats = vec![
+        HeartbeatDetails {
+            id: row.id,
+            attempt: row.attempt,
+            details: details("half"),
+        },
+        HeartbeatDetails {
+            id: row.id,
+            attempt: row.attempt + 1,
+            details: details("not mine"),
+        },
+    ];
+    match one(store, Op::RecordHeartbeats(beats), T0).await {
+        Outcome::Recorded(n) => assert_eq!(n, 1),
+        other => panic!("expected Recorded, got {other:?}"),
+    }
+    assert_eq!(
+        get(store, "a").await.heartbeat_details.map(|d| d.data),
+        Some(b"half".to_vec())
     );
 }

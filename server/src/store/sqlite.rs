@@ -264,6 +264,23 @@ fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
 mod tests {
     use super::*;
 
+    /// One process per file: a second open of a file in use is refused, and the
+    /// file is free again once the first store is gone.
+    #[tokio::test]
+    async fn a_database_file_is_held_by_one_store_at_a_time() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let first = SqliteStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        match SqliteStore::open(&url).await {
+            Err(Error::Locked(path)) => assert!(path.ends_with("spool.db"), "{path}"),
+            other => panic!("expected Locked, got {:?}", other.err()),
+        }
+        drop(first);
+        assert!(SqliteStore::open(&url).await.is_ok());
+    }
+
     /// Callers holding every API read connection do not hold up the server's own
     /// reads (the committer's due times, the sweep's reclaims).
     #[tokio::test]

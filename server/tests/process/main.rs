@@ -28,10 +28,15 @@ fn worker_process_entry() {
     }
 }
 
+/// kill -9 of the server with 30 attempts running and 30 rows delayed: at the
+/// restart the running ones come back at once as attempt 2, WORKER_LOST (start-up
+/// reclaim: the lease is two minutes, far longer than the test), and every activity
+/// completes once, with its final attempt's result.
 #[tokio::test]
 async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     let env = Env::new();
-    let mut server = env.server(&["--heartbeat-interval", "1s"]);
+    let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
+    let mut server = env.server(&args);
     let mut client = server.client().await;
     let worker = env.worker(30);
     server.await_workers(&mut client, 1).await;
@@ -50,9 +55,10 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     })
     .await;
     server.kill_9();
-    let server = env.server(&["--heartbeat-interval", "1s"]);
+    let restarted = Instant::now();
+    let server = env.server(&args);
     let mut client = server.client().await;
-    eventually_for(Duration::from_secs(60), "all 60 to complete", || {
+    eventually_for(Duration::from_secs(30), "all 60 to complete", || {
         let mut client = client.clone();
         async move {
             let stats = client
@@ -64,6 +70,10 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
         }
     })
     .await;
+    assert!(
+        restarted.elapsed() < Duration::from_secs(60),
+        "done long before the 120 s lease could have expired"
+    );
     let all = list_all(&mut client).await;
     assert_eq!(all.len(), 60);
     for activity in &all {
@@ -73,10 +83,78 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
             output["attempt"], activity.attempt,
             "the accepted result is the final attempt's: {activity:?}"
         );
+        let id = &activity.key.as_ref().unwrap().activity_id;
+        if id.starts_with("run") {
+            assert_eq!(activity.attempt, 2, "{id} was reclaimed at start-up");
+            assert_eq!(
+                activity.last_error.as_ref().map(|e| e.kind),
+                Some(ErrorKind::WorkerLost as i32),
+                "{id}"
+            );
+        } else {
+            assert_eq!(activity.attempt, 1, "{id} had not started");
+        }
     }
-    // Attempts interrupted by the crash ran again: more runs than activities, yet
-    // exactly one accepted completion each.
-    assert!(worker.log().dones() >= 60);
+    // Each attempt ran exactly once: 30 interrupted, 30 re-run, 30 delayed.
+    assert_eq!(worker.log().starts(), 90);
+}
+
+/// kill -9 while submits are in flight: every submit the server acknowledged is
+/// there after the restart (a submit is answered only after its durable commit).
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_submits_keeps_every_acknowledged_one() {
+    let env = Env::new();
+    let mut server = env.server(&[]);
+    let client = server.client().await;
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut loops = Vec::new();
+    for n in 0..8 {
+        let mut client = client.clone();
+        let acked = acked.clone();
+        loops.push(tokio::spawn(async move {
+            let mut refused = 0;
+            for i in 0.. {
+                let id = format!("s{n}-{i}");
+                match client.submit(sleep_request(&id, 1, None)).await {
+                    Ok(_) => acked.lock().unwrap().push(id),
+                    Err(_) => {
+                        refused += 1;
+                        if refused > 3 {
+                            return;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    eventually("submits to be flowing", || async {
+        (acked.lock().unwrap().len() >= 200).then_some(())
+    })
+    .await;
+    server.kill_9();
+    for l in loops {
+        let _ = l.await;
+    }
+    let acknowledged = acked.lock().unwrap().clone();
+    let server = env.server(&[]);
+    let mut client = server.client().await;
+    for id in &acknowledged {
+        client
+            .get(v1::GetRequest { key: Some(key(id)) })
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged {id} is gone: {e}"));
+    }
+    let stats = client
+        .stats(v1::StatsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        stats.scheduled as usize >= acknowledged.len(),
+        "{} stored, {} acknowledged",
+        stats.scheduled,
+        acknowledged.len()
+    );
 }
 
 #[tokio::test]
