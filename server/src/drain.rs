@@ -173,3 +173,194 @@ pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
         .await;
     health.set_service_status("", status).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use spool_proto::v1::{self, ServerMessage};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::{
+        Config,
+        dispatch::{
+            Committer, Pending, Registry, committer,
+            registry::{Answer, Outgoing, Registration},
+        },
+        store::{self, ActivityStatus, Key, NewActivity, Payload, RetrySpec, Timeouts},
+    };
+
+    struct Node {
+        core: Arc<Core>,
+        drainer: Drainer,
+        outbound: mpsc::Receiver<Outgoing>,
+        worker_id: Arc<str>,
+        _dir: tempfile::TempDir,
+    }
+
+    /// A node with one worker (one slot) running attempt 1 of activity "a".
+    async fn node_running_one() -> Node {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = store::open(&url).await.unwrap_or_else(|e| panic!("{e}"));
+        let registry = Arc::new(Registry::default());
+        let pending = Arc::new(Pending::default());
+        let (committer, _task) = Committer::spawn(
+            store.clone(),
+            registry.clone(),
+            pending.clone(),
+            committer::Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        let (worker_id, _tx, mut outbound, _evict) = registry.register(
+            Registration {
+                namespace: "default".into(),
+                identity: "test".into(),
+                activity_types: vec!["t".into()],
+                max_concurrency: 1,
+            },
+            0,
+            |id| {
+                server_message::Message::Welcome(v1::Welcome {
+                    worker_id: id.to_owned(),
+                    ..Default::default()
+                })
+            },
+        );
+        let new = NewActivity {
+            key: key(),
+            activity_type: "t".into(),
+            input: Payload::default(),
+            next_at: 0,
+            retry: RetrySpec {
+                max_attempts: 1,
+                initial_interval_ms: 1_000,
+                backoff_coefficient: 2.0,
+                max_interval_ms: 1_000,
+                non_retryable: Vec::new(),
+            },
+            timeouts: Timeouts::default(),
+            priority: 0,
+        };
+        committer
+            .commit(vec![store::Op::Submit(vec![new])])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Welcome, then the task.
+        let mut got_task = false;
+        while !got_task {
+            let out = tokio::time::timeout(Duration::from_secs(10), outbound.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no task"))
+                .unwrap_or_else(|| panic!("closed"));
+            got_task = matches!(
+                out.message,
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Task(_))
+                })
+            );
+        }
+        let (health, _) = tonic_health::server::health_reporter();
+        let core = Arc::new(Core {
+            store,
+            committer,
+            registry,
+            pending,
+            config: Config::new(url),
+        });
+        Node {
+            drainer: Drainer::new(core.clone(), health, CancellationToken::new()),
+            core,
+            outbound,
+            worker_id,
+            _dir: dir,
+        }
+    }
+
+    fn key() -> Key {
+        Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: "a".into(),
+        }
+    }
+
+    fn kinds(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
+        let mut kinds = Vec::new();
+        while let Ok(out) = rx.try_recv() {
+            kinds.push(match out.message {
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Drain(_)),
+                }) => "drain",
+                Ok(ServerMessage {
+                    message: Some(server_message::Message::Cancel(_)),
+                }) => "cancel",
+                _ => "other",
+            });
+        }
+        kinds
+    }
+
+    /// Past the deadline, what still runs is told to stop and released: SCHEDULED
+    /// again, uncounted, never failed; nothing more is dispatched.
+    #[tokio::test]
+    async fn what_outlives_the_deadline_is_released_uncounted() {
+        let mut node = node_running_one().await;
+        let report = node.drainer.drain(Duration::from_millis(200)).await;
+        assert_eq!(
+            report,
+            Report {
+                completed: 0,
+                released: 1
+            }
+        );
+        assert_eq!(kinds(&mut node.outbound), ["drain", "cancel"]);
+        let row = node
+            .core
+            .store
+            .get(&key())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("gone"));
+        assert_eq!(
+            row.status,
+            ActivityStatus::Scheduled,
+            "released, not failed"
+        );
+        assert_eq!((row.attempt, row.uncounted), (1, 1), "and not counted");
+        node.core.registry.mark_all_due();
+        assert!(
+            node.core.registry.plan_claims(0).is_empty(),
+            "a drained node dispatches nothing"
+        );
+    }
+
+    /// An attempt answered before the deadline counts as completed, and the drain
+    /// returns as soon as nothing runs.
+    #[tokio::test]
+    async fn an_answer_before_the_deadline_ends_the_drain_early() {
+        let mut node = node_running_one().await;
+        let registry = node.core.registry.clone();
+        let worker_id = node.worker_id.clone();
+        let answer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            registry.answer(&worker_id, "wf", "a", 1)
+        });
+        let started = tokio::time::Instant::now();
+        let report = node.drainer.drain(Duration::from_secs(30)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not the deadline"
+        );
+        assert!(matches!(answer.await, Ok(Answer::Held(..))));
+        assert_eq!(
+            report,
+            Report {
+                completed: 1,
+                released: 0
+            }
+        );
+        assert_eq!(kinds(&mut node.outbound), ["drain"]);
+    }
+}

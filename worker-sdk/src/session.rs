@@ -14,7 +14,7 @@ use spool_proto::{
     },
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status, metadata::MetadataValue};
 
@@ -116,18 +116,7 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         .filter(|d| !d.is_zero())
         .unwrap_or(Duration::from_secs(5));
 
-    let mut session = Loop {
-        worker,
-        out: Some(out_tx),
-        running: HashMap::new(),
-        // Not a child of `shutdown`: a worker shutting down lets running handlers
-        // finish (up to its shutdown timeout) before it tells them to stop.
-        cancel: CancellationToken::new(),
-        stopping: false,
-        drained: false,
-        results: mpsc::channel(capacity),
-        heartbeats: mpsc::channel(256),
-    };
+    let mut session = Loop::new(worker, out_tx, capacity);
     session.serve(&mut inbound, interval, shutdown).await
 }
 
@@ -165,13 +154,33 @@ const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 /// After the shutdown timeout cancels handlers, how long their results may take.
 const AFTER_CANCEL: Duration = Duration::from_secs(2);
 
-impl Loop<'_> {
-    async fn serve(
+impl<'a> Loop<'a> {
+    fn new(worker: &'a Worker, out: mpsc::Sender<WorkerMessage>, capacity: usize) -> Self {
+        Self {
+            worker,
+            out: Some(out),
+            running: HashMap::new(),
+            // Not a child of `shutdown`: a worker shutting down lets running handlers
+            // finish (up to its shutdown timeout) before it tells them to stop.
+            cancel: CancellationToken::new(),
+            stopping: false,
+            drained: false,
+            results: mpsc::channel(capacity),
+            heartbeats: mpsc::channel(256),
+        }
+    }
+
+    /// The session after `Welcome`, over any stream of server messages (tonic's in
+    /// production, a channel in tests).
+    async fn serve<S>(
         &mut self,
-        inbound: &mut tonic::Streaming<ServerMessage>,
+        inbound: &mut S,
         interval: Duration,
         shutdown: &CancellationToken,
-    ) -> Result<Ended, Error> {
+    ) -> Result<Ended, Error>
+    where
+        S: Stream<Item = Result<ServerMessage, Status>> + Unpin,
+    {
         // Keep-alives at twice the rate asked for, so one late tick is not fatal
         // (and never a zero period, which would panic).
         let mut keepalive = tokio::time::interval((interval / 2).max(Duration::from_millis(1)));
@@ -192,7 +201,7 @@ impl Loop<'_> {
                 self.out = None;
             }
             tokio::select! {
-                message = inbound.message() => match message {
+                message = inbound.next() => match message.transpose() {
                     Ok(Some(ServerMessage { message: Some(server_message::Message::Drain(drain)) })) => {
                         if drain.deadline.is_some() {
                             tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
@@ -365,5 +374,216 @@ impl Loop<'_> {
                 })
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    };
+
+    use super::*;
+    use crate::Payload;
+
+    /// The loop over channels: what the server sends, and what the worker sends.
+    struct Harness {
+        to_worker: mpsc::Sender<Result<ServerMessage, Status>>,
+        from_worker: mpsc::Receiver<WorkerMessage>,
+    }
+
+    impl Harness {
+        async fn send(&self, message: server_message::Message) {
+            self.to_worker
+                .send(Ok(ServerMessage {
+                    message: Some(message),
+                }))
+                .await
+                .unwrap_or_else(|_| panic!("the loop stopped reading"));
+        }
+
+        /// The next message the worker sends that is not a keep-alive; `None` once
+        /// it closed its side.
+        async fn next(&mut self) -> Option<worker_message::Message> {
+            loop {
+                let m = tokio::time::timeout(Duration::from_secs(10), self.from_worker.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("nothing from the worker in time"))?;
+                match m.message {
+                    Some(worker_message::Message::Heartbeat(h)) if h.activity_id.is_empty() => {}
+                    other => return other,
+                }
+            }
+        }
+    }
+
+    fn task(id: &str, attempt: u32) -> server_message::Message {
+        server_message::Message::Task(v1::ActivityTask {
+            workflow_id: "wf".into(),
+            activity_id: id.into(),
+            activity_type: "t".into(),
+            attempt,
+            ..Default::default()
+        })
+    }
+
+    /// Runs `body` against a loop serving `worker` until the shutdown token given to
+    /// `body` is cancelled and the loop ends.
+    async fn with_loop<F, Fut>(worker: Worker, body: F) -> Result<Ended, Error>
+    where
+        F: FnOnce(Harness, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (to_worker, inbound) = mpsc::channel(64);
+        let (out, from_worker) = mpsc::channel(64);
+        let shutdown = CancellationToken::new();
+        let mut session = Loop::new(&worker, out, 64);
+        let mut inbound = ReceiverStream::new(inbound);
+        let serve = session.serve(&mut inbound, Duration::from_secs(1), &shutdown);
+        let harness = Harness {
+            to_worker,
+            from_worker,
+        };
+        let (ended, ()) = tokio::join!(serve, body(harness, shutdown.clone()));
+        ended
+    }
+
+    /// Shutting down: Goodbye first; a task that still arrives is handed back (a
+    /// short snooze), not run and not dropped; the send side closes only after the
+    /// server's Drain.
+    #[tokio::test]
+    async fn shutdown_says_goodbye_hands_back_late_tasks_and_closes_after_drain() {
+        let ran = Arc::new(AtomicU32::new(0));
+        let counted = ran.clone();
+        let worker = Worker::new("http://unused").activity("t", move |_, _| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(Payload::default())
+            }
+        });
+        let ended = with_loop(worker, |mut h, shutdown| async move {
+            shutdown.cancel();
+            assert!(matches!(
+                h.next().await,
+                Some(worker_message::Message::Goodbye(_))
+            ));
+            h.send(task("late", 1)).await;
+            match h.next().await {
+                Some(worker_message::Message::Result(r)) => {
+                    assert_eq!((r.activity_id.as_str(), r.attempt), ("late", 1));
+                    assert!(
+                        matches!(r.outcome, Some(activity_result::Outcome::Snooze(_))),
+                        "handed back: {r:?}"
+                    );
+                }
+                other => panic!("expected the hand-back, got {other:?}"),
+            }
+            h.send(server_message::Message::Drain(v1::Drain { deadline: None }))
+                .await;
+            assert!(h.next().await.is_none(), "the send side closes after Drain");
+            drop(h.to_worker);
+        })
+        .await;
+        assert!(ended.is_ok());
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran while stopping");
+    }
+
+    /// A server's cancel reaches the handler of exactly that attempt.
+    #[tokio::test]
+    async fn a_cancel_reaches_the_handler_of_its_attempt() {
+        let worker = Worker::new("http://unused").activity("t", |ctx, _| async move {
+            ctx.cancelled().await;
+            Err(crate::ActivityError::retryable(
+                "Cancelled",
+                ctx.info().activity_id.clone(),
+            ))
+        });
+        let ended = with_loop(worker, |mut h, shutdown| async move {
+            h.send(task("a", 1)).await;
+            h.send(task("b", 1)).await;
+            h.send(server_message::Message::Cancel(v1::CancelActivity {
+                workflow_id: "wf".into(),
+                activity_id: "b".into(),
+                attempt: 1,
+                reason: String::new(),
+            }))
+            .await;
+            match h.next().await {
+                Some(worker_message::Message::Result(r)) => {
+                    assert_eq!(r.activity_id, "b", "only b was cancelled");
+                    assert!(matches!(
+                        r.outcome,
+                        Some(activity_result::Outcome::Error(_))
+                    ));
+                }
+                other => panic!("expected b's result, got {other:?}"),
+            }
+            // A cancel for another attempt number touches nothing.
+            h.send(server_message::Message::Cancel(v1::CancelActivity {
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+                attempt: 2,
+                reason: String::new(),
+            }))
+            .await;
+            h.send(server_message::Message::Task(v1::ActivityTask {
+                workflow_id: "wf".into(),
+                activity_id: "marker".into(),
+                activity_type: "none".into(),
+                attempt: 1,
+                ..Default::default()
+            }))
+            .await;
+            match h.next().await {
+                Some(worker_message::Message::Result(r)) => {
+                    assert_eq!(r.activity_id, "marker", "a is still running")
+                }
+                other => panic!("expected the marker's result, got {other:?}"),
+            }
+            drop(h.to_worker);
+            shutdown.cancel();
+        })
+        .await;
+        assert!(ended.is_ok());
+    }
+
+    /// Of the heartbeats a handler reports in a burst, each attempt's latest goes
+    /// out, not every one.
+    #[tokio::test]
+    async fn heartbeats_are_coalesced_to_the_latest() {
+        let worker = Worker::new("http://unused").activity("t", |ctx, _| async move {
+            for i in 0..100u32 {
+                ctx.heartbeat(Some(crate::json(&i)));
+            }
+            ctx.cancelled().await;
+            Ok(Payload::default())
+        });
+        let ended = with_loop(worker, |mut h, shutdown| async move {
+            h.send(task("a", 1)).await;
+            let mut seen = Vec::new();
+            loop {
+                match h.next().await {
+                    Some(worker_message::Message::Heartbeat(beat)) => {
+                        let n: u32 = beat
+                            .details
+                            .map(|d| serde_json::from_slice(&d.data).unwrap_or_default())
+                            .unwrap_or_default();
+                        seen.push(n);
+                        if n == 99 {
+                            break;
+                        }
+                    }
+                    other => panic!("expected heartbeats, got {other:?}"),
+                }
+            }
+            assert!(seen.len() < 100, "coalesced: {} sent", seen.len());
+            assert!(seen.windows(2).all(|w| w[0] < w[1]), "in order: {seen:?}");
+            drop(h.to_worker);
+            shutdown.cancel();
+        })
+        .await;
+        assert!(ended.is_ok());
     }
 }

@@ -733,10 +733,27 @@ mod tests {
     };
 
     /// SQLite, except that a batch holding a cancel whose reason is "poison"
-    /// fails, as a request the database refuses would.
+    /// fails, as a request the database refuses would; it records the size of
+    /// every batch, and writes wait while `stalled` is true.
     struct Poisoned {
         inner: SqliteStore,
         failures: AtomicUsize,
+        batches: std::sync::Mutex<Vec<usize>>,
+        stalled: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl Poisoned {
+        async fn open(dir: &tempfile::TempDir) -> Arc<Self> {
+            let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+            Arc::new(Poisoned {
+                inner: SqliteStore::open(&url)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}")),
+                failures: AtomicUsize::new(0),
+                batches: std::sync::Mutex::new(Vec::new()),
+                stalled: tokio::sync::watch::Sender::new(false),
+            })
+        }
     }
 
     #[async_trait::async_trait]
@@ -746,6 +763,16 @@ mod tests {
             ops: Arc<[Op]>,
             now: UnixMillis,
         ) -> Result<Vec<Outcome>, store::Error> {
+            self.batches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ops.len());
+            let mut stalled = self.stalled.subscribe();
+            while *stalled.borrow_and_update() {
+                if stalled.changed().await.is_err() {
+                    break;
+                }
+            }
             if ops
                 .iter()
                 .any(|op| matches!(op, Op::Cancel { reason, .. } if reason == "poison"))
@@ -828,13 +855,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_request_neither_fails_its_neighbours_nor_stalls_dispatch() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
-        let store = Arc::new(Poisoned {
-            inner: SqliteStore::open(&url)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-            failures: AtomicUsize::new(0),
-        });
+        let store = Poisoned::open(&dir).await;
         let registry = Arc::new(Registry::default());
         let (committer, task) = Committer::spawn(
             store.clone(),
@@ -884,6 +905,21 @@ mod tests {
             assert!(a.is_ok() && b.is_ok());
             let poisoned = poison_rx.await.unwrap_or_else(|_| panic!("no reply"));
             assert!(matches!(poisoned, Err(CommitError::Store(_))));
+            if i == 0 {
+                // The first time, both shared the failed batch (2 ops) before
+                // being retried alone.
+                let batches = store
+                    .batches
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                assert!(
+                    batches
+                        .windows(3)
+                        .any(|w| w[0] >= 2 && w[1] == 1 && w[2] >= 1),
+                    "the poison failed a shared batch, then went alone: {batches:?}"
+                );
+            }
             let good = good_rx.await.unwrap_or_else(|_| panic!("no reply"));
             assert!(good.is_ok(), "a neighbour of the poison commits: {good:?}");
             assert_eq!(next_task(&mut rx).await, format!("a{i}"));
@@ -895,6 +931,70 @@ mod tests {
             "{ROUNDS} poisoned batches took {:?}",
             started.elapsed()
         );
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
+    }
+
+    /// Requests queued while a commit runs go into the next transaction together:
+    /// a hundred submits, one batch.
+    #[tokio::test]
+    async fn requests_queued_during_a_commit_share_the_next_one() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Poisoned::open(&dir).await;
+        let (committer, task) = Committer::spawn(
+            store.clone(),
+            Arc::new(Registry::default()),
+            Arc::new(Pending::default()),
+            Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        store.stalled.send_replace(true);
+        let first = {
+            let committer = committer.clone();
+            tokio::spawn(
+                async move { committer.commit(vec![Op::Submit(vec![new("first")])]).await },
+            )
+        };
+        // The first batch is inside the store, stalled; these queue behind it.
+        while store
+            .batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            tokio::task::yield_now().await;
+            if first.is_finished() {
+                break;
+            }
+        }
+        let mut replies = Vec::new();
+        for i in 0..100 {
+            let (tx, rx) = oneshot::channel();
+            committer
+                .commit_with(
+                    vec![Op::Submit(vec![new(&format!("a{i}"))])],
+                    Box::new(move |r| {
+                        let _ = tx.send(r.is_ok());
+                    }),
+                )
+                .await
+                .unwrap_or_else(|_| panic!("queued"));
+            replies.push(rx);
+        }
+        store.stalled.send_replace(false);
+        assert!(matches!(first.await, Ok(Ok(_))));
+        for rx in replies {
+            assert_eq!(rx.await.ok(), Some(true));
+        }
+        let batches = store
+            .batches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert_eq!(batches, vec![1, 100], "one transaction for the hundred");
         committer.stop().await;
         drop(committer);
         let _ = task.await;

@@ -952,18 +952,14 @@ mod tests {
         assert!(!registry.sweep(later, silence).lost_workers.is_empty());
     }
 
-    #[test]
-    fn a_heartbeat_without_details_keeps_what_was_reported() {
-        let registry = Registry::default();
-        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
-        registry.mark_all_due();
-        let claim = registry.plan_claims(60_000).remove(0);
-        let row = ActivityRow {
-            id: 7,
+    /// A claimed row of activity `activity_id` for worker `worker_id`.
+    fn row(id: i64, activity_id: &str, worker_id: &str) -> ActivityRow {
+        ActivityRow {
+            id,
             key: Key {
                 namespace: "default".into(),
                 workflow_id: "wf".into(),
-                activity_id: "a".into(),
+                activity_id: activity_id.into(),
             },
             activity_type: "t".into(),
             status: crate::store::ActivityStatus::Running,
@@ -987,9 +983,85 @@ mod tests {
             started_at: Some(0),
             finished_at: None,
             lease_expires_at: None,
-            worker_id: Some(id.to_string()),
+            worker_id: Some(worker_id.to_owned()),
             expires_at: None,
+        }
+    }
+
+    /// Slots: a claim reserves what is free; assigned attempts hold their slots
+    /// until answered, also after the server ended them; a short claim marks the
+    /// group exhausted until a row comes due; rows for a worker that is gone come
+    /// back as releases.
+    #[test]
+    fn slots_are_reserved_held_and_freed_exactly() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(3), 0, welcome);
+        let free = |registry: &Registry| -> Vec<u32> {
+            registry.mark_all_due();
+            let claims = registry.plan_claims(0);
+            for c in &claims {
+                registry.unreserve(c);
+            }
+            claims.iter().map(|c| c.limit).collect()
         };
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0).remove(0);
+        assert_eq!(claim.limit, 3);
+        registry.mark_all_due();
+        assert!(
+            registry.plan_claims(0).is_empty(),
+            "reserved slots are not planned twice"
+        );
+        // Two of three found: the group is exhausted until something comes due.
+        let released = registry.assign(&claim, vec![row(1, "a", &id), row(2, "b", &id)]);
+        assert!(released.is_empty());
+        assert!(registry.plan_claims(0).is_empty(), "exhausted");
+        assert_eq!(free(&registry), [1], "two held, one free");
+        // The server ends attempt a (a cancel): its slot stays taken until answered.
+        registry.cancel_running(
+            &id,
+            &Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+            },
+            1,
+            "stop",
+        );
+        assert_eq!(free(&registry), [1]);
+        assert_eq!(registry.running_count(), 1, "a no longer counts as running");
+        assert!(matches!(registry.answer(&id, "wf", "a", 1), Answer::Ended));
+        assert_eq!(free(&registry), [2]);
+        assert!(matches!(
+            registry.answer(&id, "wf", "b", 1),
+            Answer::Held(..)
+        ));
+        assert!(matches!(
+            registry.answer(&id, "wf", "b", 1),
+            Answer::Unknown
+        ));
+        assert_eq!(free(&registry), [3]);
+        // The worker leaves mid-claim: what the claim took is released.
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0).remove(0);
+        registry.unregister(&id);
+        let released = registry.assign(&claim, vec![row(3, "c", &id)]);
+        assert!(matches!(
+            released.as_slice(),
+            [Op::Finish {
+                transition: Transition::Release,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_heartbeat_without_details_keeps_what_was_reported() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(60_000).remove(0);
+        let row = row(7, "a", &id);
         assert!(registry.assign(&claim, vec![row]).is_empty());
         let details = Payload {
             content_type: String::new(),
