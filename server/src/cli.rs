@@ -605,6 +605,8 @@ mod tests {
     #[test]
     fn statuses_parse_case_insensitively() {
         assert_eq!(parse_status("failed"), Ok(ActivityStatus::Failed));
+        assert_eq!(parse_status("FAILED"), Ok(ActivityStatus::Failed));
+        assert_eq!(parse_status("Running"), Ok(ActivityStatus::Running));
         assert!(parse_status("unspecified").is_err());
         assert!(parse_status("done").is_err());
     }

@@ -185,6 +185,22 @@ mod tests {
             "{t:?}"
         );
         let t = on_failure(
+            &attempt(2, 3),
+            error(ErrorKind::Retryable, "X"),
+            10_000,
+            0.5,
+        );
+        assert!(
+            matches!(
+                t,
+                Transition::Retry {
+                    next_at: 12_000,
+                    ..
+                }
+            ),
+            "the second of three retries, after twice the interval: {t:?}"
+        );
+        let t = on_failure(
             &attempt(3, 3),
             error(ErrorKind::Retryable, "X"),
             10_000,

@@ -91,7 +91,7 @@ async fn idempotent_submit_is_delivered_once() {
     assert!(!second.created);
     let c = calls.clone();
     let _worker = server.worker(move |w| {
-        w.activity("once", move |ctx, _| {
+        w.max_concurrency(1).activity("once", move |ctx, _| {
             let c = c.clone();
             async move {
                 c.record(&ctx);
@@ -106,8 +106,10 @@ async fn idempotent_submit_is_delivered_once() {
         status(third.activity.as_ref().unwrap()),
         ActivityStatus::Completed
     );
-    // Give a wrongly re-dispatched copy every chance to show up.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A marker submitted after: the single slot serves in order, so once it has
+    // run, a wrongly re-dispatched copy would have run too.
+    submit(&mut client, request("once", "wf", "marker")).await;
+    wait(&mut client, key("wf", "marker")).await;
     assert_eq!(calls.attempts("a"), vec![1]);
 }
 
@@ -351,8 +353,10 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
 }
 
+/// A graceful restart (the drain releases what runs; the kill -9 process test
+/// covers start-up reclaim).
 #[tokio::test]
-async fn a_restart_keeps_every_activity_and_reclaims_running_ones() {
+async fn a_restart_keeps_every_activity_and_releases_running_ones() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let mut raw = RawWorker::connect(&server, &["slow"], 1).await;
@@ -422,7 +426,9 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
     assert_eq!(started.recv().await.as_deref(), Some("x"));
     let stopped = tokio::spawn(leaving.shutdown());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // The leaving worker still holds a free slot: y goes to it and is handed back.
+    // The leaving worker still has a free slot, but said Goodbye: y waits for the
+    // stayer (or, submitted before the Goodbye landed, is handed back); either way
+    // its only attempt is not spent.
     let mut y = request("job", "wf", "y");
     y.retry_policy = fast_retries(1);
     submit(&mut client, y).await;

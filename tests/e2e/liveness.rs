@@ -22,12 +22,14 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
     let server = TestServer::start().await;
     let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     let mut client = server.client().await;
+    // Beats come every 50 ms; the timeout is ten times that, so a loaded machine
+    // does not time out a live attempt.
     let mut req = request("t", "wf", "hb");
-    req.heartbeat_timeout = ms(200);
+    req.heartbeat_timeout = ms(500);
     req.retry_policy = fast_retries(3);
     submit(&mut client, req).await;
     let first = raw.task().await;
-    assert_eq!(first.heartbeat_timeout, ms(200));
+    assert_eq!(first.heartbeat_timeout, ms(500));
     // Silence: the server ends attempt 1 and tells the worker.
     match raw.next().await {
         server_message::Message::Cancel(c) => {
@@ -190,8 +192,10 @@ async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
         (ActivityStatus::Completed, 2)
     );
     assert_eq!(last_error(&done).0, ErrorKind::WorkerLost);
+    // Evicted after 3 silent intervals (300 ms), far sooner than any lease (30 s):
+    // the bound leaves room for a loaded machine.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "lost after {:?}",
         started.elapsed()
     );
@@ -336,7 +340,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     });
     let mut client = server.client().await;
     let mut req = request("progress", "wf", "p");
-    req.heartbeat_timeout = ms(200);
+    req.heartbeat_timeout = ms(1_000);
     req.retry_policy = fast_retries(1);
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "p")).await;
@@ -381,7 +385,7 @@ async fn an_ended_attempt_and_its_retry_on_one_worker_take_two_slots() {
     };
     let mut client = server.client().await;
     let mut req = request("t", "wf", "a");
-    req.heartbeat_timeout = ms(150);
+    req.heartbeat_timeout = ms(600);
     req.retry_policy = fast_retries(5);
     submit(&mut client, req).await;
     let first = raw.task().await;

@@ -168,18 +168,28 @@ impl Worker {
                 Err(e) if e.is_permanent() => return Err(e),
                 Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
             }
-            let jittered = Duration::try_from_secs_f64(
-                delay.as_secs_f64() * (0.5 + rand::random::<f64>() / 2.0),
-            )
-            .unwrap_or(delay);
+            let jittered = jittered(delay, rand::random());
             tokio::select! {
                 _ = tokio::time::sleep(jittered) => {}
                 _ = shutdown.cancelled() => break,
             }
-            delay = delay.saturating_mul(2).min(self.reconnect_max);
+            delay = doubled(delay, self.reconnect_max);
         }
         Ok(())
     }
+}
+
+/// `delay` spread to between half and all of it (`r` in `[0, 1)`), so workers that
+/// lost a server together do not reconnect together. Never panics: a delay too long
+/// for floating point stays as it is.
+fn jittered(delay: Duration, r: f64) -> Duration {
+    Duration::try_from_secs_f64(delay.as_secs_f64() * (0.5 + r.clamp(0.0, 1.0) / 2.0))
+        .unwrap_or(delay)
+}
+
+/// The next reconnect delay: twice `delay`, at most `max`, saturating.
+fn doubled(delay: Duration, max: Duration) -> Duration {
+    delay.saturating_mul(2).min(max)
 }
 
 /// A JSON payload of `value`.
@@ -201,4 +211,32 @@ fn default_identity() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "worker".to_owned());
     format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delays_never_overflow() {
+        assert_eq!(doubled(Duration::MAX, Duration::MAX), Duration::MAX);
+        assert_eq!(
+            doubled(Duration::from_secs(3), Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            doubled(Duration::from_millis(100), Duration::MAX),
+            Duration::from_millis(200)
+        );
+        assert!(jittered(Duration::MAX, 0.999) <= Duration::MAX);
+        assert_eq!(
+            jittered(Duration::from_secs(2), 0.0),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            jittered(Duration::from_secs(2), 1.0),
+            Duration::from_secs(2)
+        );
+        assert_eq!(jittered(Duration::ZERO, 0.5), Duration::ZERO);
+    }
 }

@@ -111,4 +111,23 @@ mod tests {
         drop(waiter);
         assert_eq!(pending.len(), 0);
     }
+
+    /// One key, two waiters: dropping one keeps the other's registration, and a
+    /// later notify still reaches it.
+    #[tokio::test]
+    async fn a_waiter_leaving_does_not_unregister_another() {
+        let pending = Arc::new(Pending::default());
+        let first = pending.watch(key());
+        let second = pending.watch(key());
+        drop(first);
+        assert_eq!(pending.len(), 1);
+        let changed = second.changed();
+        pending.notify(&key());
+        tokio::time::timeout(std::time::Duration::from_secs(1), changed)
+            .await
+            .map_err(|_| "notify was lost")
+            .unwrap_or_else(|e| panic!("{e}"));
+        drop(second);
+        assert_eq!(pending.len(), 0);
+    }
 }

@@ -27,10 +27,13 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        // The server binds the port later, in its own process. A port the kernel
+        // hands out for `:0` could be handed to another test meanwhile, so pick one
+        // below the ephemeral range (32768 and up on Linux), free when checked.
+        let port = (0..1_000)
+            .map(|_| rand::random_range(20_000u16..32_000))
+            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+            .expect("a free port");
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             port,
@@ -137,6 +140,28 @@ impl ServerProcess {
                 let mut client = ActivityServiceClient::new(channel);
                 client.stats(v1::StatsRequest::default()).await.ok()?;
                 Some(client)
+            }
+        })
+        .await
+    }
+
+    /// Waits until the server reports NOT_SERVING (a drain began).
+    pub async fn await_not_serving(&self) {
+        use tonic_health::pb::{
+            HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+        };
+        let url = self.url.clone();
+        eventually("the server to go NOT_SERVING", || {
+            let url = url.clone();
+            async move {
+                let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
+                let status = HealthClient::new(channel)
+                    .check(HealthCheckRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .status;
+                (status == ServingStatus::NotServing as i32).then_some(())
             }
         })
         .await
