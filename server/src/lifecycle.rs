@@ -251,6 +251,23 @@ mod tests {
         );
     }
 
+    /// An attempt's deadline is the earlier of start-to-close (from its start) and
+    /// schedule-to-close; none without either.
+    #[test]
+    fn an_attempts_deadline_is_the_earlier_bound() {
+        let mut a = attempt(1, 10);
+        a.started_at = 1_000;
+        assert_eq!(a.deadline(), None);
+        a.timeouts.start_to_close_ms = Some(500);
+        assert_eq!(a.deadline(), Some(1_500));
+        a.expires_at = Some(1_200);
+        assert_eq!(a.deadline(), Some(1_200));
+        a.expires_at = Some(9_000);
+        assert_eq!(a.deadline(), Some(1_500));
+        a.timeouts.start_to_close_ms = None;
+        assert_eq!(a.deadline(), Some(9_000));
+    }
+
     #[test]
     fn a_retry_past_schedule_to_close_fails_now() {
         let mut a = attempt(1, 10);

@@ -442,6 +442,8 @@ mod tests {
     #[test]
     fn worker_text_is_sanitised_not_refused() {
         assert_eq!(worker_text("a\0b\nc".to_owned(), 100), "a\u{fffd}b\nc");
+        assert_eq!(worker_text("nul\0only".to_owned(), 100), "nul\u{fffd}only");
+        assert_eq!(worker_text("plain".to_owned(), 100), "plain");
         assert_eq!(worker_text("héllo".to_owned(), 2), "h");
         let mut p = Payload {
             content_type: "text/\0plain\n".to_owned(),
@@ -522,6 +524,203 @@ mod tests {
             ..Default::default()
         };
         assert!(retry_policy(Some(&many_types), &d).is_err());
+    }
+
+    /// The limits are part of the documented contract (docs/SECURITY.md).
+    #[test]
+    fn the_documented_limits() {
+        assert_eq!(MAX_NAME_BYTES, 255);
+        assert_eq!(MAX_NAMESPACE_BYTES, 64);
+        assert_eq!(MAX_MESSAGE_BYTES, 32_768);
+        assert_eq!(MAX_ATTEMPTS, 10_000);
+        assert_eq!(MAX_NON_RETRYABLE_TYPES, 100);
+        assert_eq!(MAX_DURATION, Duration::from_secs(315_360_000));
+        assert_eq!(MAX_BATCH, 10_000);
+        assert_eq!(MAX_PAGE, 1_000);
+        assert_eq!(MAX_PAGE_BYTES, 3_145_728);
+        assert_eq!(MAX_HELLO_TYPES, 1_000);
+        assert_eq!(MAX_WORKER_CONCURRENCY, 10_000);
+        assert_eq!(DEFAULT_WORKER_CONCURRENCY, 1_000);
+    }
+
+    fn d(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
+        Some(prost_types::Duration { seconds, nanos })
+    }
+
+    /// A submit resolves to exactly what it asked for, defaults filled in.
+    #[test]
+    fn a_submit_resolves_to_what_it_asked_for() {
+        let config = Config::new("sqlite://x.db");
+        let request = v1::SubmitRequest {
+            namespace: "orders".into(),
+            workflow_id: "wf-1".into(),
+            activity_id: "act-1".into(),
+            activity_type: "email.send".into(),
+            input: Some(Payload {
+                content_type: "text/plain".into(),
+                data: b"hi".to_vec(),
+            }),
+            delay: d(2, 500_000_000),
+            retry_policy: Some(v1::RetryPolicy {
+                max_attempts: 4,
+                initial_interval: d(3, 0),
+                backoff_coefficient: 1.5,
+                max_interval: d(60, 0),
+                non_retryable_error_types: vec!["Fatal".into()],
+            }),
+            heartbeat_timeout: d(10, 0),
+            start_to_close_timeout: d(0, 1_000_000),
+            schedule_to_close_timeout: d(0, 0),
+            priority: -7,
+        };
+        let new = submit(request, &config, 1_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            new.key,
+            Key {
+                namespace: "orders".into(),
+                workflow_id: "wf-1".into(),
+                activity_id: "act-1".into(),
+            }
+        );
+        assert_eq!(new.activity_type, "email.send");
+        assert_eq!(new.input.data, b"hi");
+        assert_eq!(new.input.content_type, "text/plain");
+        assert_eq!(new.next_at, 3_500, "now plus the delay, in milliseconds");
+        assert_eq!(
+            new.timeouts,
+            Timeouts {
+                heartbeat_ms: Some(10_000),
+                start_to_close_ms: Some(1),
+                schedule_to_close_ms: None,
+            },
+            "a zero timeout is no timeout"
+        );
+        assert_eq!(new.priority, -7);
+        assert_eq!(
+            new.retry,
+            RetrySpec {
+                max_attempts: 4,
+                initial_interval_ms: 3_000,
+                backoff_coefficient: 1.5,
+                max_interval_ms: 60_000,
+                non_retryable: vec!["Fatal".into()],
+            }
+        );
+        // Empty ids are generated, as UUIDv7s; empty namespace is the default.
+        let bare = submit(
+            v1::SubmitRequest {
+                activity_type: "t".into(),
+                ..Default::default()
+            },
+            &config,
+            0,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(bare.key.namespace, "default");
+        for id in [&bare.key.workflow_id, &bare.key.activity_id] {
+            let uuid = uuid::Uuid::parse_str(id).unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert_eq!(uuid.get_version_num(), 7);
+        }
+        assert_ne!(bare.key.workflow_id, bare.key.activity_id);
+        assert_eq!(bare.input, Payload::default());
+        assert_eq!(bare.next_at, 0);
+    }
+
+    #[test]
+    fn retry_policy_defaults_fill_zeroes_and_bounds_are_inclusive() {
+        let defaults = RetryDefaults::default();
+        let resolve = |p: v1::RetryPolicy| retry_policy(Some(&p), &defaults);
+        let zero = resolve(v1::RetryPolicy::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            zero,
+            RetrySpec {
+                max_attempts: 10,
+                initial_interval_ms: 1_000,
+                backoff_coefficient: 2.0,
+                max_interval_ms: 300_000,
+                non_retryable: Vec::new(),
+            }
+        );
+        // An initial interval above the default maximum lifts the maximum with it.
+        let long = resolve(v1::RetryPolicy {
+            initial_interval: d(600, 0),
+            ..Default::default()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (long.initial_interval_ms, long.max_interval_ms),
+            (600_000, 600_000)
+        );
+        // Equal initial and maximum is allowed; a maximum below the initial is not.
+        assert!(
+            resolve(v1::RetryPolicy {
+                initial_interval: d(5, 0),
+                max_interval: d(5, 0),
+                ..Default::default()
+            })
+            .is_ok()
+        );
+        assert!(
+            resolve(v1::RetryPolicy {
+                initial_interval: d(5, 0),
+                max_interval: d(4, 0),
+                ..Default::default()
+            })
+            .is_err()
+        );
+        assert!(
+            resolve(v1::RetryPolicy {
+                max_attempts: MAX_ATTEMPTS,
+                ..Default::default()
+            })
+            .is_ok()
+        );
+        assert!(
+            resolve(v1::RetryPolicy {
+                non_retryable_error_types: vec!["X".into(); MAX_NON_RETRYABLE_TYPES],
+                ..Default::default()
+            })
+            .is_ok()
+        );
+        assert_eq!(
+            resolve(v1::RetryPolicy {
+                backoff_coefficient: 1.0,
+                ..Default::default()
+            })
+            .map(|r| r.backoff_coefficient)
+            .ok(),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn sizes_and_lengths_are_inclusive_limits() {
+        let payload = |n: usize| Payload {
+            content_type: String::new(),
+            data: vec![0; n],
+        };
+        assert!(check_size("f", &payload(10), 10).is_ok());
+        assert!(matches!(
+            check_size("f", &payload(11), 10),
+            Err(Error::PayloadTooLarge {
+                size: 11,
+                limit: 10,
+                ..
+            })
+        ));
+        assert!(check_size("f", &payload(0), 10).is_ok());
+        assert!(text("reason", &"x".repeat(100), 100).is_ok());
+        let kept = self::payload("input", Some(payload(3)), 10).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(kept.data.len(), 3);
+        assert!(self::payload("input", Some(payload(11)), 10).is_err());
+        assert_eq!(millis(Duration::from_millis(1_234)), 1_234);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
+        assert_eq!(optional_ms("t", d(0, 0).as_ref()).ok(), Some(None));
+        assert_eq!(
+            optional_ms("t", d(1, 500_000_000).as_ref()).ok(),
+            Some(Some(1_500))
+        );
+        assert_eq!(optional_ms("t", None).ok(), Some(None));
     }
 
     #[test]

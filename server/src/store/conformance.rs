@@ -1116,6 +1116,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             .unwrap_or_else(|e| panic!("{e}"))
             .current();
         let shown = format!("{submitted:?}");
+        let asked = submitted.clone();
         let new = match validate::submit(submitted, &config, T0) {
             Ok(new) => new,
             Err(api::Error::InvalidArgument(_) | api::Error::PayloadTooLarge { .. }) => {
@@ -1124,6 +1125,34 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             }
             Err(other) => panic!("case {case}: {other} for {shown}"),
         };
+        // What was accepted is what was asked for (empty ids and namespace filled in).
+        let same_or_generated = |asked: &str, got: &str| {
+            if asked.is_empty() {
+                uuid::Uuid::parse_str(got).is_ok()
+            } else {
+                asked == got
+            }
+        };
+        assert!(
+            same_or_generated(&asked.workflow_id, &new.key.workflow_id)
+                && same_or_generated(&asked.activity_id, &new.key.activity_id),
+            "case {case}: ids changed: {shown}"
+        );
+        let namespace = if asked.namespace.is_empty() {
+            "default"
+        } else {
+            asked.namespace.as_str()
+        };
+        assert_eq!(new.key.namespace, namespace, "case {case}");
+        assert_eq!(
+            (&new.activity_type, &new.input, new.priority),
+            (
+                &asked.activity_type,
+                &asked.input.clone().unwrap_or_default(),
+                asked.priority
+            ),
+            "case {case}"
+        );
         // Each case a key of its own: the generated ids may repeat.
         let mut new = new;
         new.key.workflow_id = format!("{case}-{}", new.key.workflow_id);
