@@ -362,17 +362,10 @@ pub fn hello(hello: v1::Hello, max_concurrency: u32) -> Result<Registration, Err
 /// A worker's text as it will be stored: control characters (tab and line breaks
 /// aside) become U+FFFD, and it is cut to `max` bytes.
 pub fn worker_text(value: String, max: usize) -> String {
-    let value = if value.chars().any(|c| c.is_control() && !is_text_space(c)) {
-        value
-            .chars()
-            .map(|c| {
-                if c.is_control() && !is_text_space(c) {
-                    char::REPLACEMENT_CHARACTER
-                } else {
-                    c
-                }
-            })
-            .collect()
+    let unwanted = |c: char| c.is_control() && !is_text_space(c);
+    // Most texts are clean: only those that are not are copied.
+    let value = if value.contains(unwanted) {
+        value.replace(unwanted, "\u{FFFD}")
     } else {
         value
     };
@@ -397,13 +390,11 @@ pub fn worker_delay(value: Option<&prost_types::Duration>) -> Duration {
 
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
+    let mut end = max.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
     }
+    s.truncate(end);
     s
 }
 
