@@ -6,7 +6,8 @@
 //!    (UNAVAILABLE), no claim is planned any more, and every worker is sent
 //!    `Drain{deadline}`. Submits are still accepted and stored.
 //! 2. wait: attempts already running may finish until the deadline; their results
-//!    are recorded as usual.
+//!    are recorded as usual, and the drain waits for those commits too, so what it
+//!    reports completed is stored.
 //! 3. release: what still runs at the deadline is ended by the server (its worker
 //!    is told to stop) and goes back to SCHEDULED for immediate redelivery elsewhere,
 //!    not counted against `max_attempts` and never marked failed.
@@ -105,7 +106,7 @@ impl Drainer {
         // Phase 2. Each answer or disconnect wakes us to count again.
         loop {
             let answered = self.core.registry.answered();
-            if self.core.registry.running_count() == 0 {
+            if self.core.registry.unsettled_count() == 0 {
                 break;
             }
             tokio::select! {
@@ -286,18 +287,32 @@ mod tests {
         }
     }
 
+    /// What the worker is sent, up to and with the Drain.
+    async fn kinds_until_drain(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
+        let mut seen = Vec::new();
+        while seen.last() != Some(&"drain") {
+            let Some(out) = rx.recv().await else { break };
+            seen.push(kind(out));
+        }
+        seen
+    }
+
+    fn kind(out: Outgoing) -> &'static str {
+        match out.message {
+            Ok(ServerMessage {
+                message: Some(server_message::Message::Drain(_)),
+            }) => "drain",
+            Ok(ServerMessage {
+                message: Some(server_message::Message::Cancel(_)),
+            }) => "cancel",
+            _ => "other",
+        }
+    }
+
     fn kinds(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
         let mut kinds = Vec::new();
         while let Ok(out) = rx.try_recv() {
-            kinds.push(match out.message {
-                Ok(ServerMessage {
-                    message: Some(server_message::Message::Drain(_)),
-                }) => "drain",
-                Ok(ServerMessage {
-                    message: Some(server_message::Message::Cancel(_)),
-                }) => "cancel",
-                _ => "other",
-            });
+            kinds.push(kind(out));
         }
         kinds
     }
@@ -340,12 +355,14 @@ mod tests {
     /// returns as soon as nothing runs.
     #[tokio::test]
     async fn an_answer_before_the_deadline_ends_the_drain_early() {
-        let mut node = node_running_one().await;
+        let node = node_running_one().await;
         let registry = node.core.registry.clone();
         let worker_id = node.worker_id.clone();
+        let mut outbound = node.outbound;
+        // The worker answers once told of the drain.
         let answer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            registry.answer(&worker_id, "wf", "a", 1)
+            let told = kinds_until_drain(&mut outbound).await;
+            (told, registry.answer(&worker_id, "wf", "a", 1), outbound)
         });
         let started = tokio::time::Instant::now();
         let report = node.drainer.drain(Duration::from_secs(30)).await;
@@ -353,7 +370,9 @@ mod tests {
             started.elapsed() < Duration::from_secs(10),
             "not the deadline"
         );
-        assert!(matches!(answer.await, Ok(Answer::Held(..))));
+        let (told, answered, mut outbound) = answer.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(told, ["drain"]);
+        assert!(matches!(answered, Answer::Held(..)));
         assert_eq!(
             report,
             Report {
@@ -361,6 +380,6 @@ mod tests {
                 released: 0
             }
         );
-        assert_eq!(kinds(&mut node.outbound), ["drain"]);
+        assert!(kinds(&mut outbound).is_empty(), "nothing after the drain");
     }
 }

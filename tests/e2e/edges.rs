@@ -116,6 +116,7 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
     while tasks.len() < N {
         tasks.push(worker.task().await);
     }
+    let mut admin = server.admin().await;
     faulty.stall(true);
     // Results pile up behind the stall, more than the ack window; keep-alives go
     // on all the while.
@@ -130,9 +131,7 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     // Keep-alives were read all along, results queued behind the stall or not.
-    let workers = server
-        .admin()
-        .await
+    let workers = admin
         .list_workers(v1::ListWorkersRequest::default())
         .await
         .unwrap()

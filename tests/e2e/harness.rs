@@ -411,6 +411,21 @@ impl RawWorker {
         .await;
     }
 
+    /// The ack of a result and the task that follows it, in either order: the
+    /// slot a result frees may be refilled in the very commit that records it, so
+    /// the next task can leave before the ack.
+    pub async fn ack_and_task(&mut self) -> (v1::ResultAck, v1::ActivityTask) {
+        let (mut ack, mut task) = (None, None);
+        while ack.is_none() || task.is_none() {
+            match self.next().await {
+                server_message::Message::Ack(a) => ack = Some(a),
+                server_message::Message::Task(t) => task = Some(t),
+                other => panic!("expected an ack and a task, got {other:?}"),
+            }
+        }
+        (ack.unwrap(), task.unwrap())
+    }
+
     pub async fn ack(&mut self) -> v1::ResultAck {
         match self.next().await {
             server_message::Message::Ack(a) => a,

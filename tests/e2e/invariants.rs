@@ -56,8 +56,8 @@ async fn uncounted_steps_leave_the_budget_whole() {
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;
     let first = worker.task().await;
     worker.send(result(&first, snooze_now())).await;
-    assert!(worker.ack().await.accepted);
-    let second = worker.task().await;
+    let (ack, second) = worker.ack_and_task().await;
+    assert!(ack.accepted);
     assert_eq!(second.attempt, 2);
     // A deploy: the drain releases the running attempt.
     drop(client);
@@ -89,11 +89,17 @@ async fn a_re_drive_restores_the_whole_budget() {
     let mut client = server.client().await;
     submit(&mut client, with_budget("a", 3)).await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;
+    let mut task = worker.task().await;
     for attempt in 1..=3 {
-        let task = worker.task().await;
         assert_eq!(task.attempt, attempt);
         worker.send(result(&task, retryable_now("down"))).await;
-        assert!(worker.ack().await.accepted);
+        if attempt < 3 {
+            let (ack, next) = worker.ack_and_task().await;
+            assert!(ack.accepted);
+            task = next;
+        } else {
+            assert!(worker.ack().await.accepted);
+        }
     }
     let dead = wait(&mut client, key("wf", "a")).await;
     assert_eq!(

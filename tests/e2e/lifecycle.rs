@@ -388,7 +388,7 @@ async fn a_restart_keeps_every_activity_and_releases_running_ones() {
 async fn delayed_rows_from_before_a_restart_each_come_due() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
-    for (id, ms) in [("soon", 300), ("later", 700), ("latest", 1_100)] {
+    for (id, ms) in [("soon", 1_500), ("later", 2_500), ("latest", 3_500)] {
         let mut req = request("delayed", "wf", id);
         req.delay = Some(prost_types_duration(Duration::from_millis(ms)));
         submit(&mut client, req).await;
@@ -398,11 +398,21 @@ async fn delayed_rows_from_before_a_restart_each_come_due() {
     let server = server.restart().await;
     let _worker = server.worker(|w| w.activity("delayed", |_, _| async { Ok(Payload::default()) }));
     server.await_workers(1).await;
+    let ready = spool_proto::time::now_millis();
     let mut client = server.client().await;
+    let mut started = Vec::new();
     for id in ["soon", "later", "latest"] {
         let done = wait(&mut client, key("wf", id)).await;
         assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
+        started.push(spool_proto::time::from_proto(&done.started_at.unwrap()));
     }
+    // The last came due after the worker was waiting: the timer dispatched it.
+    assert!(
+        started[2] > ready,
+        "latest started at {} before the worker was ready at {ready}",
+        started[2]
+    );
+    assert!(started.windows(2).all(|w| w[0] <= w[1]), "{started:?}");
 }
 
 #[tokio::test]

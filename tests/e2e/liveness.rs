@@ -100,8 +100,9 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
     let progress: serde_json::Value =
         serde_json::from_slice(&row.heartbeat_details.unwrap().data).unwrap();
     assert!(progress["progress"].is_u64(), "{progress}");
-    // Well past the 200 ms timeout, attempt 2 still runs.
-    tokio::time::sleep(Duration::from_millis(600).saturating_sub(started.elapsed())).await;
+    // Four times the 500 ms timeout, with the sweep judging it every second, attempt
+    // 2 still runs.
+    tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(started.elapsed())).await;
     let row = get(&mut client, key("wf", "hb")).await;
     assert_eq!((status(&row), row.attempt), (ActivityStatus::Running, 2));
     beats.abort();
@@ -216,6 +217,7 @@ async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
 #[tokio::test]
 async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
     let server = TestServer::start().await;
+    let mut idle = RawWorker::connect(&server, &["idle"], 1).await;
     let _worker = server.worker(|w| {
         w.max_concurrency(4).activity("short", |_, _| async {
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -251,8 +253,9 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
         let row = get(&mut client, key("wf", &format!("d{i}"))).await;
         assert_eq!((status(&row), row.attempt), (ActivityStatus::Completed, 1));
     }
-    // Still up: submits are stored but not dispatched; new workers are turned away.
-    submit(&mut client, request("short", "wf", "after")).await;
+    // Still up: submits are stored but not dispatched (the raw worker, connected
+    // before the drain and ignoring it, is sent nothing); new workers are turned away.
+    submit(&mut client, request("idle", "wf", "after")).await;
     let err = RawWorker::open(
         &server,
         worker_message::Message::Hello(hello(&["short"], 1)),
@@ -261,10 +264,24 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
     .err()
     .unwrap();
     assert_eq!(err.code(), tonic::Code::Unavailable);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut drained = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(300), idle.rx.message()).await {
+            Ok(Ok(Some(v1::ServerMessage { message: Some(m) }))) => drained.push(m),
+            Ok(other) => panic!("the idle worker's stream: {other:?}"),
+            Err(_) => break,
+        }
+    }
+    assert!(
+        drained
+            .iter()
+            .all(|m| matches!(m, server_message::Message::Drain(_))),
+        "only Drain reaches a worker after the drain: {drained:?}"
+    );
+    let after = get(&mut client, key("wf", "after")).await;
     assert_eq!(
-        status(&get(&mut client, key("wf", "after")).await),
-        ActivityStatus::Scheduled
+        (status(&after), after.attempt),
+        (ActivityStatus::Scheduled, 0)
     );
     let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
     let check = health
@@ -328,11 +345,14 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
 
 #[tokio::test]
 async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
-    let server = TestServer::start().await;
+    let server =
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+    // 1.5 s of work against a 300 ms heartbeat timeout: only the beats, every
+    // 50 ms, keep the attempt alive.
     let _worker = server.worker(|w| {
         w.activity("progress", |ctx, _| async move {
-            for i in 0..8 {
-                ctx.heartbeat(Some(spool_worker::json(&i)));
+            for i in 0..30 {
+                ctx.heartbeat(Some(spool_worker::json(&(i % 10))));
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok(Payload::default())
@@ -340,7 +360,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     });
     let mut client = server.client().await;
     let mut req = request("progress", "wf", "p");
-    req.heartbeat_timeout = ms(1_000);
+    req.heartbeat_timeout = ms(300);
     req.retry_policy = fast_retries(1);
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "p")).await;

@@ -98,8 +98,8 @@ async fn delayed_activities_submitted_together_each_come_due_on_the_other_node()
     );
 }
 
-/// Renewal keeps a live attempt: with a 2 s lease and another node sweeping for
-/// expired leases, a 6 s activity runs once, as attempt 1.
+/// Renewal keeps a live attempt: with a 4 s lease and another node sweeping for
+/// expired leases, a 12 s activity runs once, as attempt 1.
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
@@ -108,7 +108,7 @@ async fn delayed_activities_submitted_together_each_come_due_on_the_other_node()
 async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     let database = postgres_schema().await;
     let short_lease = |c: &mut spool_server::Config| {
-        c.lease_timeout = Duration::from_secs(2);
+        c.lease_timeout = Duration::from_secs(4);
         c.heartbeat_interval = Duration::from_millis(500);
     };
     let a = TestServer::start_on_database_with(&database, short_lease).await;
@@ -120,7 +120,7 @@ async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(6)).await;
+                tokio::time::sleep(Duration::from_secs(12)).await;
                 Ok(spool_worker::json(&ctx.info().attempt))
             }
         })
@@ -128,7 +128,14 @@ async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     a.await_workers(1).await;
     let mut client = a.client().await;
     submit(&mut client, request("long", "wf", "long")).await;
-    let done = wait(&mut client, key("wf", "long")).await;
+    let done = client
+        .wait(v1::WaitRequest {
+            key: Some(key("wf", "long")),
+            timeout: Some(prost_types_duration(Duration::from_secs(30))),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(status(&done), ActivityStatus::Completed);
     assert_eq!(done.attempt, 1, "the renewed lease was never reclaimed");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);

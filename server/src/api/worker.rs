@@ -236,7 +236,12 @@ struct Session {
 /// A result the reader has taken from the worker, on its way to the committer.
 enum Forward {
     /// The result decides an attempt the worker held: commit these ops, then ack.
-    Commit { ops: Vec<Op>, ack: v1::ResultAck },
+    Commit {
+        ops: Vec<Op>,
+        ack: v1::ResultAck,
+        /// Keeps the result unsettled (for a drain) until the commit's reply.
+        committing: crate::dispatch::registry::Committing,
+    },
     /// The result answers nothing the worker holds: ack it, not accepted.
     Refuse(v1::ResultAck),
     /// The worker said Goodbye: once every claim planned for it has landed, tell it
@@ -384,6 +389,8 @@ impl Session {
                 return Forward::Refuse(ack);
             }
         };
+        // Unsettled until its commit returns: a drain waits for it.
+        let committing = self.core.registry.commit_begins();
         let transition = decide(
             &attempt,
             result.outcome,
@@ -404,7 +411,11 @@ impl Session {
             transition,
             lease_expired_by: None,
         });
-        Forward::Commit { ops, ack }
+        Forward::Commit {
+            ops,
+            ack,
+            committing,
+        }
     }
 
     async fn finish(self, end: End) {
@@ -476,7 +487,11 @@ async fn forward_results(
                     v1::Drain { deadline: None },
                 )));
             }
-            Forward::Commit { ops, ack } => {
+            Forward::Commit {
+                ops,
+                ack,
+                committing,
+            } => {
                 let tx = tx.clone();
                 let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
                     let accepted = matches!(
@@ -484,6 +499,7 @@ async fn forward_results(
                         Ok(Some(Outcome::Finished { accepted: true }))
                     );
                     send_ack(&tx, ack, accepted, permit);
+                    drop(committing);
                 });
                 if core.committer.commit_with(ops, reply).await.is_err() {
                     // The committer is gone (shutdown); the reply, and with it the

@@ -220,6 +220,10 @@ pub struct Registry {
     wake: Notify,
     /// Wakes a drain waiting for in-flight attempts to be answered.
     answered: Notify,
+    /// Results taken from workers (their attempts answered) whose commit has not
+    /// returned yet: a drain waits for these too, so what it reports completed is
+    /// stored.
+    committing: std::sync::atomic::AtomicUsize,
 }
 
 impl Registry {
@@ -450,6 +454,21 @@ impl Registry {
             .values()
             .map(|w| w.inflight.values().filter(|i| !i.cancel_sent).count())
             .sum()
+    }
+
+    /// Attempts running, or answered with a result not yet committed: what a drain
+    /// waits for.
+    pub fn unsettled_count(&self) -> usize {
+        self.running_count() + self.committing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A result was taken for an attempt and goes to be committed; it counts as
+    /// unsettled until the returned guard is dropped (with the commit's reply, or
+    /// with a commit that will never run).
+    pub fn commit_begins(self: &Arc<Self>) -> Committing {
+        self.committing
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Committing(self.clone())
     }
 
     /// Completes at the next answer or disconnect; create before checking a count.
@@ -763,6 +782,20 @@ impl Registry {
             .values()
             .filter(|w| *w.group.0 == *namespace)
             .count()
+    }
+}
+
+/// See [`Registry::commit_begins`].
+pub struct Committing(Arc<Registry>);
+
+impl Drop for Committing {
+    fn drop(&mut self) {
+        let _ = self.0.committing.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        self.0.answered.notify_waiters();
     }
 }
 

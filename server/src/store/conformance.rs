@@ -35,7 +35,7 @@ impl Raw {
     }
 }
 
-async fn sqlite() -> Option<Fixture> {
+async fn sqlite() -> Fixture {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let url = format!("sqlite://{}", dir.path().join("spool.db").display());
     let store = SqliteStore::open(&url)
@@ -44,11 +44,11 @@ async fn sqlite() -> Option<Fixture> {
     let raw = sqlx::SqlitePool::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    Some(Fixture {
+    Fixture {
         store: Arc::new(store),
         raw: Raw::Sqlite(raw),
         _dir: Some(dir),
-    })
+    }
 }
 
 /// The environment variable naming the PostgreSQL server the suite runs against.
@@ -57,7 +57,7 @@ const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
 /// A store in a schema of its own, so tests run in parallel on one server. The
 /// PostgreSQL half compiles as ignored where no server is configured (see
 /// `tests/support/test_cfg.rs`); where it runs, a missing server fails it.
-async fn postgres() -> Option<Fixture> {
+async fn postgres() -> Fixture {
     use sqlx::{
         Connection,
         postgres::{PgConnectOptions, PgConnection},
@@ -84,11 +84,11 @@ async fn postgres() -> Option<Fixture> {
         .connect_with(options)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    Some(Fixture {
+    Fixture {
         store: Arc::new(store),
         raw: Raw::Postgres(raw),
         _dir: None,
-    })
+    }
 }
 
 /// Runs one conformance check against every backend.
@@ -98,9 +98,8 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $name() {
-                    if let Some(f) = super::sqlite().await {
-                        super::$name(f.store.as_ref(), &f.raw).await;
-                    }
+                    let f = super::sqlite().await;
+                    super::$name(f.store.as_ref(), &f.raw).await;
                 }
             )*
         }
@@ -112,9 +111,8 @@ macro_rules! conformance {
                     ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
                 )]
                 async fn $name() {
-                    if let Some(f) = super::postgres().await {
-                        super::$name(f.store.as_ref(), &f.raw).await;
-                    }
+                    let f = super::postgres().await;
+                    super::$name(f.store.as_ref(), &f.raw).await;
                 }
             )*
         }
@@ -358,6 +356,12 @@ async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store, _raw: &Raw) {
     let mut stale = row.clone();
     stale.attempt = 0;
     assert!(!finish(store, &stale, output("stale"), T0).await);
+    let mut ahead = row.clone();
+    ahead.attempt = row.attempt + 1;
+    assert!(
+        !finish(store, &ahead, output("ahead"), T0).await,
+        "an attempt not yet made is refused too"
+    );
     assert!(finish(store, &row, output("done"), T0 + 5).await);
     assert!(
         !finish(store, &row, output("twice"), T0 + 6).await,
@@ -1326,6 +1330,21 @@ async fn record_heartbeats_is_fenced_by_attempt(store: &dyn Store, _raw: &Raw) {
     ];
     match one(store, Op::RecordHeartbeats(beats), T0).await {
         Outcome::Recorded(n) => assert_eq!(n, 1),
+        other => panic!("expected Recorded, got {other:?}"),
+    }
+    assert_eq!(
+        get(store, "a").await.heartbeat_details.map(|d| d.data),
+        Some(b"half".to_vec())
+    );
+    // Once the attempt ended, its details are frozen.
+    assert!(finish(store, &row, output("done"), T0 + 1).await);
+    let late = vec![HeartbeatDetails {
+        id: row.id,
+        attempt: row.attempt,
+        details: details("late"),
+    }];
+    match one(store, Op::RecordHeartbeats(late), T0 + 2).await {
+        Outcome::Recorded(n) => assert_eq!(n, 0),
         other => panic!("expected Recorded, got {other:?}"),
     }
     assert_eq!(

@@ -103,7 +103,7 @@ async fn skewed_pair(database: &str, offset: &str) -> (Env, Env, ServerProcess, 
     let clock = node_b.file("clock", offset.as_bytes());
     let envs = faked(&clock.to_string_lossy());
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let args = ["--lease-timeout", "2s", "--heartbeat-interval", "500ms"];
+    let args = ["--lease-timeout", "4s", "--heartbeat-interval", "500ms"];
     let a = node_a.server_on(database, &args);
     let b = node_b.server_with(database, &args, &envs);
     (node_a, node_b, a, b)
@@ -124,8 +124,8 @@ async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
     let worker = node_a.worker(1);
     a.await_workers(&mut client_a, 1).await;
     // Three leases long: b's sweep looks at it many times.
-    submit(&mut client_a, sleep_request("live", 6_000, None)).await;
-    let done = eventually_for(Duration::from_secs(20), "it to finish", || {
+    submit(&mut client_a, sleep_request("live", 12_000, None)).await;
+    let done = eventually_for(Duration::from_secs(40), "it to finish", || {
         let mut client = client_a.clone();
         async move {
             let row = get(&mut client, "live").await;

@@ -40,9 +40,15 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     let mut client = server.client().await;
     let worker = env.worker(30);
     server.await_workers(&mut client, 1).await;
-    for i in 0..30 {
-        submit(&mut client, sleep_request(&format!("run{i}"), 1_500, None)).await;
-    }
+    // One batch: all thirty start together, long enough to be running at the kill.
+    client
+        .submit_batch(v1::SubmitBatchRequest {
+            activities: (0..30)
+                .map(|i| sleep_request(&format!("run{i}"), 5_000, None))
+                .collect(),
+        })
+        .await
+        .expect("submit");
     for i in 0..30 {
         submit(
             &mut client,

@@ -30,10 +30,7 @@ fn value(text: &str, metric: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_count_submits_dispatches_and_outcomes() {
     let env = Env::new();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let metrics_port = free_port();
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let server = env.server(&[
         "--metrics-listen",

@@ -19,6 +19,16 @@ use super::child;
 
 pub const WAIT: Duration = Duration::from_secs(15);
 
+/// A port for a server process to bind later. A port the kernel hands out for
+/// `:0` could be handed to another test meanwhile, so pick one below the
+/// ephemeral range (32768 and up on Linux), free when checked.
+pub fn free_port() -> u16 {
+    (0..1_000)
+        .map(|_| rand::random_range(20_000u16..32_000))
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port")
+}
+
 /// One test's database, port and log directory; servers started from it share them.
 pub struct Env {
     dir: tempfile::TempDir,
@@ -27,13 +37,7 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        // The server binds the port later, in its own process. A port the kernel
-        // hands out for `:0` could be handed to another test meanwhile, so pick one
-        // below the ephemeral range (32768 and up on Linux), free when checked.
-        let port = (0..1_000)
-            .map(|_| rand::random_range(20_000u16..32_000))
-            .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
-            .expect("a free port");
+        let port = free_port();
         Self {
             dir: tempfile::tempdir().expect("tempdir"),
             port,
