@@ -31,7 +31,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{
     api::{Core, activity::ActivityApi, admin::AdminApi, worker::WorkerApi},
-    store::{Op, Transition},
+    store::Op,
 };
 
 /// How long the release of leftovers may take to commit after the deadline.
@@ -122,11 +122,12 @@ impl Drainer {
             .end_all("the server is draining; the activity will run again");
         let released = leftovers.len();
         if !leftovers.is_empty() {
+            let now = self.core.store.now();
             let ops = leftovers
                 .into_iter()
                 .map(|attempt| Op::Finish {
+                    transition: crate::lifecycle::release(&attempt, now),
                     attempt,
-                    transition: Transition::Release,
                     lease_expired_by: None,
                 })
                 .collect();

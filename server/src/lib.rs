@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod breakage;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
@@ -10,6 +11,7 @@ pub mod drain;
 pub mod lifecycle;
 pub mod metrics;
 pub mod server;
+pub mod soak;
 pub mod store;
 pub mod transport;
 

@@ -111,6 +111,24 @@ pub fn backoff_ms(retry: &RetrySpec, counted: u32, jitter: f64) -> i64 {
 }
 
 /// An error the server records on its own behalf (lost worker, timeouts).
+/// The transition of an attempt a draining server gives up: back to SCHEDULED,
+/// uncounted (unless the `release-counted` breakage is on; see `breakage`).
+pub fn release(attempt: &Attempt, now: UnixMillis) -> Transition {
+    if crate::breakage::active(crate::breakage::Breakage::ReleaseCounted) {
+        return on_failure(
+            attempt,
+            server_error(
+                ErrorKind::WorkerLost,
+                "WorkerLost",
+                "released by a draining server (counted: deliberately broken)".to_owned(),
+            ),
+            now,
+            rand::random(),
+        );
+    }
+    Transition::Release
+}
+
 pub fn server_error(kind: ErrorKind, error_type: &str, message: String) -> ActivityError {
     ActivityError {
         kind: kind as i32,

@@ -96,6 +96,22 @@ enum Command {
     },
     /// Measure throughput and latency (starts a server unless --server is given).
     Bench(BenchArgs),
+    /// Steady load under random faults (kills, SIGTERM, SIGSTOP, network cuts,
+    /// PostgreSQL restarts, a full disk), then a check that every acknowledged
+    /// activity completed exactly once. Exit 1 if the check fails.
+    Soak(SoakArgs),
+    /// A soak worker process (started by `spool soak`).
+    #[command(hide = true)]
+    SoakWorker {
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        history: std::path::PathBuf,
+        #[arg(long)]
+        identity: String,
+        #[arg(long, default_value_t = 16)]
+        concurrency: u32,
+    },
     /// Drain the server: stop dispatching, let running activities finish.
     Drain {
         #[arg(long, value_parser = duration)]
@@ -145,6 +161,64 @@ struct BenchArgs {
         default_value = "submit,drain,latency,e2e"
     )]
     phases: Vec<spool_server::bench::Phase>,
+}
+
+#[derive(clap::Args)]
+struct SoakArgs {
+    /// Run N nodes sharing a fresh schema on this PostgreSQL server (default: one
+    /// node on SQLite).
+    #[arg(long, env = "SPOOL_SOAK_POSTGRES_URL")]
+    postgres: Option<String>,
+    /// Nodes (PostgreSQL only).
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    duration: Duration,
+    /// Seeds the fault schedule and the workload (default: random, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Submits per second.
+    #[arg(long, default_value_t = 100)]
+    rate: u32,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    workers: usize,
+    /// Concurrency of each worker.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u32,
+    /// Fault kinds to pick from (default: all the store supports): node-kill,
+    /// node-term, node-pause, worker-kill, worker-stop, network-cut, pg-restart,
+    /// disk-full.
+    #[arg(long, value_delimiter = ',', value_parser = spool_server::soak::Fault::parse)]
+    faults: Vec<spool_server::soak::Fault>,
+    /// Shortest time between faults.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    fault_min: Duration,
+    /// Longest time between faults.
+    #[arg(long, default_value = "6s", value_parser = duration)]
+    fault_max: Duration,
+    /// Run directory for logs, histories and report.json (default: a fresh one).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+    /// Deliberate breakages for the nodes (a build with the breakages feature):
+    /// fencing, release-counted, ack-before-commit.
+    #[arg(long = "break", value_delimiter = ',')]
+    breakages: Vec<String>,
+    /// Size of the filesystem for the SQLite file, in MiB (disk-full faults).
+    #[arg(long, default_value_t = 1024)]
+    disk_mb: u64,
+    /// Command that restarts PostgreSQL (pg-restart faults).
+    #[arg(
+        long,
+        default_value = "pg_ctlcluster --skip-systemctl-redirect 15 main restart"
+    )]
+    pg_restart: String,
+    /// How long to wait after the faults for every activity to finish.
+    #[arg(long, default_value = "120s", value_parser = duration)]
+    settle: Duration,
+    /// The spool binary nodes and workers run (default: this one).
+    #[arg(long)]
+    binary: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -450,10 +524,44 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
     Ok(())
 }
 
+async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
+    let binary = match args.binary {
+        Some(b) => b,
+        None => std::env::current_exe()?,
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let options = spool_server::soak::Options {
+        binary,
+        postgres: args.postgres,
+        nodes: args.nodes,
+        duration: args.duration,
+        seed,
+        rate: args.rate,
+        workers: args.workers,
+        concurrency: args.concurrency,
+        faults: args.faults,
+        fault_every: (args.fault_min, args.fault_max),
+        dir: args.dir,
+        breakages: args.breakages,
+        disk_mb: args.disk_mb,
+        pg_restart: args.pg_restart,
+        settle: args.settle,
+    };
+    let report = spool_server::soak::run(options).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.summary());
+    }
+    Ok(if report.passed { 0 } else { 1 })
+}
+
 async fn client_command(target: Target, command: Command) -> Result<i32, cli::Error> {
     let client = Client::connect(target).await?;
     match command {
-        Command::Serve(_) | Command::Bench(_) => Ok(0),
+        Command::Serve(_) | Command::Bench(_) | Command::Soak(_) | Command::SoakWorker { .. } => {
+            Ok(0)
+        }
         Command::Submit(a) => {
             let request = v1::SubmitRequest {
                 namespace: a.namespace,
@@ -519,6 +627,27 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Command::Bench(args) = cli.command {
         return bench(args, cli.server, &target).await;
+    }
+    if let Command::Soak(args) = cli.command {
+        init_logging("text", "warn");
+        let code = soak(args, cli.json).await?;
+        std::process::exit(code);
+    }
+    if let Command::SoakWorker {
+        server,
+        history,
+        identity,
+        concurrency,
+    } = cli.command
+    {
+        init_logging("text", "warn");
+        return spool_server::soak::worker::run(spool_server::soak::worker::Options {
+            server,
+            history,
+            identity,
+            concurrency,
+        })
+        .await;
     }
     let code = match client_command(target, cli.command).await {
         Ok(code) => code,

@@ -42,6 +42,19 @@ pub type HandlerResult = Result<Payload, ActivityError>;
 
 type BoxFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
 type Handler = Arc<dyn Fn(ActivityContext, Payload) -> BoxFuture + Send + Sync>;
+type AckObserver = Arc<dyn Fn(&ResultAck) + Send + Sync>;
+
+/// The server's answer to one result: whether it was recorded as this attempt's
+/// outcome. A refused result (`accepted: false`) was for an attempt that had
+/// already ended (cancelled, timed out, or taken over after this worker was
+/// thought lost).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultAck {
+    pub workflow_id: String,
+    pub activity_id: String,
+    pub attempt: u32,
+    pub accepted: bool,
+}
 
 /// A worker process's connection to Spool, and the handlers it runs.
 #[derive(Clone)]
@@ -56,6 +69,7 @@ pub struct Worker {
     reconnect_min: Duration,
     reconnect_max: Duration,
     shutdown_timeout: Duration,
+    on_ack: Option<AckObserver>,
 }
 
 impl Worker {
@@ -74,6 +88,7 @@ impl Worker {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(30),
+            on_ack: None,
         }
     }
 
@@ -135,6 +150,14 @@ impl Worker {
     /// is cancelled (default 30 s); then they are cancelled.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Calls `observer` with the server's answer to every result this worker sends,
+    /// on the session's task (so it must not block). For audit logs and tests: a
+    /// handler's outcome counts only once the server accepted it.
+    pub fn on_ack(mut self, observer: impl Fn(&ResultAck) + Send + Sync + 'static) -> Self {
+        self.on_ack = Some(Arc::new(observer));
         self
     }
 

@@ -313,6 +313,14 @@ impl<'a> Loop<'a> {
                 if !ack.accepted {
                     tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
                 }
+                if let Some(observe) = &self.worker.on_ack {
+                    observe(&crate::ResultAck {
+                        workflow_id: ack.workflow_id,
+                        activity_id: ack.activity_id,
+                        attempt: ack.attempt,
+                        accepted: ack.accepted,
+                    });
+                }
             }
             // Drain is handled by the loop; a second Welcome means nothing.
             server_message::Message::Drain(_) | server_message::Message::Welcome(_) => {}

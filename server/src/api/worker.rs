@@ -425,7 +425,7 @@ impl Session {
             .into_iter()
             .map(|attempt| {
                 let transition = match &end {
-                    End::Shutdown => Transition::Release,
+                    End::Shutdown => lifecycle::release(&attempt, now),
                     End::Lost(why) => lifecycle::on_failure(
                         &attempt,
                         lifecycle::server_error(
@@ -493,6 +493,12 @@ async fn forward_results(
                 committing,
             } => {
                 let tx = tx.clone();
+                if crate::breakage::active(crate::breakage::Breakage::AckBeforeCommit) {
+                    send_ack(&tx, ack.clone(), true, permit);
+                    let reply = Box::new(move |_: Result<Vec<Outcome>, _>| drop(committing));
+                    let _ = core.committer.commit_with(ops, reply).await;
+                    continue;
+                }
                 let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
                     let accepted = matches!(
                         outcome.as_deref().map(|o| o.last()),

@@ -376,7 +376,13 @@ impl Loop {
         );
         let started = std::time::Instant::now();
         let ops: Arc<[Op]> = ops.into();
-        let applied = self.store.apply(ops.clone(), now).await;
+        let applied = self
+            .store
+            .apply(
+                crate::breakage::unfence(&*self.store, ops.clone()).await,
+                now,
+            )
+            .await;
         let took = started.elapsed();
         crate::metrics::commit(ops.len(), took.as_secs_f64(), applied.is_ok());
         tracing::trace!(micros = took.as_micros() as u64, "applied");
@@ -400,7 +406,14 @@ impl Loop {
                 let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
                 if owned_end > 0 {
                     let mine = &ops[..owned_end];
-                    match self.store.apply(Arc::from(mine), now).await {
+                    match self
+                        .store
+                        .apply(
+                            crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
+                            now,
+                        )
+                        .await
+                    {
                         Ok(mut outcomes) => {
                             committed = true;
                             self.apply_effects(mine, &mut outcomes, now);
@@ -412,7 +425,14 @@ impl Loop {
                 }
                 for request in requests {
                     let mine = &ops[request.range.clone()];
-                    let result = match self.store.apply(Arc::from(mine), now).await {
+                    let result = match self
+                        .store
+                        .apply(
+                            crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
+                            now,
+                        )
+                        .await
+                    {
                         Ok(mut outcomes) => {
                             committed = true;
                             self.apply_effects(mine, &mut outcomes, now);
