@@ -536,7 +536,12 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         for n in &mut c.nodes {
             n.terminate(DRAIN + Duration::from_secs(10)).await;
         }
-        c.disk = None;
+        // The database outlives the small filesystem, for a post-mortem.
+        if let Some(disk) = c.disk.take() {
+            for file in ["soak.db", "soak.db-wal"] {
+                let _ = std::fs::copy(disk.path.join(file), dir.join(file));
+            }
+        }
     }
 
     let mut worker_events: Vec<WorkerEvent> = Vec::new();
@@ -576,12 +581,15 @@ async fn fresh_schema(base: &str, seed: u64) -> Result<String, Error> {
     let mut admin = sqlx::PgConnection::connect(base)
         .await
         .map_err(|e| setup(format!("cannot reach PostgreSQL at {base}: {e}")))?;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-    )))
-    .execute(&mut admin)
-    .await
-    .map_err(|e| setup(format!("cannot create schema {schema}: {e}")))?;
+    for statement in [
+        format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+        format!("CREATE SCHEMA {schema}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await
+            .map_err(|e| setup(format!("cannot create schema {schema}: {e}")))?;
+    }
     let separator = if base.contains('?') { '&' } else { '?' };
     Ok(format!("{base}{separator}options=-csearch_path%3D{schema}"))
 }

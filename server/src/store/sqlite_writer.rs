@@ -121,7 +121,10 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
                 .map_err(sqlite)?;
             Ok(outcomes)
         });
+    // SQLite rolls some failures back by itself (a full disk, for one): then there
+    // is no transaction left to roll back.
     if result.is_err()
+        && conn.in_transaction()
         && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
     {
         // The caller checks whether the connection is still inside a transaction.
