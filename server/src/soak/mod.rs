@@ -30,7 +30,9 @@ use std::{
 };
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use spool_proto::v1::{self, activity_service_client::ActivityServiceClient};
+use spool_proto::v1::{
+    self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
+};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -151,6 +153,8 @@ pub struct Report {
     pub breakages: Vec<String>,
     pub dir: String,
     pub settled: bool,
+    /// Worker sessions still holding slots once nothing runs: `node/identity: n`.
+    pub held: Vec<String>,
     pub verdict: check::Verdict,
     pub passed: bool,
 }
@@ -198,6 +202,9 @@ impl Report {
         if !self.settled {
             s +=
                 "FAILED: activities were still scheduled or running when the settle time ran out\n";
+        }
+        for h in &self.held {
+            s += &format!("FAILED: a slot is still held with nothing running: {h}\n");
         }
         s += &format!(
             "{} (history and logs in {})\n",
@@ -527,6 +534,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
     eprintln!("soak: faults stopped; waiting for every activity to finish");
     let client = ActivityServiceClient::new(channels[0].clone());
     let settled = settle(client.clone(), options.settle).await;
+    let held = held_slots(&channels).await;
     let rows = read_rows(client).await?;
     {
         let mut c = cluster.lock().await;
@@ -553,7 +561,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         }
     }
     let verdict = check::check(&events.take(), &worker_events, &rows);
-    let passed = verdict.passed() && settled;
+    let passed = verdict.passed() && settled && held.is_empty();
     let report = Report {
         seed: options.seed,
         store: if sqlite { "sqlite" } else { "postgres" }.to_owned(),
@@ -565,6 +573,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         breakages: options.breakages.clone(),
         dir: dir.display().to_string(),
         settled,
+        held,
         verdict,
         passed,
     };
@@ -794,6 +803,38 @@ async fn settle(mut client: ActivityServiceClient<Channel>, within: Duration) ->
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     false
+}
+
+/// Worker sessions that still count attempts in flight once nothing is RUNNING
+/// (given a few seconds for acks on their way), on any node.
+async fn held_slots(channels: &[Channel]) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut held = Vec::new();
+        for (i, channel) in channels.iter().enumerate() {
+            let mut admin = AdminServiceClient::new(channel.clone());
+            match admin
+                .list_workers(v1::ListWorkersRequest {
+                    namespace: NAMESPACE.to_owned(),
+                })
+                .await
+            {
+                Ok(answer) => held.extend(
+                    answer
+                        .into_inner()
+                        .workers
+                        .into_iter()
+                        .filter(|w| w.in_flight > 0)
+                        .map(|w| format!("node{i}/{}: {}", w.identity, w.in_flight)),
+                ),
+                Err(s) => held.push(format!("node{i}: cannot list workers: {}", s.message())),
+            }
+        }
+        if held.is_empty() || tokio::time::Instant::now() >= deadline {
+            return held;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Every row of the namespace, by activity id.
