@@ -339,6 +339,13 @@ pub async fn run(options: Options) -> Result<Report, Error> {
     let dir = match &options.dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
+            // Histories are appended to: an old run's would be judged with this one.
+            if std::fs::read_dir(d)?.next().is_some() {
+                return Err(setup(format!(
+                    "the run directory {} is not empty; remove it or name another",
+                    d.display()
+                )));
+            }
             d.clone()
         }
         None => tempfile::Builder::new()
