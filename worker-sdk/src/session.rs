@@ -557,6 +557,46 @@ mod tests {
         assert!(ended.is_ok());
     }
 
+    /// Every ack the server sends reaches the `on_ack` observer, accepted or not.
+    #[tokio::test]
+    async fn acks_reach_the_observer() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let worker = Worker::new("http://unused")
+            .activity("t", |_, _| async { Ok(Payload::default()) })
+            .on_ack(move |ack| {
+                log.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(ack.clone())
+            });
+        let ended = with_loop(worker, |h, shutdown| async move {
+            for (id, accepted) in [("a", true), ("b", false)] {
+                h.send(server_message::Message::Ack(v1::ResultAck {
+                    workflow_id: "wf".into(),
+                    activity_id: id.into(),
+                    attempt: 2,
+                    accepted,
+                }))
+                .await;
+            }
+            drop(h.to_worker);
+            shutdown.cancel();
+        })
+        .await;
+        assert!(ended.is_ok());
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let expected: Vec<crate::ResultAck> = [("a", true), ("b", false)]
+            .into_iter()
+            .map(|(id, accepted)| crate::ResultAck {
+                workflow_id: "wf".into(),
+                activity_id: id.into(),
+                attempt: 2,
+                accepted,
+            })
+            .collect();
+        assert_eq!(seen, expected);
+    }
+
     /// Of the heartbeats a handler reports in a burst, each attempt's latest goes
     /// out, not every one.
     #[tokio::test]
