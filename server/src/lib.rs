@@ -2,16 +2,13 @@
 //! to workers holding a bidirectional stream open. See ARCHITECTURE.md for the map.
 
 pub mod api;
-pub mod bench;
 pub mod breakage;
-pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod drain;
 pub mod lifecycle;
 pub mod metrics;
 pub mod server;
-pub mod soak;
 pub mod store;
 pub mod transport;
 

@@ -6,10 +6,13 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use spool_proto::v1;
-use spool_server::{
-    Config,
-    cli::{self, Client, Target},
-};
+use spool_server::Config;
+
+mod bench;
+mod commands;
+mod soak;
+
+use commands::{Commands, Target};
 
 #[derive(Parser)]
 #[command(name = "spool", version, about = "Spool: a durable activity server")]
@@ -77,7 +80,7 @@ enum Command {
         #[arg(long, default_value = "")]
         namespace: String,
         /// scheduled, running, completed, failed or cancelled.
-        #[arg(long, value_parser = cli::parse_status)]
+        #[arg(long, value_parser = commands::parse_status)]
         status: Option<v1::ActivityStatus>,
         #[arg(long = "type")]
         activity_type: Option<String>,
@@ -160,7 +163,7 @@ struct BenchArgs {
         value_delimiter = ',',
         default_value = "submit,drain,latency,e2e"
     )]
-    phases: Vec<spool_server::bench::Phase>,
+    phases: Vec<bench::Phase>,
 }
 
 #[derive(clap::Args)]
@@ -189,8 +192,8 @@ struct SoakArgs {
     /// Fault kinds to pick from (default: all the store supports): node-kill,
     /// node-term, node-pause, worker-kill, worker-stop, network-cut, pg-restart,
     /// disk-full.
-    #[arg(long, value_delimiter = ',', value_parser = spool_server::soak::Fault::parse)]
-    faults: Vec<spool_server::soak::Fault>,
+    #[arg(long, value_delimiter = ',', value_parser = soak::Fault::parse)]
+    faults: Vec<soak::Fault>,
     /// Shortest time between faults.
     #[arg(long, default_value = "2s", value_parser = duration)]
     fault_min: Duration,
@@ -497,7 +500,7 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
     // unless RUST_LOG says otherwise.
     init_logging("text", "warn");
     let json = target.json;
-    let options = spool_server::bench::Options {
+    let options = bench::Options {
         server: server.clone(),
         database: args.database,
         token: target.token.clone(),
@@ -513,13 +516,12 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
         preload: args.preload,
         idle_workers: args.idle_workers,
         phases: args.phases,
-        json,
     };
-    let report = spool_server::bench::run(options).await?;
+    let report = bench::run(options).await?;
     if json {
         println!("{report}");
     } else {
-        print!("{}", spool_server::bench::summary(&report));
+        print!("{}", bench::summary(&report));
     }
     Ok(())
 }
@@ -530,7 +532,7 @@ async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
         None => std::env::current_exe()?,
     };
     let seed = args.seed.unwrap_or_else(rand::random);
-    let options = spool_server::soak::Options {
+    let options = soak::Options {
         binary,
         postgres: args.postgres,
         nodes: args.nodes,
@@ -547,7 +549,7 @@ async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
         pg_restart: args.pg_restart,
         settle: args.settle,
     };
-    let report = spool_server::soak::run(options).await?;
+    let report = soak::run(options).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -556,8 +558,8 @@ async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
     Ok(if report.passed { 0 } else { 1 })
 }
 
-async fn client_command(target: Target, command: Command) -> Result<i32, cli::Error> {
-    let client = Client::connect(target).await?;
+async fn client_command(target: Target, command: Command) -> Result<i32, commands::Error> {
+    let client = Commands::connect(target).await?;
     match command {
         Command::Serve(_) | Command::Bench(_) | Command::Soak(_) | Command::SoakWorker { .. } => {
             Ok(0)
@@ -568,7 +570,7 @@ async fn client_command(target: Target, command: Command) -> Result<i32, cli::Er
                 workflow_id: a.workflow_id,
                 activity_id: a.activity_id,
                 activity_type: a.activity_type,
-                input: cli::input(a.input.as_deref())?,
+                input: commands::input(a.input.as_deref())?,
                 delay: a.delay.map(spool_proto::duration::to_proto),
                 retry_policy: a.max_attempts.map(|max_attempts| v1::RetryPolicy {
                     max_attempts,
@@ -641,7 +643,7 @@ async fn main() -> anyhow::Result<()> {
     } = cli.command
     {
         init_logging("text", "warn");
-        return spool_server::soak::worker::run(spool_server::soak::worker::Options {
+        return soak::worker::run(soak::worker::Options {
             server,
             history,
             identity,

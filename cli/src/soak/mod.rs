@@ -304,14 +304,14 @@ impl Events {
 }
 
 pub async fn run(options: Options) -> Result<Report, Error> {
-    if !options.breakages.is_empty() && !crate::breakage::COMPILED_IN {
+    if !options.breakages.is_empty() && !spool_server::breakage::COMPILED_IN {
         return Err(setup(
             "--break needs a build with the breakages feature \
-             (cargo build -p spool-server --features breakages)",
+             (cargo build -p spool --features breakages)",
         ));
     }
     for name in &options.breakages {
-        if crate::breakage::Breakage::parse(name).is_none() {
+        if spool_server::breakage::Breakage::parse(name).is_none() {
             return Err(setup(format!("unknown breakage {name:?}")));
         }
     }
@@ -398,7 +398,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         let mut p =
             Proc::new(&format!("node{i}"), &options.binary, args, &dir).env("RUST_LOG", "info");
         if !options.breakages.is_empty() {
-            p = p.env(crate::breakage::ENV, &options.breakages.join(","));
+            p = p.env(spool_server::breakage::ENV, &options.breakages.join(","));
         }
         node_procs.push(p);
     }

@@ -52,7 +52,6 @@ pub struct Options {
     /// (to measure the cost of many connected workers).
     pub idle_workers: usize,
     pub phases: Vec<Phase>,
-    pub json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,10 +121,10 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
                     .local_addr()
                     .map_err(|e| Error::Setup(e.to_string()))?
             );
-            let mut config = crate::Config::new(database);
+            let mut config = spool_server::Config::new(database);
             config.drain_timeout = Duration::from_secs(1);
             config.auth_token = options.token.clone();
-            server_task = Some(tokio::spawn(crate::run(
+            server_task = Some(tokio::spawn(spool_server::run(
                 config,
                 listener,
                 stop_server.clone().cancelled_owned(),

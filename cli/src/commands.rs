@@ -1,17 +1,12 @@
-//! The client half of the `spool` binary: one function per subcommand, each a thin
-//! call of the gRPC API that prints a human table (default) or JSON (`--json`) to
+//! The client half of the `spool` binary: one method per subcommand, each one call of
+//! `spool-client` that prints a human table (default) or JSON (`--json`) to
 //! stdout. Errors go to stderr with a message naming what to do, and a non-zero exit.
 
 use std::{fmt::Write as _, time::Duration};
 
-use spool_proto::{
-    duration,
-    v1::{
-        self, ActivityStatus, activity_service_client::ActivityServiceClient,
-        admin_service_client::AdminServiceClient,
-    },
-};
-use tonic::{Code, Request, Status, metadata::MetadataValue, transport::Channel};
+use spool_client::Client;
+use spool_proto::v1::{self, ActivityStatus};
+use tonic::{Code, Status};
 
 /// Exit code when the activity a command waited for ended FAILED or CANCELLED.
 pub const EXIT_NOT_COMPLETED: i32 = 3;
@@ -48,54 +43,37 @@ fn describe(status: &Status) -> String {
     format!("{:?}: {}{hint}", status.code(), status.message())
 }
 
-impl From<Status> for Error {
-    fn from(status: Status) -> Self {
-        Error::Server(status)
-    }
-}
-
-pub struct Client {
-    target: Target,
-    channel: Channel,
-}
-
-impl Client {
-    pub async fn connect(target: Target) -> Result<Self, Error> {
-        let unreachable = |reason: String| Error::Unreachable {
-            server: target.server.clone(),
-            reason,
-        };
-        let endpoint = spool_proto::endpoint::endpoint(&target.server, &target.tls)
-            .map_err(|e| Error::Usage(format!("--server: {e}")))?;
-        let channel = endpoint.connect().await.map_err(|e| {
-            let mut reason = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                reason = s.to_string();
-                source = s.source();
+impl From<spool_client::Error> for Error {
+    fn from(e: spool_client::Error) -> Self {
+        match e {
+            spool_client::Error::Status(status) => Error::Server(status),
+            spool_client::Error::Unreachable { server, reason } => {
+                Error::Unreachable { server, reason }
             }
-            unreachable(reason)
-        })?;
-        Ok(Self { target, channel })
-    }
-
-    fn request<T>(&self, message: T) -> Result<Request<T>, Error> {
-        let mut request = Request::new(message);
-        if let Some(token) = &self.target.token {
-            let value: MetadataValue<_> = format!("Bearer {token}")
-                .parse()
-                .map_err(|_| Error::Usage("the token is not a valid header value".to_owned()))?;
-            request.metadata_mut().insert("authorization", value);
+            spool_client::Error::InvalidEndpoint(why) => Error::Usage(format!("--server: {why}")),
+            spool_client::Error::InvalidToken => {
+                Error::Usage("the token is not a valid header value".to_owned())
+            }
         }
-        Ok(request)
     }
+}
 
-    fn activities(&self) -> ActivityServiceClient<Channel> {
-        ActivityServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
-    }
+/// The client subcommands: each one call of [`spool_client::Client`], printed.
+pub struct Commands {
+    client: Client,
+    json: bool,
+}
 
-    fn admin(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::new(self.channel.clone())
+impl Commands {
+    pub async fn connect(target: Target) -> Result<Self, Error> {
+        let mut builder = Client::builder(target.server).tls(target.tls);
+        if let Some(token) = target.token {
+            builder = builder.token(token);
+        }
+        Ok(Self {
+            client: builder.connect().await?,
+            json: target.json,
+        })
     }
 
     pub async fn submit(
@@ -103,14 +81,10 @@ impl Client {
         request: v1::SubmitRequest,
         wait: Option<Option<Duration>>,
     ) -> Result<i32, Error> {
-        let response = self
-            .activities()
-            .submit(self.request(request)?)
-            .await?
-            .into_inner();
+        let response = self.client.submit(request).await?;
         let activity = response.activity.unwrap_or_default();
         let Some(timeout) = wait else {
-            if self.target.json {
+            if self.json {
                 print_json(
                     &serde_json::json!({"created": response.created, "activity": activity_json(&activity)}),
                 );
@@ -132,12 +106,7 @@ impl Client {
     }
 
     pub async fn get(&self, key: v1::ActivityKey) -> Result<i32, Error> {
-        let request = v1::GetRequest { key: Some(key) };
-        let activity = self
-            .activities()
-            .get(self.request(request)?)
-            .await?
-            .into_inner();
+        let activity = self.client.get(key).await?;
         self.print_activity(&activity);
         Ok(0)
     }
@@ -147,68 +116,27 @@ impl Client {
         key: v1::ActivityKey,
         timeout: Option<Duration>,
     ) -> Result<i32, Error> {
-        // The server answers a long Wait after its --max-wait with the state so
-        // far; without a timeout of our own, wait again until the end.
-        let activity = loop {
-            let request = v1::WaitRequest {
-                key: Some(key.clone()),
-                timeout: timeout.map(duration::to_proto),
-            };
-            let activity = self
-                .activities()
-                .wait(self.request(request)?)
-                .await?
-                .into_inner();
-            if timeout.is_some() || activity.status >= v1::ActivityStatus::Completed as i32 {
-                break activity;
-            }
-        };
+        let activity = self.client.wait(key, timeout).await?;
         self.print_activity(&activity);
         Ok(exit_for(&activity))
     }
 
     pub async fn cancel(&self, key: v1::ActivityKey, reason: String) -> Result<i32, Error> {
-        let request = v1::CancelRequest {
-            key: Some(key),
-            reason,
-        };
-        let activity = self
-            .activities()
-            .cancel(self.request(request)?)
-            .await?
-            .into_inner();
+        let activity = self.client.cancel(key, reason).await?;
         self.print_activity(&activity);
         Ok(0)
     }
 
     pub async fn retry(&self, key: v1::ActivityKey) -> Result<i32, Error> {
-        let request = v1::RetryRequest { key: Some(key) };
-        let activity = self
-            .activities()
-            .retry(self.request(request)?)
-            .await?
-            .into_inner();
+        let activity = self.client.retry(key).await?;
         self.print_activity(&activity);
         Ok(0)
     }
 
     /// Lists up to `limit` activities, following page tokens.
-    pub async fn list(&self, mut request: v1::ListRequest, limit: usize) -> Result<i32, Error> {
-        let mut activities = Vec::new();
-        let mut client = self.activities();
-        while activities.len() < limit {
-            request.page_size = u32::try_from((limit - activities.len()).min(1000)).unwrap_or(1000);
-            let page = client
-                .list(self.request(request.clone())?)
-                .await?
-                .into_inner();
-            activities.extend(page.activities);
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            request.page_token = page.next_page_token;
-        }
-        if self.target.json {
+    pub async fn list(&self, request: v1::ListRequest, limit: usize) -> Result<i32, Error> {
+        let activities = self.client.list_up_to(request, limit).await?;
+        if self.json {
             print_json(&serde_json::Value::Array(
                 activities.iter().map(activity_json).collect(),
             ));
@@ -246,13 +174,8 @@ impl Client {
     }
 
     pub async fn stats(&self, namespace: String) -> Result<i32, Error> {
-        let request = v1::StatsRequest { namespace };
-        let s = self
-            .activities()
-            .stats(self.request(request)?)
-            .await?
-            .into_inner();
-        if self.target.json {
+        let s = self.client.stats(namespace).await?;
+        if self.json {
             print_json(&serde_json::json!({
                 "scheduled": s.scheduled, "running": s.running, "completed": s.completed,
                 "failed": s.failed, "cancelled": s.cancelled, "connected_workers": s.connected_workers,
@@ -285,14 +208,8 @@ impl Client {
     }
 
     pub async fn workers(&self, namespace: String) -> Result<i32, Error> {
-        let request = v1::ListWorkersRequest { namespace };
-        let workers = self
-            .admin()
-            .list_workers(self.request(request)?)
-            .await?
-            .into_inner()
-            .workers;
-        if self.target.json {
+        let workers = self.client.workers(namespace).await?;
+        if self.json {
             let list = workers
                 .iter()
                 .map(|w| {
@@ -339,15 +256,8 @@ impl Client {
     }
 
     pub async fn drain(&self, timeout: Option<Duration>) -> Result<i32, Error> {
-        let request = v1::DrainRequest {
-            timeout: timeout.map(duration::to_proto),
-        };
-        let r = self
-            .admin()
-            .drain(self.request(request)?)
-            .await?
-            .into_inner();
-        if self.target.json {
+        let r = self.client.drain(timeout).await?;
+        if self.json {
             print_json(&serde_json::json!({"completed": r.completed, "released": r.released}));
         } else {
             println!(
@@ -359,7 +269,7 @@ impl Client {
     }
 
     fn print_activity(&self, activity: &v1::Activity) {
-        if self.target.json {
+        if self.json {
             print_json(&activity_json(activity));
         } else {
             print!("{}", activity_text(activity));

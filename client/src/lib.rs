@@ -1,0 +1,343 @@
+//! The connection a service uses to submit activities to Spool, wait for their
+//! outcomes, and manage them: one gRPC channel to a server, the bearer token on
+//! every call, answers as the `spool.v1` messages.
+//!
+//! ```no_run
+//! use spool_client::{Client, v1};
+//!
+//! # async fn example() -> Result<(), spool_client::Error> {
+//! let client = Client::builder("http://127.0.0.1:7070").connect().await?;
+//! let submitted = client
+//!     .submit(v1::SubmitRequest {
+//!         activity_type: "greet".into(),
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//! let key = submitted.activity.and_then(|a| a.key).unwrap_or_default();
+//! let done = client.wait(key, None).await?;
+//! println!("{:?}", done.status());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Invariants: the client adds nothing to a request but the token; every error is
+//! either local (a bad endpoint or token, never sent) or the server's status, kept
+//! whole so callers can branch on its code.
+
+#![deny(missing_docs)]
+
+use std::time::Duration;
+
+use spool_proto::{
+    duration,
+    v1::{
+        activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
+    },
+};
+pub use spool_proto::{endpoint::ClientTls, v1};
+use tonic::{
+    Request, Status,
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+};
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The endpoint cannot be dialled as given (a malformed URL, or TLS settings for
+    /// an `http://` address).
+    #[error("invalid endpoint: {0}")]
+    InvalidEndpoint(String),
+    /// No connection could be made; `reason` is the innermost cause.
+    #[error("cannot reach the Spool server at {server}: {reason}")]
+    Unreachable {
+        /// The endpoint as given.
+        server: String,
+        /// Why, as the transport said it.
+        reason: String,
+    },
+    /// The token cannot be sent as a header value.
+    #[error("the token is not a valid header value")]
+    InvalidToken,
+    /// The server answered with an error status.
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Status(#[from] Status),
+}
+
+/// Settings for a connection; [`Builder::connect`] makes it.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    server: String,
+    token: Option<String>,
+    tls: ClientTls,
+}
+
+impl Builder {
+    /// The bearer token, for a server started with tokens.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// TLS settings for an `https://` server (a private CA, a client identity).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Connects now; fails if the server cannot be reached.
+    pub async fn connect(self) -> Result<Client, Error> {
+        let token = match &self.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse::<MetadataValue<Ascii>>()
+                    .map_err(|_| Error::InvalidToken)?,
+            ),
+            None => None,
+        };
+        let endpoint = spool_proto::endpoint::endpoint(&self.server, &self.tls)
+            .map_err(|e| Error::InvalidEndpoint(e.to_string()))?;
+        let channel = endpoint.connect().await.map_err(|e| {
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                reason = s.to_string();
+                source = s.source();
+            }
+            Error::Unreachable {
+                server: self.server.clone(),
+                reason,
+            }
+        })?;
+        Ok(Client { channel, token })
+    }
+}
+
+/// A connection to one Spool server. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    channel: Channel,
+    token: Option<MetadataValue<Ascii>>,
+}
+
+impl Client {
+    /// Settings for a connection to `server` (`host:port`, `http://host:port`, or
+    /// `https://host:port` for TLS with the system's roots).
+    pub fn builder(server: impl Into<String>) -> Builder {
+        Builder {
+            server: server.into(),
+            token: None,
+            tls: ClientTls::default(),
+        }
+    }
+
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        request
+    }
+
+    fn activities(&self) -> ActivityServiceClient<Channel> {
+        // Answers are bounded by the server; an activity may carry payloads up to
+        // its limit.
+        ActivityServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+    }
+
+    fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(self.channel.clone())
+    }
+
+    /// Submits one activity; `created` is false when its key already existed with
+    /// the same type (the stored activity is returned).
+    pub async fn submit(&self, request: v1::SubmitRequest) -> Result<v1::SubmitResponse, Error> {
+        Ok(self
+            .activities()
+            .submit(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// Submits activities all or nothing, in one commit.
+    pub async fn submit_batch(
+        &self,
+        request: v1::SubmitBatchRequest,
+    ) -> Result<v1::SubmitBatchResponse, Error> {
+        Ok(self
+            .activities()
+            .submit_batch(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// The activity now.
+    pub async fn get(&self, key: v1::ActivityKey) -> Result<v1::Activity, Error> {
+        let request = v1::GetRequest { key: Some(key) };
+        Ok(self
+            .activities()
+            .get(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// Waits until the activity is finished, or `timeout` passes (then answers its
+    /// state so far). Without a timeout it waits until the end, asking again each
+    /// time the server answers at its own longest wait.
+    pub async fn wait(
+        &self,
+        key: v1::ActivityKey,
+        timeout: Option<Duration>,
+    ) -> Result<v1::Activity, Error> {
+        loop {
+            let request = v1::WaitRequest {
+                key: Some(key.clone()),
+                timeout: timeout.map(duration::to_proto),
+            };
+            let activity = self
+                .activities()
+                .wait(self.request(request))
+                .await?
+                .into_inner();
+            if timeout.is_some() || activity.status >= v1::ActivityStatus::Completed as i32 {
+                return Ok(activity);
+            }
+        }
+    }
+
+    /// Cancels a scheduled or running activity.
+    pub async fn cancel(
+        &self,
+        key: v1::ActivityKey,
+        reason: impl Into<String>,
+    ) -> Result<v1::Activity, Error> {
+        let request = v1::CancelRequest {
+            key: Some(key),
+            reason: reason.into(),
+        };
+        Ok(self
+            .activities()
+            .cancel(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// Runs a FAILED or CANCELLED activity again, with a fresh attempt budget.
+    pub async fn retry(&self, key: v1::ActivityKey) -> Result<v1::Activity, Error> {
+        let request = v1::RetryRequest { key: Some(key) };
+        Ok(self
+            .activities()
+            .retry(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// One page of activities; pass its `next_page_token` for the next.
+    pub async fn list(&self, request: v1::ListRequest) -> Result<v1::ListResponse, Error> {
+        Ok(self
+            .activities()
+            .list(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// Up to `limit` activities matching `request`, following page tokens.
+    pub async fn list_up_to(
+        &self,
+        mut request: v1::ListRequest,
+        limit: usize,
+    ) -> Result<Vec<v1::Activity>, Error> {
+        let mut activities = Vec::new();
+        while activities.len() < limit {
+            request.page_size = u32::try_from((limit - activities.len()).min(1000)).unwrap_or(1000);
+            let page = self.list(request.clone()).await?;
+            activities.extend(page.activities);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            request.page_token = page.next_page_token;
+        }
+        activities.truncate(limit);
+        Ok(activities)
+    }
+
+    /// Activities by status in a namespace, and the workers connected to it.
+    pub async fn stats(&self, namespace: impl Into<String>) -> Result<v1::StatsResponse, Error> {
+        let request = v1::StatsRequest {
+            namespace: namespace.into(),
+        };
+        Ok(self
+            .activities()
+            .stats(self.request(request))
+            .await?
+            .into_inner())
+    }
+
+    /// The workers connected now (all namespaces when `namespace` is empty).
+    pub async fn workers(
+        &self,
+        namespace: impl Into<String>,
+    ) -> Result<Vec<v1::WorkerInfo>, Error> {
+        let request = v1::ListWorkersRequest {
+            namespace: namespace.into(),
+        };
+        Ok(self
+            .admin()
+            .list_workers(self.request(request))
+            .await?
+            .into_inner()
+            .workers)
+    }
+
+    /// Drains the server: it stops dispatching and lets running activities finish,
+    /// up to `timeout` (the server's own drain timeout if `None`).
+    pub async fn drain(&self, timeout: Option<Duration>) -> Result<v1::DrainResponse, Error> {
+        let request = v1::DrainRequest {
+            timeout: timeout.map(duration::to_proto),
+        };
+        Ok(self
+            .admin()
+            .drain(self.request(request))
+            .await?
+            .into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_bad_token_or_endpoint_is_refused_before_anything_is_sent() {
+        let token = Client::builder("http://127.0.0.1:1")
+            .token("line\nbreak")
+            .connect()
+            .await;
+        assert!(matches!(token, Err(Error::InvalidToken)), "{token:?}");
+        let tls = ClientTls {
+            ca_pem: Some(b"not used".to_vec()),
+            ..Default::default()
+        };
+        let endpoint = Client::builder("http://127.0.0.1:1")
+            .tls(tls)
+            .connect()
+            .await;
+        assert!(
+            matches!(endpoint, Err(Error::InvalidEndpoint(_))),
+            "{endpoint:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_unreachable_with_the_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(listener);
+        match Client::builder(format!("http://{addr}")).connect().await {
+            Err(Error::Unreachable { server, .. }) => assert_eq!(server, format!("http://{addr}")),
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+    }
+}
