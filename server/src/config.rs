@@ -7,7 +7,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use crate::api::validate::limits;
+use crate::limits;
 
 /// Server-wide retry defaults, used where a submit leaves a field zero or unset.
 #[derive(Debug, Clone)]

@@ -20,19 +20,13 @@ use std::{sync::Arc, time::Duration};
 
 use spool_proto::{
     time,
-    v1::{
-        activity_service_server::ActivityServiceServer, admin_service_server::AdminServiceServer,
-        server_message, worker_service_server::WorkerServiceServer,
-    },
+    v1::{activity_service_server, admin_service_server, server_message, worker_service_server},
 };
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{
-    api::{Core, activity::ActivityApi, admin::AdminApi, worker::WorkerApi},
-    store::Op,
-};
+use crate::{dispatch::Core, store::Op};
 
 /// How long the release of leftovers may take to commit after the deadline.
 const RELEASE_WITHIN: Duration = Duration::from_secs(2);
@@ -155,25 +149,14 @@ impl Drainer {
 }
 
 pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
-    health
-        .set_service_status(
-            <ActivityServiceServer<ActivityApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
-    health
-        .set_service_status(
-            <WorkerServiceServer<WorkerApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
-    health
-        .set_service_status(
-            <AdminServiceServer<AdminApi> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
-    health.set_service_status("", status).await;
+    for service in [
+        activity_service_server::SERVICE_NAME,
+        worker_service_server::SERVICE_NAME,
+        admin_service_server::SERVICE_NAME,
+        "",
+    ] {
+        health.set_service_status(service, status).await;
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod config;
 pub mod dispatch;
 pub mod drain;
 pub mod lifecycle;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod store;

@@ -10,59 +10,7 @@
 
 use spool_proto::time::UnixMillis;
 
-use crate::store::{ActivityError, ActivityRow, ErrorKind, Key, RetrySpec, Timeouts, Transition};
-
-/// What the server remembers of an attempt it handed to a worker: enough to decide
-/// the attempt's fate without reading the row again.
-#[derive(Debug, Clone)]
-pub struct Attempt {
-    pub id: i64,
-    pub key: Key,
-    pub activity_type: String,
-    pub attempt: u32,
-    pub uncounted: u32,
-    pub retry: RetrySpec,
-    pub timeouts: Timeouts,
-    pub created_at: UnixMillis,
-    pub started_at: UnixMillis,
-    /// The schedule-to-close deadline, if any (see `ActivityRow::expires_at`).
-    pub expires_at: Option<UnixMillis>,
-}
-
-impl Attempt {
-    pub fn from_row(row: &ActivityRow) -> Self {
-        Self {
-            id: row.id,
-            key: row.key.clone(),
-            activity_type: row.activity_type.clone(),
-            attempt: row.attempt,
-            uncounted: row.uncounted,
-            retry: row.retry.clone(),
-            timeouts: row.timeouts,
-            created_at: row.created_at,
-            started_at: row.started_at.unwrap_or(row.created_at),
-            expires_at: row.expires_at,
-        }
-    }
-
-    /// When the whole activity must be finished, if the submitter bounded it.
-    pub fn schedule_to_close_deadline(&self) -> Option<UnixMillis> {
-        self.expires_at
-    }
-
-    /// When this attempt must be finished: the earlier of start-to-close and
-    /// schedule-to-close.
-    pub fn deadline(&self) -> Option<UnixMillis> {
-        let start_to_close = self
-            .timeouts
-            .start_to_close_ms
-            .map(|ms| self.started_at.saturating_add(ms));
-        match (start_to_close, self.schedule_to_close_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
+use crate::store::{ActivityError, Attempt, ErrorKind, RetrySpec, Transition, server_error};
 
 /// The fate of a failed attempt. `jitter` is a random number in `[0, 1)`.
 pub fn on_failure(
@@ -129,19 +77,10 @@ pub fn release(attempt: &Attempt, now: UnixMillis) -> Transition {
     Transition::Release
 }
 
-pub fn server_error(kind: ErrorKind, error_type: &str, message: String) -> ActivityError {
-    ActivityError {
-        kind: kind as i32,
-        r#type: error_type.to_owned(),
-        message,
-        details: None,
-        next_retry_delay: None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Key, Timeouts};
 
     fn attempt(n: u32, max: u32) -> Attempt {
         Attempt {

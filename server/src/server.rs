@@ -24,11 +24,13 @@ use tonic::service::interceptor::InterceptedService;
 use tonic_health::ServingStatus;
 
 use crate::{
-    api::{Core, activity::ActivityApi, admin::AdminApi, auth::Auth, worker::WorkerApi},
+    api::{activity::ActivityApi, admin::AdminApi, auth::Auth, worker::WorkerApi},
     config::Config,
+    dispatch::Core,
     dispatch::{Committer, Pending, Registry, committer, heartbeat},
     drain::{self, Drainer},
-    lifecycle::{self, Attempt},
+    lifecycle,
+    store::Attempt,
     store::{self, ErrorKind, Op, Outcome, Store},
     transport,
 };
@@ -326,7 +328,7 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
             .iter()
             .map(|row| {
                 let attempt = Arc::new(Attempt::from_row(row));
-                let error = lifecycle::server_error(
+                let error = crate::store::server_error(
                     ErrorKind::WorkerLost,
                     "WorkerLost",
                     "the server stopped while the attempt ran".to_owned(),

@@ -13,15 +13,22 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 /// The attempt being run.
 #[derive(Debug, Clone)]
 pub struct ActivityInfo {
+    /// The worker's namespace.
     pub namespace: String,
+    /// The activity's workflow id.
     pub workflow_id: String,
+    /// The activity's id within its workflow.
     pub activity_id: String,
+    /// The type the handler was registered for.
     pub activity_type: String,
     /// 1 for the first attempt.
     pub attempt: u32,
+    /// When the activity was submitted.
     pub scheduled_at: Option<SystemTime>,
     /// When the server ends this attempt (start-to-close or schedule-to-close).
     pub deadline: Option<SystemTime>,
+    /// How long the server waits for a heartbeat before it fails this attempt, if
+    /// the submitter set one.
     pub heartbeat_timeout: Option<Duration>,
 }
 
@@ -50,6 +57,7 @@ impl ActivityContext {
         }
     }
 
+    /// Which attempt of which activity this is.
     pub fn info(&self) -> &ActivityInfo {
         &self.info
     }

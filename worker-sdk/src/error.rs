@@ -10,15 +10,23 @@ pub enum ActivityError {
     /// Try again (after the retry policy's backoff, or `next_retry_delay`), unless
     /// the policy says otherwise.
     Retryable {
+        /// A short name for the kind of failure; retry policies list types that
+        /// must not be retried.
         error_type: String,
+        /// What happened, for a person.
         message: String,
+        /// Anything else worth keeping with the error.
         details: Option<Payload>,
+        /// Overrides the policy's backoff for the next attempt.
         next_retry_delay: Option<Duration>,
     },
     /// Fail the activity now; no more attempts.
     Terminal {
+        /// A short name for the kind of failure.
         error_type: String,
+        /// What happened, for a person.
         message: String,
+        /// Anything else worth keeping with the error.
         details: Option<Payload>,
     },
     /// Not a failure: run this activity again after the delay, without using up an
@@ -27,6 +35,7 @@ pub enum ActivityError {
 }
 
 impl ActivityError {
+    /// A failure to retry under the activity's retry policy.
     pub fn retryable(error_type: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Retryable {
             error_type: error_type.into(),
@@ -36,6 +45,7 @@ impl ActivityError {
         }
     }
 
+    /// A failure that ends the activity (FAILED, no more attempts).
     pub fn terminal(error_type: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Terminal {
             error_type: error_type.into(),
@@ -44,6 +54,7 @@ impl ActivityError {
         }
     }
 
+    /// Run again after `delay`, without using an attempt.
     pub fn snooze(delay: Duration) -> Self {
         Self::Snooze(delay)
     }
@@ -59,6 +70,7 @@ impl ActivityError {
         self
     }
 
+    /// Attaches `payload` to a retryable or terminal error (a snooze has none).
     pub fn with_details(mut self, payload: Payload) -> Self {
         match &mut self {
             Self::Retryable { details, .. } | Self::Terminal { details, .. } => {

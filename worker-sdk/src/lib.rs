@@ -26,6 +26,8 @@
 //!   finish up to the shutdown timeout, then stops sending and reads until the
 //!   server closes, so no ack still in flight is lost.
 
+#![deny(missing_docs)]
+
 mod context;
 mod error;
 mod session;
@@ -50,9 +52,13 @@ type AckObserver = Arc<dyn Fn(&ResultAck) + Send + Sync>;
 /// thought lost).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResultAck {
+    /// The activity's workflow id.
     pub workflow_id: String,
+    /// The activity's id within its workflow.
     pub activity_id: String,
+    /// The attempt the result was for.
     pub attempt: u32,
+    /// Recorded as the attempt's outcome (false: refused, the attempt had ended).
     pub accepted: bool,
 }
 
@@ -92,6 +98,7 @@ impl Worker {
         }
     }
 
+    /// The namespace whose activities this worker runs (default: the default one).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self

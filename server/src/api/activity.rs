@@ -9,10 +9,11 @@ use tonic::{Request, Response, Status};
 use prost::Message;
 
 use super::{
-    Core, Error,
+    Error,
     auth::{Principal, Role, authorize, authorize_principal},
     convert, validate, within,
 };
+use crate::dispatch::Core;
 use crate::store::{ActivityStatus, ListPage, ListQuery, NewActivity, Op, Outcome};
 
 /// How often a `Wait` re-reads its activity when other nodes share the store.

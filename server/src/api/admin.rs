@@ -6,10 +6,10 @@ use spool_proto::v1::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
 use super::{
-    Core,
     auth::{Role, authorize, authorize_everywhere},
     validate,
 };
+use crate::dispatch::Core;
 use crate::drain::Drainer;
 
 pub struct AdminApi {

@@ -16,19 +16,9 @@ use std::sync::Arc;
 use tonic::Status;
 
 use crate::{
-    config::Config,
-    dispatch::{CommitError, Committer, Pending, Registry},
-    store::{self, ActivityStatus, Key, Store},
+    dispatch::CommitError,
+    store::{self, ActivityStatus, Key},
 };
-
-/// What every service shares.
-pub struct Core {
-    pub store: Arc<dyn Store>,
-    pub committer: Committer,
-    pub registry: Arc<Registry>,
-    pub pending: Arc<Pending>,
-    pub config: Config,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

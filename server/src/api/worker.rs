@@ -34,13 +34,15 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    Core, Error,
+    Error,
     auth::{Principal, Role, authorize_principal},
     validate,
 };
+use crate::dispatch::Core;
 use crate::{
     dispatch::registry::{ACK_WINDOW, Answer, Outgoing},
-    lifecycle::{self, Attempt},
+    lifecycle,
+    store::Attempt,
     store::{ActivityError, HeartbeatDetails, Op, Outcome, Transition},
 };
 
@@ -428,7 +430,7 @@ impl Session {
                     End::Shutdown => lifecycle::release(&attempt, now),
                     End::Lost(why) => lifecycle::on_failure(
                         &attempt,
-                        lifecycle::server_error(
+                        crate::store::server_error(
                             ErrorKind::WorkerLost,
                             "WorkerLost",
                             format!("worker {} was lost: {why}", self.worker_id),
@@ -552,7 +554,7 @@ fn decide(
                 }
                 // Retrying would most likely produce the same output again.
                 Err(e) => Transition::Fail {
-                    error: lifecycle::server_error(
+                    error: crate::store::server_error(
                         ErrorKind::Terminal,
                         "PayloadTooLarge",
                         e.to_string(),
@@ -572,7 +574,7 @@ fn decide(
         }
         None => lifecycle::on_failure(
             attempt,
-            lifecycle::server_error(
+            crate::store::server_error(
                 ErrorKind::Retryable,
                 "InvalidResult",
                 "the worker's result carried no output, error or snooze".to_owned(),

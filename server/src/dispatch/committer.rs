@@ -552,10 +552,7 @@ impl Loop {
                                 worker_id: worker_id.clone(),
                                 key: row.key.clone(),
                                 attempt: row.attempt,
-                                reason: crate::api::validate::truncate(
-                                    reason.clone(),
-                                    MAX_EVENT_REASON,
-                                ),
+                                reason: crate::limits::truncate(reason.clone(), MAX_EVENT_REASON),
                             });
                         }
                     }

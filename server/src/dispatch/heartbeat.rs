@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Committer, Registry};
 use crate::{
-    lifecycle::{self, Attempt},
+    lifecycle,
+    store::Attempt,
     store::{ErrorKind, Op, Outcome, Store, Transition},
 };
 
@@ -143,7 +144,7 @@ async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec
         .filter(|row| !registry.holds(row.id, row.attempt))
         .map(|row| {
             let attempt = Arc::new(Attempt::from_row(row));
-            let error = lifecycle::server_error(
+            let error = crate::store::server_error(
                 ErrorKind::WorkerLost,
                 "WorkerLost",
                 "the attempt's lease expired with no live worker holding it".to_owned(),

@@ -11,3 +11,17 @@ pub mod timer;
 pub use committer::{CommitError, Committer};
 pub use pending::Pending;
 pub use registry::Registry;
+
+use std::sync::Arc;
+
+use crate::{config::Config, store::Store};
+
+/// What the services, the drain and the sweep share: the store, its single writer,
+/// the connected workers and the parked waiters.
+pub struct Core {
+    pub store: Arc<dyn Store>,
+    pub committer: Committer,
+    pub registry: Arc<Registry>,
+    pub pending: Arc<Pending>,
+    pub config: Config,
+}

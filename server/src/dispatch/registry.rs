@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::{
-    lifecycle::Attempt,
+    store::Attempt,
     store::{ActivityRow, Claim, ErrorKind, HeartbeatDetails, Key, Op, Payload, Transition},
 };
 
@@ -869,7 +869,7 @@ fn timeout_of(inflight: &Inflight, now: Instant) -> Option<TimedOut> {
 impl TimedOut {
     /// The error this timeout records.
     pub fn error(&self) -> crate::store::ActivityError {
-        crate::lifecycle::server_error(ErrorKind::Timeout, self.error_type, self.message.clone())
+        crate::store::server_error(ErrorKind::Timeout, self.error_type, self.message.clone())
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::lifecycle::{self, Attempt};
+use crate::{lifecycle, store::Attempt};
 
 /// A fresh, empty store of one backend, and what keeps it alive.
 struct Fixture {
@@ -376,7 +376,7 @@ async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store, _raw: &Raw) {
 async fn retry_and_snooze_reschedule(store: &dyn Store, _raw: &Raw) {
     submit(store, new("a", "t")).await;
     let row = claim(store, &["t"], 1, T0).await.remove(0);
-    let error = lifecycle::server_error(ErrorKind::Retryable, "Boom", "first".into());
+    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "first".into());
     let retry = Transition::Retry {
         next_at: T0 + 500,
         error,
@@ -419,7 +419,7 @@ async fn retry_and_snooze_reschedule(store: &dyn Store, _raw: &Raw) {
         (ActivityStatus::Scheduled, 2, 3, T0 + 950)
     );
     let row = claim(store, &["t"], 1, T0 + 950).await.remove(0);
-    let error = lifecycle::server_error(ErrorKind::Terminal, "Fatal", "no".into());
+    let error = crate::store::server_error(ErrorKind::Terminal, "Fatal", "no".into());
     assert!(finish(store, &row, Transition::Fail { error }, T0 + 1_000).await);
     let row = get(store, "a").await;
     assert_eq!(row.status, ActivityStatus::Failed);
@@ -723,7 +723,7 @@ async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store, _raw: &Raw) {
     };
     let mut stale = row("e");
     stale.attempt = 7;
-    let error = lifecycle::server_error(ErrorKind::Retryable, "Boom", "bulk".into());
+    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "bulk".into());
     let finishes = vec![
         (row("a"), output("A")),
         (
@@ -847,7 +847,7 @@ async fn computed_times_saturate_and_stay_integers(store: &dyn Store, _raw: &Raw
     assert_eq!(page.rows.len(), 1);
     let claimed = claim(store, &["t"], 1, T0).await;
     assert_eq!(claimed.len(), 1, "a far deadline does not stop a claim");
-    let error = lifecycle::server_error(ErrorKind::Terminal, "X", "x".into());
+    let error = crate::store::server_error(ErrorKind::Terminal, "X", "x".into());
     assert!(finish(store, &claimed[0], Transition::Fail { error }, T0 + 1).await);
     match one(store, Op::Redrive { key: key("huge") }, T0 + 2).await {
         Outcome::Redriven { row } => assert_eq!(row.expires_at, Some(i64::MAX)),
@@ -1221,7 +1221,7 @@ async fn a_reclaim_is_refused_after_renewal_and_accepted_after_expiry(
         attempt: Arc::new(Attempt::from_row(&row)),
         transition: lifecycle::on_failure(
             &Attempt::from_row(&row),
-            lifecycle::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into()),
+            crate::store::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into()),
             by,
             0.5,
         ),

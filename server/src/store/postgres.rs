@@ -824,7 +824,7 @@ async fn expire_scheduled(
     limit: u32,
     now: UnixMillis,
 ) -> Result<Vec<Key>, Error> {
-    let error = crate::lifecycle::server_error(
+    let error = crate::store::server_error(
         spool_proto::v1::ErrorKind::Timeout,
         "ScheduleToCloseTimeout",
         "schedule_to_close_timeout passed before the activity finished".to_owned(),
