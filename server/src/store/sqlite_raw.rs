@@ -5,11 +5,13 @@
 //! and each statement and each returned row is a cross-thread hand-off. The writer
 //! runs a whole batch on its own thread instead, so a batch costs one hand-off.
 //!
-//! Safety rests on two rules this module enforces: a [`Connection`] is owned by one
+//! Safety rests on three rules this module enforces (and `open` refuses a library
+//! built without thread safety): a [`Connection`] is owned by one
 //! thread at a time (it is `Send`, not `Sync`, and every method takes `&mut self`),
 //! and a statement is only used through a [`Query`] that mutably borrows the
 //! connection, so no two statements step at once and none outlives the connection
-//! (statements are finalized before the connection is closed, in `Drop`).
+//! (statements are finalized before the connection is closed, in `Drop`); and a
+//! value is bound only through a [`Slot`], which only [`Query::bind`] can make.
 
 use std::{
     collections::HashMap,
@@ -29,6 +31,13 @@ pub struct SqliteError {
 
 pub type Result<T> = std::result::Result<T, SqliteError>;
 
+/// A text column whose bytes are not UTF-8.
+#[derive(Debug, thiserror::Error)]
+#[error("column {column} is not valid UTF-8")]
+pub struct NotUtf8 {
+    pub column: c_int,
+}
+
 pub struct Connection {
     db: NonNull<ffi::sqlite3>,
     /// Prepared statements by SQL text, kept for the connection's life.
@@ -42,6 +51,14 @@ unsafe impl Send for Connection {}
 impl Connection {
     /// Opens the database file (which must exist) for reading and writing.
     pub fn open(path: &std::path::Path) -> Result<Self> {
+        // Safety: a pure query of how the library was compiled.
+        if unsafe { ffi::sqlite3_threadsafe() } == 0 {
+            // NOMUTEX connections moved between threads need a thread-safe build.
+            return Err(SqliteError {
+                code: ffi::SQLITE_MISUSE,
+                message: "this SQLite library was built without thread safety".to_owned(),
+            });
+        }
         let path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| SqliteError {
             code: ffi::SQLITE_MISUSE,
             message: "database path contains a NUL byte".to_owned(),
@@ -190,36 +207,44 @@ impl Drop for Connection {
     }
 }
 
+/// One parameter of a statement in use. Only [`Query::bind`] makes one, so a
+/// [`Bind`] implementation can reach nothing but a live statement's parameter.
+pub struct Slot<'q> {
+    stmt: NonNull<ffi::sqlite3_stmt>,
+    index: c_int,
+    _query: std::marker::PhantomData<&'q mut ()>,
+}
+
 /// A value that can be bound to a statement parameter.
 pub trait Bind {
-    /// Binds at `index`; returns SQLite's result code.
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int;
+    /// Binds into `slot`; returns SQLite's result code.
+    fn bind_to(&self, slot: Slot<'_>) -> c_int;
 }
 
 impl Bind for i64 {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
         // Safety: a live statement (see `Query`).
-        unsafe { ffi::sqlite3_bind_int64(stmt, index, *self) }
+        unsafe { ffi::sqlite3_bind_int64(slot.stmt.as_ptr(), slot.index, *self) }
     }
 }
 
 impl Bind for f64 {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
         // Safety: a live statement.
-        unsafe { ffi::sqlite3_bind_double(stmt, index, *self) }
+        unsafe { ffi::sqlite3_bind_double(slot.stmt.as_ptr(), slot.index, *self) }
     }
 }
 
 impl Bind for str {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
         let Ok(len) = c_int::try_from(self.len()) else {
             return ffi::SQLITE_TOOBIG;
         };
         // Safety: SQLITE_TRANSIENT makes SQLite copy the bytes before returning.
         unsafe {
             ffi::sqlite3_bind_text(
-                stmt,
-                index,
+                slot.stmt.as_ptr(),
+                slot.index,
                 self.as_ptr().cast(),
                 len,
                 ffi::SQLITE_TRANSIENT(),
@@ -229,13 +254,13 @@ impl Bind for str {
 }
 
 impl Bind for String {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
-        self.as_str().bind_to(stmt, index)
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
+        self.as_str().bind_to(slot)
     }
 }
 
 impl Bind for [u8] {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
         let Ok(len) = c_int::try_from(self.len()) else {
             return ffi::SQLITE_TOOBIG;
         };
@@ -243,8 +268,8 @@ impl Bind for [u8] {
         // is bound from a dangling-but-aligned pointer, which SQLite never reads.
         unsafe {
             ffi::sqlite3_bind_blob(
-                stmt,
-                index,
+                slot.stmt.as_ptr(),
+                slot.index,
                 self.as_ptr().cast(),
                 len,
                 ffi::SQLITE_TRANSIENT(),
@@ -254,23 +279,23 @@ impl Bind for [u8] {
 }
 
 impl Bind for Vec<u8> {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
-        self.as_slice().bind_to(stmt, index)
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
+        self.as_slice().bind_to(slot)
     }
 }
 
 impl<T: Bind + ?Sized> Bind for &T {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
-        (**self).bind_to(stmt, index)
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
+        (**self).bind_to(slot)
     }
 }
 
 impl<T: Bind> Bind for Option<T> {
-    fn bind_to(&self, stmt: *mut ffi::sqlite3_stmt, index: c_int) -> c_int {
+    fn bind_to(&self, slot: Slot<'_>) -> c_int {
         match self {
-            Some(v) => v.bind_to(stmt, index),
+            Some(v) => v.bind_to(slot),
             // Safety: a live statement.
-            None => unsafe { ffi::sqlite3_bind_null(stmt, index) },
+            None => unsafe { ffi::sqlite3_bind_null(slot.stmt.as_ptr(), slot.index) },
         }
     }
 }
@@ -287,7 +312,11 @@ pub struct Query<'c> {
 impl Query<'_> {
     /// Binds the next parameter (`?1`, `?2`, … in call order).
     pub fn bind<T: Bind + ?Sized>(mut self, value: &T) -> Self {
-        let rc = value.bind_to(self.stmt.as_ptr(), self.next);
+        let rc = value.bind_to(Slot {
+            stmt: self.stmt,
+            index: self.next,
+            _query: std::marker::PhantomData,
+        });
         if rc != ffi::SQLITE_OK && self.bind_error.is_none() {
             self.bind_error = Some(rc);
         }
@@ -334,9 +363,11 @@ impl Query<'_> {
         unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), i) == ffi::SQLITE_NULL }
     }
 
-    pub fn opt_text(&self, i: c_int) -> Option<String> {
+    /// A text column, or `None` for NULL; bytes that are not UTF-8 are an error
+    /// (a damaged row), not repaired.
+    pub fn opt_text(&self, i: c_int) -> std::result::Result<Option<String>, NotUtf8> {
         if self.is_null(i) {
-            return None;
+            return Ok(None);
         }
         // Safety: text pointer and byte count read back to back, copied at once.
         unsafe {
@@ -344,14 +375,17 @@ impl Query<'_> {
             let len =
                 usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
             if ptr.is_null() {
-                return Some(String::new());
+                return Ok(Some(String::new()));
             }
-            Some(String::from_utf8_lossy(std::slice::from_raw_parts(ptr, len)).into_owned())
+            String::from_utf8(std::slice::from_raw_parts(ptr, len).to_vec())
+                .map(Some)
+                .map_err(|_| NotUtf8 { column: i })
         }
     }
 
-    pub fn text(&self, i: c_int) -> String {
-        self.opt_text(i).unwrap_or_default()
+    /// A text column; NULL reads as empty.
+    pub fn text(&self, i: c_int) -> std::result::Result<String, NotUtf8> {
+        Ok(self.opt_text(i)?.unwrap_or_default())
     }
 
     pub fn opt_blob(&self, i: c_int) -> Option<Vec<u8>> {

@@ -19,7 +19,7 @@ use super::{
     ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
     Op, Outcome, Payload, RetrySpec, Submitted, Timeouts, Transition,
     rows::{self, cancelled_error, encode_list, status_from, u32_from},
-    sqlite_raw::{Connection, Query, SqliteError},
+    sqlite_raw::{Connection, NotUtf8, Query, SqliteError},
 };
 
 struct Job {
@@ -97,6 +97,12 @@ fn recover(conn: &mut Connection, path: &Path) {
     match Connection::open(path) {
         Ok(fresh) => *conn = fresh,
         Err(e) => tracing::error!(error = %e, "cannot reopen the writing connection"),
+    }
+}
+
+impl From<NotUtf8> for Error {
+    fn from(e: NotUtf8) -> Self {
+        Error::Corrupt(e.to_string())
     }
 }
 
@@ -564,9 +570,9 @@ fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Resul
     let mut keys = Vec::new();
     while q.step().map_err(sqlite)? {
         keys.push(Key {
-            namespace: q.text(0),
-            workflow_id: q.text(1),
-            activity_id: q.text(2),
+            namespace: q.text(0)?,
+            workflow_id: q.text(1)?,
+            activity_id: q.text(2)?,
         });
     }
     Ok(keys)
@@ -605,32 +611,38 @@ fn select_one(
 
 /// A row in `columns!()` order.
 fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
-    let non_retryable = match q.opt_text(12) {
+    let non_retryable = match q.opt_text(12)? {
         Some(json) => serde_json::from_str(&json)
             .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
         None => Vec::new(),
     };
-    let payload = |ty: i32, data: i32| {
-        q.opt_blob(data).map(|data| Payload {
-            content_type: q.opt_text(ty).unwrap_or_default(),
-            data,
+    let payload = |ty: i32, data: i32| -> Result<Option<Payload>, Error> {
+        Ok(match q.opt_blob(data) {
+            Some(data) => Some(Payload {
+                content_type: q.opt_text(ty)?.unwrap_or_default(),
+                data,
+            }),
+            None => None,
         })
     };
-    let last_error = q.opt_int(21).map(|kind| ActivityError {
-        kind: i32::try_from(kind).unwrap_or_default(),
-        r#type: q.text(22),
-        message: q.text(23),
-        details: payload(24, 25),
-        next_retry_delay: None,
-    });
+    let last_error = match q.opt_int(21) {
+        Some(kind) => Some(ActivityError {
+            kind: i32::try_from(kind).unwrap_or_default(),
+            r#type: q.text(22)?,
+            message: q.text(23)?,
+            details: payload(24, 25)?,
+            next_retry_delay: None,
+        }),
+        None => None,
+    };
     Ok(ActivityRow {
         id: q.int(0),
         key: Key {
-            namespace: q.text(1),
-            workflow_id: q.text(2),
-            activity_id: q.text(3),
+            namespace: q.text(1)?,
+            workflow_id: q.text(2)?,
+            activity_id: q.text(3)?,
         },
-        activity_type: q.text(4),
+        activity_type: q.text(4)?,
         status: status_from(q.int(5))?,
         attempt: u32_from(q.int(6), "attempt")?,
         uncounted: u32_from(q.int(7), "uncounted")?,
@@ -649,18 +661,18 @@ fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
         priority: i32::try_from(q.int(16))
             .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
         input: Payload {
-            content_type: q.text(17),
+            content_type: q.text(17)?,
             data: q.opt_blob(18).unwrap_or_default(),
         },
-        output: payload(19, 20),
+        output: payload(19, 20)?,
         last_error,
-        heartbeat_details: payload(26, 27),
+        heartbeat_details: payload(26, 27)?,
         created_at: q.int(28),
         next_at: q.int(29),
         started_at: q.opt_int(30),
         finished_at: q.opt_int(31),
         lease_expires_at: q.opt_int(32),
-        worker_id: q.opt_text(33),
+        worker_id: q.opt_text(33)?,
         expires_at: q.opt_int(34),
     })
 }
@@ -696,5 +708,52 @@ mod tests {
             0,
         );
         assert!(outcome.is_ok(), "batches run again: {outcome:?}");
+    }
+
+    /// Text that is not UTF-8 makes the row unreadable (an error the reads count
+    /// and skip), never a silently repaired string.
+    #[tokio::test]
+    async fn text_that_is_not_utf8_is_an_error_not_a_repair() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        drop(
+            super::super::SqliteStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let mut conn =
+            Connection::open(&dir.path().join("spool.db")).unwrap_or_else(|e| panic!("{e}"));
+        let key = Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: "a".into(),
+        };
+        let new = NewActivity {
+            key: key.clone(),
+            activity_type: "t".into(),
+            input: Payload::default(),
+            next_at: 0,
+            retry: RetrySpec {
+                max_attempts: 1,
+                initial_interval_ms: 1,
+                backoff_coefficient: 1.0,
+                max_interval_ms: 1,
+                non_retryable: Vec::new(),
+            },
+            timeouts: Timeouts::default(),
+            priority: 0,
+        };
+        run_batch(&mut conn, &[Op::Submit(vec![new])], 0).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            select_by_key(&mut conn, &key)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_some()
+        );
+        conn.batch("UPDATE activities SET worker_id = CAST(X'C328' AS TEXT)")
+            .unwrap_or_else(|e| panic!("{e}"));
+        match select_by_key(&mut conn, &key) {
+            Err(Error::Corrupt(why)) => assert!(why.contains("UTF-8"), "{why}"),
+            other => panic!("expected a corrupt row, got {other:?}"),
+        }
     }
 }
