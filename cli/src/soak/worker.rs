@@ -33,6 +33,15 @@ pub struct Output {
     pub attempt: u32,
 }
 
+/// Appends `event`, or ends the process: a history with a hole in it would make
+/// the whole run meaningless.
+fn record(log: &Log, event: &WorkerEvent) {
+    if let Err(e) = log.write(event) {
+        eprintln!("soak worker: cannot write the history: {e}");
+        std::process::exit(70);
+    }
+}
+
 pub async fn run(options: Options) -> anyhow::Result<()> {
     let log = Arc::new(Log::create(&options.history)?);
     let identity = options.identity.clone();
@@ -51,11 +60,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                 w: acked_by.clone(),
                 t: now_ms(),
             };
-            if let Err(e) = acks.write(&event) {
-                // A history that cannot be written makes the run meaningless.
-                eprintln!("soak worker: cannot write the history: {e}");
-                std::process::exit(70);
-            }
+            record(&acks, &event);
         })
         .activity(ACTIVITY_TYPE, move |ctx, input| {
             let log = log.clone();
@@ -68,10 +73,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                     w: identity.clone(),
                     t: now_ms(),
                 };
-                if let Err(e) = log.write(&event) {
-                    eprintln!("soak worker: cannot write the history: {e}");
-                    std::process::exit(70);
-                }
+                record(&log, &event);
                 let Input { ms } = serde_json::from_slice(&input.data)
                     .map_err(|e| ActivityError::terminal("BadInput", e.to_string()))?;
                 tokio::select! {

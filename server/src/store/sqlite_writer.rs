@@ -681,18 +681,24 @@ fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_connection_left_in_a_transaction_is_replaced() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+    /// A migrated database file in `dir`, and a writing connection to it.
+    async fn fresh(dir: &tempfile::TempDir) -> (std::path::PathBuf, Connection) {
+        let path = dir.path().join("spool.db");
+        let url = format!("sqlite://{}", path.display());
         // Creates and migrates the file; the store's own writer is dropped with it.
         drop(
             super::super::SqliteStore::open(&url)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
         );
-        let path = dir.path().join("spool.db");
-        let mut conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        (path, conn)
+    }
+
+    #[tokio::test]
+    async fn a_connection_left_in_a_transaction_is_replaced() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (path, mut conn) = fresh(&dir).await;
         // As a failed ROLLBACK would leave it.
         conn.batch("BEGIN IMMEDIATE")
             .unwrap_or_else(|e| panic!("{e}"));
@@ -715,14 +721,7 @@ mod tests {
     #[tokio::test]
     async fn text_that_is_not_utf8_is_an_error_not_a_repair() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
-        drop(
-            super::super::SqliteStore::open(&url)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
-        let mut conn =
-            Connection::open(&dir.path().join("spool.db")).unwrap_or_else(|e| panic!("{e}"));
+        let (_, mut conn) = fresh(&dir).await;
         let key = Key {
             namespace: "default".into(),
             workflow_id: "wf".into(),
