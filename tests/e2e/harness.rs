@@ -222,22 +222,12 @@ impl Drop for WorkerGuard {
 }
 
 /// Polls `check` until it yields a value, failing the test after [`WAIT`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    crate::fixtures::eventually_for(WAIT, what, check).await
 }
 
 pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
@@ -439,33 +429,8 @@ pub fn database_path(server: &TestServer) -> PathBuf {
     PathBuf::from(server.database.trim_start_matches("sqlite://"))
 }
 
-/// The environment variable naming a PostgreSQL server for multi-node tests.
-pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
-
 /// A database URL for a fresh schema of its own on the PostgreSQL server the
-/// environment names. Tests that call it are ignored where none is configured
-/// (`spool_test_postgres`); where they run, a missing server fails them.
+/// environment names (see `fixtures::postgres_schema`).
 pub async fn postgres_schema() -> String {
-    use sqlx::Connection;
-    let base = std::env::var(POSTGRES_URL)
-        .unwrap_or_else(|_| panic!("{POSTGRES_URL} must name a PostgreSQL server"));
-    let schema = format!("spool_e2e_{}", uuid_like());
-    let mut admin = sqlx::PgConnection::connect(&base)
-        .await
-        .expect("connect to PostgreSQL");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut admin)
-        .await
-        .expect("create schema");
-    let separator = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{separator}options=-csearch_path%3D{schema}")
-}
-
-fn uuid_like() -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{nanos:x}{:x}", std::process::id())
+    crate::fixtures::postgres_schema("spool_e2e").await
 }

@@ -20,5 +20,7 @@ mod protocol;
 mod supervision;
 mod tls;
 
+#[path = "../support/fixtures.rs"]
+mod fixtures;
 #[path = "../support/pki.rs"]
 mod pki;

@@ -7,6 +7,8 @@
 mod child;
 mod cli;
 mod clock;
+#[path = "../../../tests/support/fixtures.rs"]
+mod fixtures;
 mod metrics;
 #[path = "../../../tests/support/pki.rs"]
 mod pki;

@@ -315,24 +315,6 @@ where
     eventually_for(WAIT, what, check).await
 }
 
-pub async fn eventually_for<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 pub fn key(activity_id: &str) -> v1::ActivityKey {
     v1::ActivityKey {
         namespace: String::new(),
@@ -402,24 +384,10 @@ pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Ac
     }
 }
 
-/// The environment variable naming a PostgreSQL server for multi-node tests.
-pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
+pub use crate::fixtures::eventually_for;
 
-/// A database URL for a fresh schema on the PostgreSQL server the environment
-/// names. Tests that call it are ignored where none is configured
-/// (`spool_test_postgres`); where they run, a missing server fails them.
+/// A database URL for a fresh schema of its own on the PostgreSQL server the
+/// environment names (see `fixtures::postgres_schema`).
 pub async fn postgres_schema() -> String {
-    use sqlx::Connection;
-    let base = std::env::var(POSTGRES_URL)
-        .unwrap_or_else(|_| panic!("{POSTGRES_URL} must name a PostgreSQL server"));
-    let schema = format!("spool_proc_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(&base)
-        .await
-        .expect("connect to PostgreSQL");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut admin)
-        .await
-        .expect("create schema");
-    let separator = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{separator}options=-csearch_path%3D{schema}")
+    crate::fixtures::postgres_schema("spool_proc").await
 }
