@@ -25,7 +25,7 @@ use spool_proto::time::UnixMillis;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Committer, Registry};
+use super::{Committer, Registry, registry::Sweep};
 use crate::{
     lifecycle,
     store::Attempt,
@@ -69,39 +69,18 @@ pub async fn run(
         for worker_id in &sweep.lost_workers {
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
         }
-        let mut ops = Vec::new();
-        // Details first: they are fenced to the running attempt, which a timeout
-        // below may end in this same batch.
-        if !sweep.heartbeats.is_empty() {
-            ops.push(Op::RecordHeartbeats(sweep.heartbeats));
-        }
-        for timed_out in sweep.timed_out {
+        for timed_out in &sweep.timed_out {
             tracing::info!(activity_id = %timed_out.attempt.key.activity_id, attempt = timed_out.attempt.attempt, "{}", timed_out.message);
             crate::metrics::timed_out(timed_out.error_type);
-            let error = timed_out.error();
-            let transition = if timed_out.final_ {
-                Transition::Fail { error }
-            } else {
-                lifecycle::on_failure(&timed_out.attempt, error, now, rand::random())
-            };
-            ops.push(Op::Finish {
-                attempt: timed_out.attempt,
-                transition,
-                lease_expired_by: None,
-            });
         }
-        ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
         let renewing = last_renewal
             .is_none_or(|at| tick_at.saturating_duration_since(at) >= options.lease / 3);
-        let mut renewed_at = None;
+        let running = sweep.running.clone();
+        let Plan {
+            mut ops,
+            renewed_at,
+        } = plan(sweep, now, renewing.then_some(lease_ms), rand::random());
         if renewing {
-            if !sweep.running.is_empty() {
-                renewed_at = Some(ops.len());
-                ops.push(Op::Renew {
-                    attempts: sweep.running.clone(),
-                    lease_expires_at: now.saturating_add(lease_ms),
-                });
-            }
             ops.extend(reclaim(store.as_ref(), &registry, now).await);
         }
         match committer.commit(ops).await {
@@ -115,8 +94,7 @@ pub async fn run(
                     // ended elsewhere (another node cancelled or reclaimed it, or a
                     // notification was lost): tell its worker to stop.
                     let renewed: HashSet<&(i64, u32)> = renewed.iter().collect();
-                    let gone: Vec<(i64, u32)> = sweep
-                        .running
+                    let gone: Vec<(i64, u32)> = running
                         .into_iter()
                         .filter(|a| !renewed.contains(a))
                         .collect();
@@ -130,6 +108,50 @@ pub async fn run(
     }
 }
 
+/// What one tick writes, in order.
+struct Plan {
+    ops: Vec<Op>,
+    /// Where the lease renewal is in `ops`, if there is one.
+    renewed_at: Option<usize>,
+}
+
+/// The tick's writes from what the registry found: heartbeat details first (they
+/// are fenced to the running attempt, which a timeout may end in the same batch),
+/// then each timed-out attempt's ending (for good past schedule-to-close, else per
+/// its retry policy), the overdue SCHEDULED rows, and, when `renew_for` gives the
+/// lease length, the renewal of every running attempt.
+fn plan(sweep: Sweep, now: UnixMillis, renew_for: Option<i64>, jitter: f64) -> Plan {
+    let mut ops = Vec::new();
+    if !sweep.heartbeats.is_empty() {
+        ops.push(Op::RecordHeartbeats(sweep.heartbeats));
+    }
+    for timed_out in sweep.timed_out {
+        let error = timed_out.error();
+        let transition = if timed_out.final_ {
+            Transition::Fail { error }
+        } else {
+            lifecycle::on_failure(&timed_out.attempt, error, now, jitter)
+        };
+        ops.push(Op::Finish {
+            attempt: timed_out.attempt,
+            transition,
+            lease_expired_by: None,
+        });
+    }
+    ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
+    let mut renewed_at = None;
+    if let Some(lease_ms) = renew_for
+        && !sweep.running.is_empty()
+    {
+        renewed_at = Some(ops.len());
+        ops.push(Op::Renew {
+            attempts: sweep.running,
+            lease_expires_at: now.saturating_add(lease_ms),
+        });
+    }
+    Plan { ops, renewed_at }
+}
+
 /// Ends RUNNING rows whose lease expired and that no worker here holds: their
 /// owner is gone without this process having seen it end.
 async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec<Op> {
@@ -140,8 +162,18 @@ async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec
             return Vec::new();
         }
     };
+    reclaims(&rows, |id, attempt| registry.holds(id, attempt), now)
+}
+
+/// The endings of expired-lease rows not `held` here: lost workers' attempts,
+/// guarded by the lease (a holder that renewed meanwhile keeps its attempt).
+fn reclaims(
+    rows: &[crate::store::ActivityRow],
+    held: impl Fn(i64, u32) -> bool,
+    now: UnixMillis,
+) -> Vec<Op> {
     rows.iter()
-        .filter(|row| !registry.holds(row.id, row.attempt))
+        .filter(|row| !held(row.id, row.attempt))
         .map(|row| {
             let attempt = Arc::new(Attempt::from_row(row));
             let error = crate::store::server_error(
@@ -161,4 +193,175 @@ async fn reclaim(store: &dyn Store, registry: &Registry, now: UnixMillis) -> Vec
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        dispatch::registry::TimedOut,
+        store::{ActivityRow, Key, RetrySpec, Timeouts},
+    };
+
+    fn attempt(id: i64, n: u32, max_attempts: u32) -> Arc<Attempt> {
+        Arc::new(Attempt {
+            id,
+            key: Key {
+                namespace: String::new(),
+                workflow_id: "wf".into(),
+                activity_id: format!("a{id}"),
+            },
+            activity_type: "t".into(),
+            attempt: n,
+            uncounted: 0,
+            retry: RetrySpec {
+                max_attempts,
+                initial_interval_ms: 1_000,
+                backoff_coefficient: 2.0,
+                max_interval_ms: 10_000,
+                non_retryable: Vec::new(),
+            },
+            timeouts: Timeouts::default(),
+            created_at: 0,
+            started_at: 0,
+            expires_at: None,
+        })
+    }
+
+    fn timed_out(attempt: Arc<Attempt>, final_: bool) -> TimedOut {
+        TimedOut {
+            attempt,
+            error_type: "StartToClose",
+            message: "too slow".into(),
+            final_,
+        }
+    }
+
+    #[test]
+    fn a_tick_orders_details_endings_expiry_and_renewal() {
+        let sweep = Sweep {
+            lost_workers: Vec::new(),
+            timed_out: vec![
+                timed_out(attempt(1, 1, 3), false),
+                timed_out(attempt(2, 3, 3), false),
+                timed_out(attempt(3, 1, 3), true),
+            ],
+            heartbeats: vec![crate::store::HeartbeatDetails {
+                id: 9,
+                attempt: 1,
+                details: None,
+            }],
+            running: vec![(9, 1)],
+        };
+        let Plan { ops, renewed_at } = plan(sweep, 50_000, Some(30_000), 0.5);
+        assert!(matches!(ops[0], Op::RecordHeartbeats(_)), "details first");
+        let endings: Vec<(i64, &Transition)> = ops[1..4]
+            .iter()
+            .map(|op| match op {
+                Op::Finish {
+                    attempt,
+                    transition,
+                    lease_expired_by: None,
+                } => (attempt.id, transition),
+                other => panic!("expected an ending, got {other:?}"),
+            })
+            .collect();
+        // Budget left: retried after the backoff (jitter 0.5 is none). Budget spent, or past
+        // schedule-to-close: failed for good.
+        assert!(
+            matches!(
+                endings[0],
+                (
+                    1,
+                    Transition::Retry {
+                        next_at: 51_000,
+                        ..
+                    }
+                )
+            ),
+            "{endings:?}"
+        );
+        assert!(
+            matches!(endings[1], (2, Transition::Fail { .. })),
+            "{endings:?}"
+        );
+        assert!(
+            matches!(endings[2], (3, Transition::Fail { .. })),
+            "{endings:?}"
+        );
+        assert!(matches!(ops[4], Op::ExpireScheduled { .. }));
+        assert_eq!(renewed_at, Some(5));
+        match &ops[5] {
+            Op::Renew {
+                attempts,
+                lease_expires_at,
+            } => assert_eq!(
+                (attempts.as_slice(), *lease_expires_at),
+                ([(9, 1)].as_slice(), 80_000)
+            ),
+            other => panic!("expected the renewal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_renewal_between_renewal_ticks_or_with_nothing_running() {
+        let running = Sweep {
+            running: vec![(9, 1)],
+            ..Default::default()
+        };
+        let between = plan(running, 0, None, 0.0);
+        assert_eq!(between.renewed_at, None);
+        assert!(!between.ops.iter().any(|op| matches!(op, Op::Renew { .. })));
+        let idle = plan(Sweep::default(), 0, Some(30_000), 0.0);
+        assert_eq!(idle.renewed_at, None);
+        assert!(matches!(idle.ops.as_slice(), [Op::ExpireScheduled { .. }]));
+    }
+
+    #[test]
+    fn only_rows_nobody_here_holds_are_reclaimed_under_the_lease_guard() {
+        let row = |id: i64| {
+            let a = attempt(id, 2, 3);
+            ActivityRow {
+                id,
+                key: a.key.clone(),
+                activity_type: a.activity_type.clone(),
+                status: crate::store::ActivityStatus::Running,
+                attempt: 2,
+                uncounted: 0,
+                retry: a.retry.clone(),
+                timeouts: a.timeouts,
+                priority: 0,
+                input: crate::store::Payload::default(),
+                output: None,
+                last_error: None,
+                heartbeat_details: None,
+                created_at: 0,
+                next_at: 0,
+                started_at: Some(0),
+                finished_at: None,
+                lease_expires_at: Some(6_000),
+                worker_id: Some("gone".into()),
+                expires_at: None,
+            }
+        };
+        let rows = [row(1), row(2)];
+        let ops = reclaims(&rows, |id, attempt| id == 1 && attempt == 2, 7_000);
+        assert_eq!(ops.len(), 1, "the held row stays");
+        match &ops[0] {
+            Op::Finish {
+                attempt,
+                transition,
+                lease_expired_by,
+            } => {
+                assert_eq!((attempt.id, attempt.attempt), (2, 2));
+                assert_eq!(*lease_expired_by, Some(7_000), "guarded by the lease");
+                let error = match transition {
+                    Transition::Retry { error, .. } | Transition::Fail { error } => error,
+                    other => panic!("a lost worker's ending, got {other:?}"),
+                };
+                assert_eq!(error.kind, ErrorKind::WorkerLost as i32);
+            }
+            other => panic!("expected an ending, got {other:?}"),
+        }
+    }
 }
