@@ -73,8 +73,7 @@ pub async fn run(
             tracing::info!(activity_id = %timed_out.attempt.key.activity_id, attempt = timed_out.attempt.attempt, "{}", timed_out.message);
             crate::metrics::timed_out(timed_out.error_type);
         }
-        let renewing = last_renewal
-            .is_none_or(|at| tick_at.saturating_duration_since(at) >= options.lease / 3);
+        let renewing = renewal_due(last_renewal, tick_at, options.lease);
         let running = sweep.running.clone();
         let Plan {
             mut ops,
@@ -106,6 +105,12 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "liveness sweep not written; retrying next tick"),
         }
     }
+}
+
+/// Leases are renewed every third of their length (so two renewals can fail before
+/// one lapses), timed on the monotonic clock from the last renewal that committed.
+fn renewal_due(last_renewal: Option<Instant>, now: Instant, lease: Duration) -> bool {
+    last_renewal.is_none_or(|at| now.saturating_duration_since(at) >= lease / 3)
 }
 
 /// What one tick writes, in order.
@@ -301,6 +306,19 @@ mod tests {
             ),
             other => panic!("expected the renewal, got {other:?}"),
         }
+    }
+
+    /// Renewals every third of the lease on the monotonic clock, walked on paused
+    /// time: the first tick renews, then not again until a third has passed.
+    #[tokio::test(start_paused = true)]
+    async fn leases_are_renewed_every_third_of_their_length() {
+        let lease = Duration::from_secs(30);
+        assert!(renewal_due(None, Instant::now(), lease), "first tick");
+        let renewed = Instant::now();
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert!(!renewal_due(Some(renewed), Instant::now(), lease));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(renewal_due(Some(renewed), Instant::now(), lease));
     }
 
     #[test]

@@ -1088,6 +1088,66 @@ mod tests {
         ));
     }
 
+    /// Every timeout kind and the eviction, walked on paused time: each fires at
+    /// its instant, once, and a heartbeat moves its deadline; no real sleep.
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_and_eviction_walk_on_paused_time() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, evict) = registry.register(registration(3), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0).remove(0);
+        let mut beats = row(1, "beats", &id);
+        beats.timeouts.heartbeat_ms = Some(2_000);
+        let mut slow = row(2, "slow", &id);
+        slow.timeouts.start_to_close_ms = Some(5_000);
+        // Started at wall time 0, due by 3,000: three seconds from dispatch.
+        let mut late = row(3, "late", &id);
+        late.expires_at = Some(3_000);
+        assert!(registry.assign(&claim, vec![beats, slow, late]).is_empty());
+        let silence = Duration::from_secs(10);
+        let timed_out = |at: Duration| -> Vec<(String, &'static str, bool)> {
+            registry
+                .sweep(Instant::now() + at, silence)
+                .timed_out
+                .into_iter()
+                .map(|t| (t.attempt.key.activity_id.clone(), t.error_type, t.final_))
+                .collect()
+        };
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert!(registry.heartbeat(&id, "wf", "beats", 1, None, Instant::now()));
+        // Now at 1.5 s; offsets below are from here.
+        assert!(
+            timed_out(Duration::from_millis(1_000)).is_empty(),
+            "2.5 s: none"
+        );
+        assert_eq!(
+            timed_out(Duration::from_millis(1_600)),
+            [("late".to_owned(), "ScheduleToCloseTimeout", true)],
+            "3.1 s: schedule-to-close, for good"
+        );
+        assert_eq!(
+            timed_out(Duration::from_millis(2_100)),
+            [("beats".to_owned(), "HeartbeatTimeout", false)],
+            "3.6 s: two seconds after the last heartbeat"
+        );
+        assert_eq!(
+            timed_out(Duration::from_millis(3_600)),
+            [("slow".to_owned(), "StartToCloseTimeout", false)],
+            "5.1 s: start-to-close"
+        );
+        assert!(
+            timed_out(Duration::from_millis(4_000)).is_empty(),
+            "each ends once"
+        );
+        assert_eq!(registry.running_count(), 0);
+        // Last heard from at 1.5 s: lost at 11.5 s, not before.
+        let lost = |at: Duration| registry.sweep(Instant::now() + at, silence).lost_workers;
+        assert!(lost(Duration::from_millis(9_900)).is_empty());
+        assert!(!evict.is_cancelled());
+        assert_eq!(lost(Duration::from_millis(10_000)).len(), 1);
+        assert!(evict.is_cancelled(), "the session is told to end");
+    }
+
     #[test]
     fn a_heartbeat_without_details_keeps_what_was_reported() {
         let registry = Registry::default();
