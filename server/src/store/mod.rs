@@ -58,11 +58,8 @@ macro_rules! light_columns {
 }
 
 pub mod postgres;
-mod postgres_bulk;
 mod rows;
 pub mod sqlite;
-mod sqlite_raw;
-mod sqlite_writer;
 
 use std::sync::Arc;
 

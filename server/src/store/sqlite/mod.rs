@@ -1,7 +1,7 @@
 //! The embedded default: one SQLite file in WAL mode.
 //!
 //! Writes go through one dedicated connection on its own thread
-//! (`sqlite_writer`; SQLite has one writer anyway), each batch in a `BEGIN
+//! (`writer`; SQLite has one writer anyway), each batch in a `BEGIN
 //! IMMEDIATE` transaction committed with `synchronous=FULL`, so a commit is on disk
 //! before any caller hears of it. Reads use small sqlx pools of other connections,
 //! which WAL lets run beside the writer: one for the API's callers, one for the
@@ -18,8 +18,12 @@ use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
     ActivityRow, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome, RunningPage, StatusCounts,
-    Store, rows, sqlite_writer::Writer,
+    Store, rows,
 };
+
+mod raw;
+mod writer;
+
 use spool_proto::time::UnixMillis;
 use sqlx::{
     Connection, Row, SqliteConnection,
@@ -29,6 +33,7 @@ use sqlx::{
         SqliteSynchronous,
     },
 };
+use writer::Writer;
 
 fn migrator() -> Migrator {
     let migration = |version, name: &str, sql: &'static str| {
@@ -44,12 +49,12 @@ fn migrator() -> Migrator {
         migration(
             1,
             "activities",
-            include_str!("migrations/sqlite/0001_activities.sql"),
+            include_str!("../migrations/sqlite/0001_activities.sql"),
         ),
         migration(
             2,
             "integer_times",
-            include_str!("migrations/sqlite/0002_integer_times.sql"),
+            include_str!("../migrations/sqlite/0002_integer_times.sql"),
         ),
     ])
 }

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::{PgConnection, Row};
 
-use super::{Error, NewActivity, Op, Outcome, Submitted, Transition, rows};
+use crate::store::{Error, NewActivity, Op, Outcome, Submitted, Transition, rows};
 use spool_proto::time::UnixMillis;
 
 /// Inserts every activity of a run of submits in one statement; `None` (nothing

@@ -15,11 +15,11 @@ use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 use spool_proto::time::UnixMillis;
 use tokio::sync::oneshot;
 
-use super::{
+use super::raw::{Connection, NotUtf8, Query, SqliteError};
+use crate::store::{
     ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
     Op, Outcome, Payload, RetrySpec, Submitted, Timeouts, Transition,
     rows::{self, cancelled_error, encode_list, status_from, u32_from},
-    sqlite_raw::{Connection, NotUtf8, Query, SqliteError},
 };
 
 struct Job {
