@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod transport;
+pub mod wire;
 
 pub use config::Config;
 pub use server::run;

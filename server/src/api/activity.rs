@@ -11,7 +11,7 @@ use prost::Message;
 use super::{
     Error,
     auth::{Principal, Role, authorize, authorize_principal},
-    convert, validate, within,
+    validate, within,
 };
 use crate::dispatch::Core;
 use crate::store::{ActivityStatus, ListPage, ListQuery, NewActivity, Op, Outcome};
@@ -40,7 +40,7 @@ impl ActivityApi {
             Some(Outcome::Submitted(submitted)) => Ok(submitted
                 .into_iter()
                 .map(|s| v1::SubmitResponse {
-                    activity: Some(convert::activity(s.row)),
+                    activity: Some(crate::wire::activity(s.row)),
                     created: s.created,
                 })
                 .collect()),
@@ -164,7 +164,7 @@ impl ActivityService for ActivityApi {
             let key = validate::key(request.get_ref().key.as_ref())?;
             authorize(&request, Role::Client, &key.namespace)?;
             let row = self.get_row(&key).await?;
-            Ok(Response::new(convert::activity(row)))
+            Ok(Response::new(crate::wire::activity(row)))
         })
         .await
     }
@@ -189,7 +189,7 @@ impl ActivityService for ActivityApi {
             let changed = waiter.changed();
             let row = self.get_row(&key).await?;
             if row.is_terminal() {
-                return Ok(Response::new(convert::activity(row)));
+                return Ok(Response::new(crate::wire::activity(row)));
             }
             // With other nodes, a missed notification must not strand a waiter:
             // read again now and then.
@@ -203,8 +203,8 @@ impl ActivityService for ActivityApi {
             tokio::select! {
                 _ = changed => {}
                 _ = recheck => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(Response::new(convert::activity(self.get_row(&key).await?))),
-                _ = self.shutdown.cancelled() => return Ok(Response::new(convert::activity(row))),
+                _ = tokio::time::sleep_until(deadline) => return Ok(Response::new(crate::wire::activity(self.get_row(&key).await?))),
+                _ = self.shutdown.cancelled() => return Ok(Response::new(crate::wire::activity(row))),
             }
         }
     }
@@ -228,7 +228,9 @@ impl ActivityService for ActivityApi {
                 .await
                 .map_err(Error::from)?;
             match outcomes.pop() {
-                Some(Outcome::Cancelled { row, .. }) => Ok(Response::new(convert::activity(row))),
+                Some(Outcome::Cancelled { row, .. }) => {
+                    Ok(Response::new(crate::wire::activity(row)))
+                }
                 Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
                 Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
                     key,
@@ -256,7 +258,7 @@ impl ActivityService for ActivityApi {
                 .await
                 .map_err(Error::from)?;
             match outcomes.pop() {
-                Some(Outcome::Redriven { row }) => Ok(Response::new(convert::activity(row))),
+                Some(Outcome::Redriven { row }) => Ok(Response::new(crate::wire::activity(row))),
                 Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
                 Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
                     key,
@@ -369,7 +371,7 @@ fn page_within(page: ListPage, max_bytes: usize) -> v1::ListResponse {
     let mut last_kept = None;
     for row in page.rows {
         let id = row.id;
-        let activity = convert::activity(row);
+        let activity = crate::wire::activity(row);
         let size = activity.encoded_len();
         if !activities.is_empty() && total.saturating_add(size) > max_bytes {
             // The rest comes on the next page, after the last row kept.

@@ -7,7 +7,6 @@
 pub mod activity;
 pub mod admin;
 pub mod auth;
-pub mod convert;
 pub mod validate;
 pub mod worker;
 

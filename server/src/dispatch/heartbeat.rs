@@ -204,7 +204,7 @@ fn millis(d: Duration) -> i64 {
 mod tests {
     use super::*;
     use crate::{
-        dispatch::registry::TimedOut,
+        dispatch::timeouts::TimedOut,
         store::{ActivityRow, Key, RetrySpec, Timeouts},
     };
 

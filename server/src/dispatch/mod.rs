@@ -6,6 +6,7 @@ pub mod committer;
 pub mod heartbeat;
 pub mod pending;
 pub mod registry;
+pub mod timeouts;
 pub mod timer;
 
 pub use committer::{CommitError, Committer};

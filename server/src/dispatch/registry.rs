@@ -13,10 +13,9 @@
 //!   of the same activity on the same worker takes a slot of its own);
 //! - a task that cannot be put on the worker's channel is released, never held;
 //! - liveness runs on the monotonic clock ([`Instant`]): when a worker was last
-//!   heard from, when an attempt last reported, and when its timeouts fall, so a
-//!   step of the wall clock neither evicts every worker nor fires (or stalls)
-//!   timeouts; a deadline stored as wall time is turned into an `Instant` once, at
-//!   dispatch;
+//!   heard from, when an attempt last reported, and when its timeouts fall (see
+//!   `timeouts`), so a step of the wall clock neither evicts every worker nor fires
+//!   (or stalls) timeouts;
 //! - a worker's outbound channel never overflows: it holds at most
 //!   `max_concurrency` tasks, one cancel per held attempt, the welcome, a drain,
 //!   and [`ACK_WINDOW`] acks (each carries a permit of the session's ack window).
@@ -39,10 +38,8 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::{
-    store::Attempt,
-    store::{ActivityRow, Claim, ErrorKind, HeartbeatDetails, Key, Op, Payload, Transition},
-};
+use super::timeouts::{Deadlines, TimedOut};
+use crate::store::{ActivityRow, Attempt, Claim, HeartbeatDetails, Key, Op, Payload, Transition};
 
 /// Results a session may have in flight (being committed, or acked but not yet
 /// sent): the bound on acks queued in a worker's outbound channel.
@@ -104,9 +101,8 @@ struct Inflight {
     cancel_sent: bool,
     /// When the attempt last reported progress (dispatch time at first).
     last_heartbeat: Instant,
-    /// When start-to-close and schedule-to-close end this attempt.
-    start_to_close_at: Option<Instant>,
-    schedule_to_close_at: Option<Instant>,
+    /// When its timeouts end this attempt.
+    deadlines: Deadlines,
     /// Details reported since the last flush to the store; latest wins.
     unflushed: Option<Option<Payload>>,
 }
@@ -114,29 +110,14 @@ struct Inflight {
 impl Inflight {
     /// An attempt dispatched at `now` (monotonic) and `now_wall`.
     fn new(attempt: Arc<Attempt>, now: Instant, now_wall: UnixMillis) -> Self {
-        let after = |ms: i64| now + Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0));
         Self {
-            start_to_close_at: attempt.timeouts.start_to_close_ms.map(after),
-            // Stored as wall time: what is left of it from now.
-            schedule_to_close_at: attempt
-                .schedule_to_close_deadline()
-                .map(|deadline| after(deadline.saturating_sub(now_wall))),
+            deadlines: Deadlines::at_dispatch(&attempt, now, now_wall),
             attempt,
             cancel_sent: false,
             last_heartbeat: now,
             unflushed: None,
         }
     }
-}
-
-/// An attempt the sweep ended because a timeout passed.
-#[derive(Debug)]
-pub struct TimedOut {
-    pub attempt: Arc<Attempt>,
-    pub error_type: &'static str,
-    pub message: String,
-    /// Schedule-to-close: the whole activity is over, not just this attempt.
-    pub final_: bool,
 }
 
 /// What one liveness sweep found; the caller writes it.
@@ -386,7 +367,11 @@ impl Registry {
                         details,
                     });
                 }
-                let Some(timed_out) = timeout_of(inflight, now) else {
+                let Some(timed_out) =
+                    inflight
+                        .deadlines
+                        .passed(&inflight.attempt, inflight.last_heartbeat, now)
+                else {
                     sweep.running.push((attempt.id, attempt.attempt));
                     continue;
                 };
@@ -651,7 +636,7 @@ impl Registry {
         let mut undelivered = Vec::new();
         for row in rows {
             let attempt = Arc::new(Attempt::from_row(&row));
-            let task = task_for(row, &attempt);
+            let task = crate::wire::task(row, &attempt);
             if let Err(e) = worker
                 .outbound
                 .try_send(Outgoing::message(server_message::Message::Task(task)))
@@ -819,74 +804,6 @@ fn wall_of(then: Instant) -> UnixMillis {
     let ago = i64::try_from(Instant::now().saturating_duration_since(then).as_millis())
         .unwrap_or(i64::MAX);
     time::now_millis().saturating_sub(ago)
-}
-
-/// The timeout an attempt has passed at `now`, if any.
-fn timeout_of(inflight: &Inflight, now: Instant) -> Option<TimedOut> {
-    let attempt = &inflight.attempt;
-    let timeouts = &attempt.timeouts;
-    let timed_out = |error_type: &'static str, message: String, final_: bool| TimedOut {
-        attempt: attempt.clone(),
-        error_type,
-        message,
-        final_,
-    };
-    if inflight.schedule_to_close_at.is_some_and(|at| now >= at) {
-        return Some(timed_out(
-            "ScheduleToCloseTimeout",
-            "schedule_to_close_timeout passed before the activity finished".to_owned(),
-            true,
-        ));
-    }
-    if let Some(ms) = timeouts.start_to_close_ms
-        && inflight.start_to_close_at.is_some_and(|at| now >= at)
-    {
-        return Some(timed_out(
-            "StartToCloseTimeout",
-            format!(
-                "attempt {} ran longer than start_to_close_timeout ({ms} ms)",
-                attempt.attempt
-            ),
-            false,
-        ));
-    }
-    if let Some(ms) = timeouts.heartbeat_ms
-        && now.saturating_duration_since(inflight.last_heartbeat)
-            >= Duration::from_millis(u64::try_from(ms.max(0)).unwrap_or(0))
-    {
-        return Some(timed_out(
-            "HeartbeatTimeout",
-            format!(
-                "attempt {} sent no heartbeat for heartbeat_timeout ({ms} ms)",
-                attempt.attempt
-            ),
-            false,
-        ));
-    }
-    None
-}
-
-impl TimedOut {
-    /// The error this timeout records.
-    pub fn error(&self) -> crate::store::ActivityError {
-        crate::store::server_error(ErrorKind::Timeout, self.error_type, self.message.clone())
-    }
-}
-
-fn task_for(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
-    v1::ActivityTask {
-        namespace: row.key.namespace,
-        workflow_id: row.key.workflow_id,
-        activity_id: row.key.activity_id,
-        activity_type: row.activity_type,
-        input: Some(row.input),
-        attempt: row.attempt,
-        scheduled_at: Some(time::to_proto(row.next_at)),
-        heartbeat_timeout: row.timeouts.heartbeat_ms.map(|ms| {
-            spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
-        }),
-        deadline: attempt.deadline().map(time::to_proto),
-    }
 }
 
 #[cfg(test)]

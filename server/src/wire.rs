@@ -1,8 +1,9 @@
-//! Stored rows as wire messages.
+//! Stored rows as wire messages: an `Activity` for clients, an `ActivityTask` for
+//! the worker that runs an attempt.
 
 use spool_proto::{time, v1};
 
-use crate::store::ActivityRow;
+use crate::store::{ActivityRow, Attempt};
 
 pub fn activity(row: ActivityRow) -> v1::Activity {
     v1::Activity {
@@ -24,5 +25,22 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         worker_id: row.worker_id.unwrap_or_default(),
         heartbeat_details: row.heartbeat_details,
         max_attempts: row.retry.max_attempts,
+    }
+}
+
+/// The task that sends `attempt` of `row` to its worker.
+pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
+    v1::ActivityTask {
+        namespace: row.key.namespace,
+        workflow_id: row.key.workflow_id,
+        activity_id: row.key.activity_id,
+        activity_type: row.activity_type,
+        input: Some(row.input),
+        attempt: row.attempt,
+        scheduled_at: Some(time::to_proto(row.next_at)),
+        heartbeat_timeout: row.timeouts.heartbeat_ms.map(|ms| {
+            spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
+        }),
+        deadline: attempt.deadline().map(time::to_proto),
     }
 }
