@@ -1,4 +1,5 @@
 //! The single writer: group commit, and the claim-and-route loop that rides on it.
+//! Other nodes (`peers`) hear of each batch's changes after it commits.
 //!
 //! Every write of the server is a request to the committer. Its loop takes whatever
 //! requests are queued (up to [`MAX_BATCH_OPS`]), adds the claims the registry plans
@@ -21,7 +22,7 @@
 //!   own, so dispatch does not wait on it; the loop pauses only when nothing
 //!   commits at all (the store itself is failing).
 
-use std::{collections::HashSet, ops::Range, sync::Arc, time::Duration};
+use std::{ops::Range, sync::Arc, time::Duration};
 
 use spool_proto::time::UnixMillis;
 use tokio::{
@@ -31,6 +32,7 @@ use tokio::{
 
 use super::{
     Pending, Registry,
+    peers::Peers,
     timer::{self, Timer},
 };
 use crate::store::{self, ActivityStatus, Event, Key, Op, Outcome, Remote, Store, Transition};
@@ -104,17 +106,8 @@ impl Committer {
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(QUEUE);
         let timer = Timer::default();
-        let publisher = (!store.single_node()).then(|| {
-            // One message per committed batch at most, so the queue is bounded by
-            // the commit rate; a queue keeps publications in commit order.
-            let (events, queue) = mpsc::unbounded_channel();
-            (events, tokio::spawn(publish_loop(store.clone(), queue)))
-        });
         let event_loop = Loop {
-            publish: publisher.is_some(),
-            publisher,
-            outgoing: Vec::new(),
-            remote,
+            peers: Peers::new(&store, remote),
             store,
             registry,
             pending,
@@ -189,17 +182,8 @@ struct Loop {
     /// Writes the loop owes itself (releases of rows whose worker vanished
     /// mid-claim); they go into the next batch.
     carry: Vec<Op>,
-    /// Whether other nodes share the store and must hear of committed changes.
-    publish: bool,
-    /// The task that publishes, in order, and its queue; awaited when the loop stops.
-    publisher: Option<(
-        mpsc::UnboundedSender<Vec<Event>>,
-        tokio::task::JoinHandle<()>,
-    )>,
-    /// Events of the batch being applied, published after it.
-    outgoing: Vec<Event>,
-    /// Other nodes' events; `None` when no other node shares the store.
-    remote: Option<mpsc::Receiver<Remote>>,
+    /// The other nodes sharing the store: what they must hear, what they say.
+    peers: Peers,
     /// Set when a part the loop depends on died (the listener, the publisher): the
     /// loop ends, and the server with it.
     fatal: Option<&'static str>,
@@ -225,7 +209,7 @@ impl Loop {
                     },
                     _ = self.registry.woken() => {}
                     _ = sleep_until(deadline), if deadline.is_some() => {}
-                    remote = recv_remote(&mut self.remote), if self.remote.is_some() => match remote {
+                    remote = self.peers.recv(), if self.peers.listening() => match remote {
                         Some(remote) => self.on_remote(remote),
                         None => self.fatal = Some("the listener for other nodes' changes stopped"),
                     },
@@ -241,14 +225,11 @@ impl Loop {
             // Remote events are read every round, not only when the select picks
             // them: a busy node must still hear the others.
             for _ in 0..REMOTE_PER_ROUND {
-                let Some(remote) = self.remote.as_mut() else {
-                    break;
-                };
-                match remote.try_recv() {
-                    Ok(event) => self.on_remote(event),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.fatal = Some("the listener for other nodes' changes stopped");
+                match self.peers.try_recv() {
+                    Ok(Some(event)) => self.on_remote(event),
+                    Ok(None) => break,
+                    Err(why) => {
+                        self.fatal = Some(why);
                         break;
                     }
                 }
@@ -295,10 +276,7 @@ impl Loop {
             }
         }
         // What the last batches changed reaches the other nodes before `stop` returns.
-        if let Some((queue, task)) = self.publisher.take() {
-            drop(queue);
-            let _ = task.await;
-        }
+        self.peers.stop().await;
         if let Some(stop) = stop {
             let _ = stop.send(());
         }
@@ -347,7 +325,7 @@ impl Loop {
                             .collect(),
                         due.complete,
                     );
-                    if self.publish {
+                    if self.peers.sharing() {
                         self.timer.read_again_by(now.saturating_add(SAFETY_NET_MS));
                     }
                 }
@@ -547,14 +525,12 @@ impl Loop {
                         // The worker may be connected here, or to another node.
                         self.registry
                             .cancel_running(worker_id, &row.key, row.attempt, reason);
-                        if self.publish {
-                            self.outgoing.push(Event::Cancelled {
-                                worker_id: worker_id.clone(),
-                                key: row.key.clone(),
-                                attempt: row.attempt,
-                                reason: crate::limits::truncate(reason.clone(), MAX_EVENT_REASON),
-                            });
-                        }
+                        self.peers.tell(Event::Cancelled {
+                            worker_id: worker_id.clone(),
+                            key: row.key.clone(),
+                            attempt: row.attempt,
+                            reason: crate::limits::truncate(reason.clone(), MAX_EVENT_REASON),
+                        });
                     }
                 }
                 (Op::Redrive { .. }, Outcome::Redriven { row }) => {
@@ -573,57 +549,25 @@ impl Loop {
     /// A committed change made rows due: here, and on other nodes.
     fn came_due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis, now: UnixMillis) {
         self.due(namespace, activity_type, at, now);
-        if self.publish {
-            self.outgoing.push(Event::Due {
-                namespace: namespace.to_owned(),
-                activity_type: activity_type.to_owned(),
-                at,
-            });
-        }
+        self.peers.tell(Event::Due {
+            namespace: namespace.to_owned(),
+            activity_type: activity_type.to_owned(),
+            at,
+        });
     }
 
     /// A committed change made the activity terminal: wake its waiters, here and
     /// on other nodes.
     fn finished(&mut self, key: &Key) {
         self.pending.notify(key);
-        if self.publish {
-            self.outgoing.push(Event::Finished { key: key.clone() });
-        }
+        self.peers.tell(Event::Finished { key: key.clone() });
     }
 
     /// Tells the other nodes what the last batch changed, without holding up the
-    /// next batch. Rows of one type due now make one event; each later time its own.
+    /// next batch.
     fn publish_outgoing(&mut self) {
-        if self.outgoing.is_empty() {
-            return;
-        }
-        let now = self.store.now();
-        let mut due: HashSet<(String, String, UnixMillis)> = HashSet::new();
-        let mut events = Vec::new();
-        for event in self.outgoing.drain(..) {
-            match event {
-                Event::Due {
-                    namespace,
-                    activity_type,
-                    at,
-                } => {
-                    due.insert((namespace, activity_type, at.max(now)));
-                }
-                other => events.push(other),
-            }
-        }
-        events.extend(
-            due.into_iter()
-                .map(|(namespace, activity_type, at)| Event::Due {
-                    namespace,
-                    activity_type,
-                    at,
-                }),
-        );
-        if let Some((queue, task)) = &self.publisher
-            && (queue.send(events).is_err() || task.is_finished())
-        {
-            self.fatal = Some("the publisher of changes to other nodes stopped");
+        if let Err(why) = self.peers.flush(self.store.now()) {
+            self.fatal = Some(why);
         }
     }
 
@@ -698,33 +642,6 @@ fn answer(requests: Vec<Request>, mut outcomes: Vec<Outcome>) {
 fn instant_for(at: UnixMillis, now: UnixMillis) -> Instant {
     let wait = u64::try_from(at.saturating_sub(now).max(0)).unwrap_or(0);
     Instant::now() + Duration::from_millis(wait).min(WALL_RECHECK)
-}
-
-/// Publishes each committed batch's events in order, retrying a failed publication
-/// a few times; the periodic re-read covers what still fails.
-async fn publish_loop(store: Arc<dyn Store>, mut queue: mpsc::UnboundedReceiver<Vec<Event>>) {
-    while let Some(events) = queue.recv().await {
-        let mut pause = Duration::from_millis(50);
-        for attempt in 1..=3 {
-            match store.publish(events.clone()).await {
-                Ok(()) => break,
-                Err(e) if attempt == 3 => {
-                    tracing::warn!(error = %e, "could not tell other nodes of a commit; they catch up within seconds");
-                }
-                Err(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-            }
-        }
-    }
-}
-
-async fn recv_remote(remote: &mut Option<mpsc::Receiver<Remote>>) -> Option<Remote> {
-    match remote {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

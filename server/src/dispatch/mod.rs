@@ -4,6 +4,7 @@
 
 pub mod committer;
 pub mod heartbeat;
+mod peers;
 pub mod pending;
 pub mod registry;
 pub mod timeouts;
