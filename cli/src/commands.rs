@@ -324,31 +324,9 @@ fn error_kind_label(kind: i32) -> String {
         .unwrap_or_else(|_| kind.to_string())
 }
 
+/// RFC 3339 in UTC (prost-types' rendering: the fraction only as long as needed).
 fn format_time(ts: &prost_types::Timestamp) -> String {
-    // RFC 3339 in UTC, to the millisecond, without a date crate.
-    let ms = spool_proto::time::from_proto(ts);
-    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    let (y, m, d) = civil_from_days(days);
-    let (h, min, s, milli) = (
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    ts.to_string()
 }
 
 fn payload_json(p: &v1::Payload) -> serde_json::Value {
@@ -363,24 +341,8 @@ fn payload_json(p: &v1::Payload) -> serde_json::Value {
 }
 
 fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
@@ -501,7 +463,7 @@ mod tests {
         assert_eq!(format_time(&ts), "2023-11-14T22:13:20.123Z");
         assert_eq!(
             format_time(&spool_proto::time::to_proto(0)),
-            "1970-01-01T00:00:00.000Z"
+            "1970-01-01T00:00:00Z"
         );
     }
 
