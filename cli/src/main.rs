@@ -99,9 +99,11 @@ enum Command {
     },
     /// Measure throughput and latency (starts a server unless --server is given).
     Bench(BenchArgs),
-    /// Steady load under random faults (kills, SIGTERM, SIGSTOP, network cuts,
-    /// PostgreSQL restarts, a full disk), then a check that every acknowledged
-    /// activity completed exactly once. Exit 1 if the check fails.
+    /// Load under random faults, then check nothing was lost or done twice.
+    ///
+    /// Nodes and workers run as processes; a seeded injector kills, stops and
+    /// restarts them, cuts the network, restarts PostgreSQL and fills the disk.
+    /// Exit 1 if any acknowledged activity was not completed exactly once.
     Soak(SoakArgs),
     /// A soak worker process (started by `spool soak`).
     #[command(hide = true)]
