@@ -1,4 +1,5 @@
-//! Dialect-neutral pieces of a stored row: decoding from any sqlx row, the JSON of
+//! Dialect-neutral pieces of a stored row: the one row decoder (over [`Columns`],
+//! which sqlx rows of either dialect and the SQLite writer's rows implement), the JSON of
 //! `non_retryable`, range checks on integer columns, and the rule that no stored
 //! row can poison a read: a row that cannot be decoded is reported (a log line and
 //! `spool_rows_unreadable_total`) and left out of the read, never fails it.
@@ -67,13 +68,6 @@ pub(super) fn u32_from(value: i64, column: &str) -> Result<u32, Error> {
     u32::try_from(value).map_err(|_| Error::Corrupt(format!("{column} out of range: {value}")))
 }
 
-pub(super) fn payload(content_type: Option<String>, data: Option<Vec<u8>>) -> Option<Payload> {
-    data.map(|data| Payload {
-        content_type: content_type.unwrap_or_default(),
-        data,
-    })
-}
-
 /// An integer column, or a REAL where an integer belongs, saturated.
 pub(super) fn int<'r, R>(row: &'r R, column: &'r str) -> Result<i64, Error>
 where
@@ -92,39 +86,22 @@ where
     }
 }
 
-/// [`int`] for a nullable column.
-fn opt_int<'r, R>(row: &'r R, column: &'r str) -> Result<Option<i64>, Error>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    f64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    match row.try_get::<Option<i64>, _>(column) {
-        Ok(v) => Ok(v),
-        Err(e) => row
-            .try_get::<Option<f64>, _>(column)
-            .map(|f| f.map(|f| f as i64))
-            .map_err(|_| e.into()),
-    }
-}
-
 /// Decodes every row that can be; each that cannot is reported and left out.
 /// `read` names the read in the report.
 pub(super) fn decode_all<R>(rows: &[R], read: &'static str) -> Vec<ActivityRow>
 where
     R: Row,
-    for<'r> &'r str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
     rows.iter()
-        .filter_map(|row| match decode(row) {
+        .filter_map(|row| match decode(&Sqlx(row)) {
             Ok(decoded) => Some(decoded),
             Err(e) => {
-                unreadable(read, row.try_get::<i64, _>("id").ok(), &e);
+                unreadable(read, row.try_get::<i64, _>(col::ID).ok(), &e);
                 None
             }
         })
@@ -159,82 +136,171 @@ pub(super) fn page_bounds(sizes: &[(i64, i64)], limit: u32, max_bytes: usize) ->
     (last, taken < sizes.len())
 }
 
-/// An activity row from any sqlx row holding the columns of `columns!()`.
-pub(super) fn decode<'r, R>(row: &'r R) -> Result<ActivityRow, Error>
+/// Where each column of `columns!()` (and `light_columns!()`) sits in a row.
+#[allow(dead_code)]
+mod col {
+    pub const ID: usize = 0;
+    pub const NAMESPACE: usize = 1;
+    pub const WORKFLOW_ID: usize = 2;
+    pub const ACTIVITY_ID: usize = 3;
+    pub const ACTIVITY_TYPE: usize = 4;
+    pub const STATUS: usize = 5;
+    pub const ATTEMPT: usize = 6;
+    pub const UNCOUNTED: usize = 7;
+    pub const MAX_ATTEMPTS: usize = 8;
+    pub const INITIAL_INTERVAL_MS: usize = 9;
+    pub const BACKOFF_COEFFICIENT: usize = 10;
+    pub const MAX_INTERVAL_MS: usize = 11;
+    pub const NON_RETRYABLE: usize = 12;
+    pub const HEARTBEAT_TIMEOUT_MS: usize = 13;
+    pub const START_TO_CLOSE_MS: usize = 14;
+    pub const SCHEDULE_TO_CLOSE_MS: usize = 15;
+    pub const PRIORITY: usize = 16;
+    pub const INPUT_TYPE: usize = 17;
+    pub const INPUT: usize = 18;
+    pub const OUTPUT_TYPE: usize = 19;
+    pub const OUTPUT: usize = 20;
+    pub const ERROR_KIND: usize = 21;
+    pub const ERROR_TYPE: usize = 22;
+    pub const ERROR_MESSAGE: usize = 23;
+    pub const ERROR_DETAILS_TYPE: usize = 24;
+    pub const ERROR_DETAILS: usize = 25;
+    pub const HEARTBEAT_TYPE: usize = 26;
+    pub const HEARTBEAT_DETAILS: usize = 27;
+    pub const CREATED_AT: usize = 28;
+    pub const NEXT_AT: usize = 29;
+    pub const STARTED_AT: usize = 30;
+    pub const FINISHED_AT: usize = 31;
+    pub const LEASE_EXPIRES_AT: usize = 32;
+    pub const WORKER_ID: usize = 33;
+    pub const EXPIRES_AT: usize = 34;
+}
+
+/// A result row read by column position: what every dialect's rows offer the one
+/// decoder. Each read is strict (a NULL in a required column, text that is not
+/// UTF-8, a string where a number belongs are errors) except that an integer
+/// column holding a REAL is read as the nearest integer, saturating.
+pub(super) trait Columns {
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error>;
+    fn real(&self, i: usize) -> Result<f64, Error>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error>;
+    fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, Error>;
+
+    fn int(&self, i: usize) -> Result<i64, Error> {
+        self.opt_int(i)?
+            .ok_or_else(|| Error::Corrupt(format!("column {i} is NULL")))
+    }
+
+    fn text(&self, i: usize) -> Result<String, Error> {
+        self.opt_text(i)?
+            .ok_or_else(|| Error::Corrupt(format!("column {i} is NULL")))
+    }
+}
+
+/// A sqlx row (SQLite's read pools, PostgreSQL) read by position.
+pub(super) struct Sqlx<'r, R>(pub &'r R);
+
+impl<R> Columns for Sqlx<'_, R>
 where
     R: Row,
-    &'r str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    f64: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    usize: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let non_retryable: Option<String> = row.try_get("non_retryable")?;
-    let non_retryable = match non_retryable {
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        match self.0.try_get::<Option<i64>, _>(i) {
+            Ok(v) => Ok(v),
+            // `as` saturates at the bounds of i64 (and maps NaN to 0).
+            Err(e) => self
+                .0
+                .try_get::<Option<f64>, _>(i)
+                .map(|f| f.map(|f| f as i64))
+                .map_err(|_| e.into()),
+        }
+    }
+
+    fn real(&self, i: usize) -> Result<f64, Error> {
+        Ok(self.0.try_get(i)?)
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        Ok(self.0.try_get(i)?)
+    }
+
+    fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.0.try_get(i)?)
+    }
+}
+
+/// The activity row in `row`, which holds the columns of `columns!()` (or
+/// `light_columns!()`) in that order. The only row decoder: every dialect and every
+/// read goes through it.
+pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
+    let non_retryable = match row.opt_text(col::NON_RETRYABLE)? {
         Some(json) => serde_json::from_str(&json)
             .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
         None => Vec::new(),
     };
-    let error_kind = opt_int(row, "error_kind")?;
-    let last_error = match error_kind {
+    let payload = |ty: usize, data: usize| -> Result<Option<Payload>, Error> {
+        Ok(match row.opt_blob(data)? {
+            Some(data) => Some(Payload {
+                content_type: row.opt_text(ty)?.unwrap_or_default(),
+                data,
+            }),
+            None => None,
+        })
+    };
+    let last_error = match row.opt_int(col::ERROR_KIND)? {
         Some(kind) => Some(ActivityError {
             kind: i32::try_from(kind).unwrap_or_default(),
-            r#type: row
-                .try_get::<Option<String>, _>("error_type")?
-                .unwrap_or_default(),
-            message: row
-                .try_get::<Option<String>, _>("error_message")?
-                .unwrap_or_default(),
-            details: payload(
-                row.try_get("error_details_type")?,
-                row.try_get("error_details")?,
-            ),
+            r#type: row.opt_text(col::ERROR_TYPE)?.unwrap_or_default(),
+            message: row.opt_text(col::ERROR_MESSAGE)?.unwrap_or_default(),
+            details: payload(col::ERROR_DETAILS_TYPE, col::ERROR_DETAILS)?,
             next_retry_delay: None,
         }),
         None => None,
     };
     Ok(ActivityRow {
-        id: int(row, "id")?,
+        id: row.int(col::ID)?,
         key: Key {
-            namespace: row.try_get("namespace")?,
-            workflow_id: row.try_get("workflow_id")?,
-            activity_id: row.try_get("activity_id")?,
+            namespace: row.text(col::NAMESPACE)?,
+            workflow_id: row.text(col::WORKFLOW_ID)?,
+            activity_id: row.text(col::ACTIVITY_ID)?,
         },
-        activity_type: row.try_get("activity_type")?,
-        status: status_from(int(row, "status")?)?,
-        attempt: u32_from(int(row, "attempt")?, "attempt")?,
-        uncounted: u32_from(int(row, "uncounted")?, "uncounted")?,
+        activity_type: row.text(col::ACTIVITY_TYPE)?,
+        status: status_from(row.int(col::STATUS)?)?,
+        attempt: u32_from(row.int(col::ATTEMPT)?, "attempt")?,
+        uncounted: u32_from(row.int(col::UNCOUNTED)?, "uncounted")?,
         retry: RetrySpec {
-            max_attempts: u32_from(int(row, "max_attempts")?, "max_attempts")?,
-            initial_interval_ms: int(row, "initial_interval_ms")?,
-            backoff_coefficient: row.try_get("backoff_coefficient")?,
-            max_interval_ms: int(row, "max_interval_ms")?,
+            max_attempts: u32_from(row.int(col::MAX_ATTEMPTS)?, "max_attempts")?,
+            initial_interval_ms: row.int(col::INITIAL_INTERVAL_MS)?,
+            backoff_coefficient: row.real(col::BACKOFF_COEFFICIENT)?,
+            max_interval_ms: row.int(col::MAX_INTERVAL_MS)?,
             non_retryable,
         },
         timeouts: Timeouts {
-            heartbeat_ms: opt_int(row, "heartbeat_timeout_ms")?,
-            start_to_close_ms: opt_int(row, "start_to_close_ms")?,
-            schedule_to_close_ms: opt_int(row, "schedule_to_close_ms")?,
+            heartbeat_ms: row.opt_int(col::HEARTBEAT_TIMEOUT_MS)?,
+            start_to_close_ms: row.opt_int(col::START_TO_CLOSE_MS)?,
+            schedule_to_close_ms: row.opt_int(col::SCHEDULE_TO_CLOSE_MS)?,
         },
-        priority: i32::try_from(int(row, "priority")?)
+        priority: i32::try_from(row.int(col::PRIORITY)?)
             .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
         input: Payload {
-            content_type: row.try_get("input_type")?,
-            data: row.try_get("input")?,
+            content_type: row.text(col::INPUT_TYPE)?,
+            data: row.opt_blob(col::INPUT)?.unwrap_or_default(),
         },
-        output: payload(row.try_get("output_type")?, row.try_get("output")?),
+        output: payload(col::OUTPUT_TYPE, col::OUTPUT)?,
         last_error,
-        heartbeat_details: payload(
-            row.try_get("heartbeat_type")?,
-            row.try_get("heartbeat_details")?,
-        ),
-        created_at: int(row, "created_at")?,
-        next_at: int(row, "next_at")?,
-        started_at: opt_int(row, "started_at")?,
-        finished_at: opt_int(row, "finished_at")?,
-        lease_expires_at: opt_int(row, "lease_expires_at")?,
-        worker_id: row.try_get("worker_id")?,
-        expires_at: opt_int(row, "expires_at")?,
+        heartbeat_details: payload(col::HEARTBEAT_TYPE, col::HEARTBEAT_DETAILS)?,
+        created_at: row.int(col::CREATED_AT)?,
+        next_at: row.int(col::NEXT_AT)?,
+        started_at: row.opt_int(col::STARTED_AT)?,
+        finished_at: row.opt_int(col::FINISHED_AT)?,
+        lease_expires_at: row.opt_int(col::LEASE_EXPIRES_AT)?,
+        worker_id: row.opt_text(col::WORKER_ID)?,
+        expires_at: row.opt_int(col::EXPIRES_AT)?,
     })
 }
 

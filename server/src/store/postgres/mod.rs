@@ -180,7 +180,7 @@ impl PostgresStore {
 }
 
 fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
-    rows::decode(row)
+    rows::decode(&rows::Sqlx(row))
 }
 
 #[async_trait::async_trait]
@@ -861,6 +861,86 @@ mod tests {
         PostgresStore::open_with(options)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The next remote item that `wanted` accepts, within 10 s (other tests' nodes
+    /// share the channel, so unrelated events are skipped).
+    async fn next_matching(
+        rx: &mut mpsc::Receiver<Remote>,
+        wanted: impl Fn(&Remote) -> bool,
+    ) -> Remote {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(remote)) if wanted(&remote) => return remote,
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the listener stopped"),
+                Err(_) => panic!("nothing matching arrived within 10 s"),
+            }
+        }
+    }
+
+    /// Publish/subscribe between two nodes: one's events reach the other, not
+    /// itself; a listener whose connection is cut comes back and says `Resync`.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
+        let a = store_with(&[]).await;
+        let b = store_with(&[]).await;
+        let mut from_a = a
+            .subscribe()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no listener"));
+        let mut from_b = b
+            .subscribe()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no listener"));
+        let key = Key {
+            namespace: "default".into(),
+            workflow_id: format!("wf-{}", uuid::Uuid::new_v4().simple()),
+            activity_id: "a".into(),
+        };
+        let finished = Event::Finished { key: key.clone() };
+        let is_ours = |r: &Remote| matches!(r, Remote::Event(Event::Finished { key: k }) if k.workflow_id == key.workflow_id);
+        b.publish(vec![finished.clone()])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(next_matching(&mut from_a, is_ours).await, Remote::Event(e) if e == finished)
+        );
+        // A node does not hear itself: b's own listener gets a's next event, never its own.
+        let second = Event::Finished {
+            key: Key {
+                activity_id: "b".into(),
+                ..key.clone()
+            },
+        };
+        a.publish(vec![second.clone()])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(next_matching(&mut from_b, is_ours).await, Remote::Event(e) if e == second),
+            "b heard a, not its own earlier event"
+        );
+        // Cut every listening connection: each listener reconnects and says Resync.
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+        )
+        .execute(&a.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            next_matching(&mut from_a, |r| matches!(r, Remote::Resync)).await,
+            Remote::Resync
+        ));
     }
 
     /// Callers holding every API read connection do not hold up the committer's

@@ -262,7 +262,7 @@ async fn select_by_key(
 }
 
 fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
-    rows::decode(row)
+    rows::decode(&rows::Sqlx(row))
 }
 
 #[cfg(test)]

@@ -349,13 +349,16 @@ impl Query<'_> {
         unsafe { ffi::sqlite3_column_int64(self.stmt.as_ptr(), i) }
     }
 
-    pub fn opt_int(&self, i: c_int) -> Option<i64> {
-        (!self.is_null(i)).then(|| self.int(i))
-    }
-
     pub fn real(&self, i: c_int) -> f64 {
         // Safety: as above.
         unsafe { ffi::sqlite3_column_double(self.stmt.as_ptr(), i) }
+    }
+
+    /// The storage class of column `i` in the current row (`SQLITE_INTEGER`,
+    /// `SQLITE_FLOAT`, `SQLITE_TEXT`, `SQLITE_BLOB` or `SQLITE_NULL`).
+    pub fn column_type(&self, i: c_int) -> c_int {
+        // Safety: a live statement positioned on a row.
+        unsafe { ffi::sqlite3_column_type(self.stmt.as_ptr(), i) }
     }
 
     pub fn is_null(&self, i: c_int) -> bool {

@@ -18,8 +18,8 @@ use tokio::sync::oneshot;
 use super::raw::{Connection, NotUtf8, Query, SqliteError};
 use crate::store::{
     ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
-    Op, Outcome, Payload, RetrySpec, Submitted, Timeouts, Transition,
-    rows::{self, cancelled_error, encode_list, status_from, u32_from},
+    Op, Outcome, Submitted, Transition,
+    rows::{self, cancelled_error, encode_list},
 };
 
 struct Job {
@@ -611,75 +611,63 @@ fn select_one(
 
 /// A row in `columns!()` order.
 fn decode(q: &Query<'_>) -> Result<ActivityRow, Error> {
-    let non_retryable = match q.opt_text(12)? {
-        Some(json) => serde_json::from_str(&json)
-            .map_err(|e| Error::Corrupt(format!("non_retryable: {e}")))?,
-        None => Vec::new(),
-    };
-    let payload = |ty: i32, data: i32| -> Result<Option<Payload>, Error> {
-        Ok(match q.opt_blob(data) {
-            Some(data) => Some(Payload {
-                content_type: q.opt_text(ty)?.unwrap_or_default(),
-                data,
-            }),
-            None => None,
-        })
-    };
-    let last_error = match q.opt_int(21) {
-        Some(kind) => Some(ActivityError {
-            kind: i32::try_from(kind).unwrap_or_default(),
-            r#type: q.text(22)?,
-            message: q.text(23)?,
-            details: payload(24, 25)?,
-            next_retry_delay: None,
-        }),
-        None => None,
-    };
-    Ok(ActivityRow {
-        id: q.int(0),
-        key: Key {
-            namespace: q.text(1)?,
-            workflow_id: q.text(2)?,
-            activity_id: q.text(3)?,
-        },
-        activity_type: q.text(4)?,
-        status: status_from(q.int(5))?,
-        attempt: u32_from(q.int(6), "attempt")?,
-        uncounted: u32_from(q.int(7), "uncounted")?,
-        retry: RetrySpec {
-            max_attempts: u32_from(q.int(8), "max_attempts")?,
-            initial_interval_ms: q.int(9),
-            backoff_coefficient: q.real(10),
-            max_interval_ms: q.int(11),
-            non_retryable,
-        },
-        timeouts: Timeouts {
-            heartbeat_ms: q.opt_int(13),
-            start_to_close_ms: q.opt_int(14),
-            schedule_to_close_ms: q.opt_int(15),
-        },
-        priority: i32::try_from(q.int(16))
-            .map_err(|_| Error::Corrupt("priority out of range".to_owned()))?,
-        input: Payload {
-            content_type: q.text(17)?,
-            data: q.opt_blob(18).unwrap_or_default(),
-        },
-        output: payload(19, 20)?,
-        last_error,
-        heartbeat_details: payload(26, 27)?,
-        created_at: q.int(28),
-        next_at: q.int(29),
-        started_at: q.opt_int(30),
-        finished_at: q.opt_int(31),
-        lease_expires_at: q.opt_int(32),
-        worker_id: q.opt_text(33)?,
-        expires_at: q.opt_int(34),
-    })
+    rows::decode(q)
+}
+
+/// The writer's rows, read by position as strictly as the sqlx pools read theirs:
+/// a value of the wrong storage class is an error, except a REAL in an integer
+/// column, read as the nearest integer, saturating.
+impl rows::Columns for Query<'_> {
+    fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        let c = column(i)?;
+        match self.column_type(c) {
+            libsqlite3_sys::SQLITE_NULL => Ok(None),
+            libsqlite3_sys::SQLITE_INTEGER => Ok(Some(self.int(c))),
+            // `as` saturates at the bounds of i64 (and maps NaN to 0).
+            libsqlite3_sys::SQLITE_FLOAT => Ok(Some(self.real(c) as i64)),
+            _ => Err(wrong_class(i, "a number")),
+        }
+    }
+
+    fn real(&self, i: usize) -> Result<f64, Error> {
+        let c = column(i)?;
+        match self.column_type(c) {
+            libsqlite3_sys::SQLITE_INTEGER | libsqlite3_sys::SQLITE_FLOAT => Ok(self.real(c)),
+            _ => Err(wrong_class(i, "a number")),
+        }
+    }
+
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        let c = column(i)?;
+        match self.column_type(c) {
+            libsqlite3_sys::SQLITE_NULL => Ok(None),
+            libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_text(c)?),
+            _ => Err(wrong_class(i, "text")),
+        }
+    }
+
+    fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, Error> {
+        let c = column(i)?;
+        match self.column_type(c) {
+            libsqlite3_sys::SQLITE_NULL => Ok(None),
+            libsqlite3_sys::SQLITE_BLOB | libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_blob(c)),
+            _ => Err(wrong_class(i, "bytes")),
+        }
+    }
+}
+
+fn column(i: usize) -> Result<i32, Error> {
+    i32::try_from(i).map_err(|_| Error::Corrupt(format!("no column {i}")))
+}
+
+fn wrong_class(i: usize, wanted: &str) -> Error {
+    Error::Corrupt(format!("column {i} does not hold {wanted}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Payload, RetrySpec, Timeouts};
 
     /// A migrated database file in `dir`, and a writing connection to it.
     async fn fresh(dir: &tempfile::TempDir) -> (std::path::PathBuf, Connection) {
