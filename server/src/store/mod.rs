@@ -264,6 +264,17 @@ pub fn is_terminal(status: ActivityStatus) -> bool {
     )
 }
 
+/// Whether `Op::Cancel` may end an activity in `status`: one not finished yet.
+pub fn cancellable(status: ActivityStatus) -> bool {
+    matches!(status, ActivityStatus::Scheduled | ActivityStatus::Running)
+}
+
+/// Whether `Op::Redrive` may restart an activity in `status`: one that ended
+/// without completing.
+pub fn redrivable(status: ActivityStatus) -> bool {
+    matches!(status, ActivityStatus::Failed | ActivityStatus::Cancelled)
+}
+
 /// Claim due rows of a namespace's types for one worker.
 #[derive(Debug, Clone)]
 pub struct Claim {

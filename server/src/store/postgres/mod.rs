@@ -31,9 +31,9 @@ use sqlx::{
 use tokio::sync::mpsc;
 
 use super::{
-    ActivityError, ActivityRow, ActivityStatus, Claim, DueTimes, Error, Event, HeartbeatDetails,
-    Key, ListPage, ListQuery, NewActivity, Op, Outcome, Remote, RunningPage, StatusCounts, Store,
-    Submitted, Transition,
+    ActivityError, ActivityRow, Claim, DueTimes, Error, Event, HeartbeatDetails, Key, ListPage,
+    ListQuery, NewActivity, Op, Outcome, Remote, RunningPage, StatusCounts, Store, Submitted,
+    Transition,
     rows::{self, cancelled_error, encode_list},
 };
 
@@ -660,10 +660,7 @@ async fn cancel(
     let Some(row) = select_light(conn, key, true).await? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(
-        row.status,
-        ActivityStatus::Scheduled | ActivityStatus::Running
-    ) {
+    if !crate::store::cancellable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     let error = cancelled_error(reason);
@@ -689,8 +686,7 @@ async fn cancel(
 async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
     // No lock on a row in the wrong state: a SCHEDULED row locked here would be
     // skipped by another node's claim (SKIP LOCKED) and its group taken for empty.
-    let redrivable =
-        |s: ActivityStatus| matches!(s, ActivityStatus::Failed | ActivityStatus::Cancelled);
+    let redrivable = crate::store::redrivable;
     let Some(row) = select_light(conn, key, false).await? else {
         return Ok(Outcome::NotFound);
     };

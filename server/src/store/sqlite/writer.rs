@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 
 use super::raw::{Connection, NotUtf8, Query, SqliteError};
 use crate::store::{
-    ActivityError, ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity,
-    Op, Outcome, Submitted, Transition,
+    ActivityError, ActivityRow, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
+    Submitted, Transition,
     rows::{self, cancelled_error, encode_list},
 };
 
@@ -468,10 +468,7 @@ fn cancel(
     let Some(row) = select_light(conn, key)? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(
-        row.status,
-        ActivityStatus::Scheduled | ActivityStatus::Running
-    ) {
+    if !crate::store::cancellable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     let error = cancelled_error(reason);
@@ -495,10 +492,7 @@ fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome,
     let Some(row) = select_light(conn, key)? else {
         return Ok(Outcome::NotFound);
     };
-    if !matches!(
-        row.status,
-        ActivityStatus::Failed | ActivityStatus::Cancelled
-    ) {
+    if !crate::store::redrivable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
     // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
