@@ -205,7 +205,7 @@ mod tests {
     use super::*;
     use crate::{
         dispatch::timeouts::TimedOut,
-        store::{ActivityRow, Key, RetrySpec, Timeouts},
+        store::{Key, RetrySpec, Timeouts},
     };
 
     fn attempt(id: i64, n: u32, max_attempts: u32) -> Arc<Attempt> {
@@ -338,29 +338,10 @@ mod tests {
     #[test]
     fn only_rows_nobody_here_holds_are_reclaimed_under_the_lease_guard() {
         let row = |id: i64| {
-            let a = attempt(id, 2, 3);
-            ActivityRow {
-                id,
-                key: a.key.clone(),
-                activity_type: a.activity_type.clone(),
-                status: crate::store::ActivityStatus::Running,
-                attempt: 2,
-                uncounted: 0,
-                retry: a.retry.clone(),
-                timeouts: a.timeouts,
-                priority: 0,
-                input: crate::store::Payload::default(),
-                output: None,
-                last_error: None,
-                heartbeat_details: None,
-                created_at: 0,
-                next_at: 0,
-                started_at: Some(0),
-                finished_at: None,
-                lease_expires_at: Some(6_000),
-                worker_id: Some("gone".into()),
-                expires_at: None,
-            }
+            let mut row = crate::store::running_row_for_tests(id, &format!("a{id}"), "gone");
+            row.attempt = 2;
+            row.lease_expires_at = Some(6_000);
+            row
         };
         let rows = [row(1), row(2)];
         let ops = reclaims(&rows, |id, attempt| id == 1 && attempt == 2, 7_000);

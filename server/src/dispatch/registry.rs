@@ -904,38 +904,7 @@ mod tests {
 
     /// A claimed row of activity `activity_id` for worker `worker_id`.
     fn row(id: i64, activity_id: &str, worker_id: &str) -> ActivityRow {
-        ActivityRow {
-            id,
-            key: Key {
-                namespace: "default".into(),
-                workflow_id: "wf".into(),
-                activity_id: activity_id.into(),
-            },
-            activity_type: "t".into(),
-            status: crate::store::ActivityStatus::Running,
-            attempt: 1,
-            uncounted: 0,
-            retry: crate::store::RetrySpec {
-                max_attempts: 1,
-                initial_interval_ms: 1,
-                backoff_coefficient: 1.0,
-                max_interval_ms: 1,
-                non_retryable: Vec::new(),
-            },
-            timeouts: Default::default(),
-            priority: 0,
-            input: Payload::default(),
-            output: None,
-            last_error: None,
-            heartbeat_details: None,
-            created_at: 0,
-            next_at: 0,
-            started_at: Some(0),
-            finished_at: None,
-            lease_expires_at: None,
-            worker_id: Some(worker_id.to_owned()),
-            expires_at: None,
-        }
+        crate::store::running_row_for_tests(id, activity_id, worker_id)
     }
 
     /// Slots: a claim reserves what is free; assigned attempts hold their slots

@@ -533,6 +533,44 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, Error> {
     }
 }
 
+/// A RUNNING row of activity `activity_id` (workflow `wf`, attempt 1) claimed for
+/// `worker_id`, for unit tests of what handles claimed rows.
+#[cfg(test)]
+pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str) -> ActivityRow {
+    ActivityRow {
+        id,
+        key: Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: activity_id.into(),
+        },
+        activity_type: "t".into(),
+        status: ActivityStatus::Running,
+        attempt: 1,
+        uncounted: 0,
+        retry: RetrySpec {
+            max_attempts: 1,
+            initial_interval_ms: 1,
+            backoff_coefficient: 1.0,
+            max_interval_ms: 1,
+            non_retryable: Vec::new(),
+        },
+        timeouts: Default::default(),
+        priority: 0,
+        input: Payload::default(),
+        output: None,
+        last_error: None,
+        heartbeat_details: None,
+        created_at: 0,
+        next_at: 0,
+        started_at: Some(0),
+        finished_at: None,
+        lease_expires_at: None,
+        worker_id: Some(worker_id.to_owned()),
+        expires_at: None,
+    }
+}
+
 #[cfg(test)]
 mod conformance;
 
