@@ -20,6 +20,9 @@
 //!   `max_concurrency` tasks, one cancel per held attempt, the welcome, a drain,
 //!   and [`ACK_WINDOW`] acks (each carries a permit of the session's ack window).
 
+mod claims;
+mod liveness;
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
@@ -29,7 +32,6 @@ use spool_proto::{
     time::{self, UnixMillis},
     v1::{self, ServerMessage, server_message},
 };
-use std::time::Duration;
 
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, mpsc},
@@ -39,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::timeouts::{Deadlines, TimedOut};
-use crate::store::{ActivityRow, Attempt, Claim, HeartbeatDetails, Key, Op, Payload, Transition};
+use crate::store::{Attempt, HeartbeatDetails, Key, Payload};
 
 /// Results a session may have in flight (being committed, or acked but not yet
 /// sent): the bound on acks queued in a worker's outbound channel.
@@ -301,101 +303,6 @@ impl Registry {
             .collect()
     }
 
-    /// Records that the worker was heard from.
-    pub fn touch(&self, worker_id: &str, now: Instant) {
-        if let Some(w) = self.lock().workers.get_mut(worker_id) {
-            w.last_seen = now;
-        }
-    }
-
-    /// Records an attempt's heartbeat; returns false if the worker does not hold
-    /// that attempt (a late heartbeat is ignored).
-    pub fn heartbeat(
-        &self,
-        worker_id: &str,
-        workflow_id: &str,
-        activity_id: &str,
-        attempt: u32,
-        details: Option<Payload>,
-        now: Instant,
-    ) -> bool {
-        let mut inner = self.lock();
-        let Some(worker) = inner.workers.get_mut(worker_id) else {
-            return false;
-        };
-        worker.last_seen = now;
-        match worker
-            .inflight
-            .get_mut(&attempt_key(workflow_id, activity_id, attempt))
-        {
-            Some(i) if !i.cancel_sent => {
-                i.last_heartbeat = now;
-                // No details: the attempt is alive; what it reported last stands.
-                if details.is_some() {
-                    i.unflushed = Some(details);
-                }
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// One liveness pass: finds workers silent for `silence` or longer, ends
-    /// attempts whose timeouts passed (telling their workers to stop), and collects
-    /// heartbeat details to store and running rows to renew.
-    pub fn sweep(&self, now: Instant, silence: Duration) -> Sweep {
-        let mut sweep = Sweep::default();
-        let mut inner = self.lock();
-        for worker in inner.workers.values_mut() {
-            if now.saturating_duration_since(worker.last_seen) >= silence
-                && worker.silence_paused == 0
-                && !worker.evict.is_cancelled()
-            {
-                worker.evict.cancel();
-                sweep.lost_workers.push(worker.id.clone());
-                continue;
-            }
-            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
-                if inflight.cancel_sent {
-                    continue;
-                }
-                let attempt = &inflight.attempt;
-                if let Some(details) = inflight.unflushed.take() {
-                    sweep.heartbeats.push(HeartbeatDetails {
-                        id: attempt.id,
-                        attempt: attempt.attempt,
-                        details,
-                    });
-                }
-                let Some(timed_out) =
-                    inflight
-                        .deadlines
-                        .passed(&inflight.attempt, inflight.last_heartbeat, now)
-                else {
-                    sweep.running.push((attempt.id, attempt.attempt));
-                    continue;
-                };
-                inflight.cancel_sent = true;
-                let cancel = v1::CancelActivity {
-                    workflow_id: workflow_id.clone(),
-                    activity_id: activity_id.clone(),
-                    attempt: attempt.attempt,
-                    reason: timed_out.message.clone(),
-                };
-                let _ = worker
-                    .outbound
-                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
-                sweep.timed_out.push(timed_out);
-            }
-        }
-        drop(inner);
-        if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {
-            // Fewer attempts run now: a drain may be waiting on that.
-            self.answered.notify_waiters();
-        }
-        sweep
-    }
-
     /// True while a worker of this process holds this attempt of the row.
     pub fn holds(&self, id: i64, attempt: u32) -> bool {
         self.lock().workers.values().any(|w| {
@@ -486,25 +393,6 @@ impl Registry {
         ended
     }
 
-    /// Marks a type as possibly having due rows, and wakes the committer.
-    pub fn mark_due(&self, namespace: &str, activity_type: &str) {
-        let mut inner = self.lock();
-        if !inner.all_due {
-            inner.due.insert((namespace.into(), activity_type.into()));
-        }
-        drop(inner);
-        self.wake.notify_one();
-    }
-
-    /// Marks every type as possibly having due rows.
-    pub fn mark_all_due(&self) {
-        let mut inner = self.lock();
-        inner.all_due = true;
-        inner.due.clear();
-        drop(inner);
-        self.wake.notify_one();
-    }
-
     /// A drain begins: no more claims are planned, and every worker, including
     /// any that registers from now on, is sent `drain`.
     pub fn begin_drain(&self, drain: server_message::Message) {
@@ -538,137 +426,6 @@ impl Registry {
             .workers
             .get(worker_id)
             .map_or(0, |w| w.max_concurrency as usize)
-    }
-
-    /// While the returned guard lives, the worker's silence is not counted: its
-    /// session waits on the server, not reading. When it drops, the worker counts
-    /// as heard from.
-    pub fn pause_silence<'a>(&'a self, worker_id: &'a str) -> SilencePaused<'a> {
-        if let Some(w) = self.lock().workers.get_mut(worker_id) {
-            w.silence_paused += 1;
-        }
-        SilencePaused {
-            registry: self,
-            worker_id,
-        }
-    }
-
-    /// Plans the claims worth running now: one per worker with free slots in a group
-    /// that may have due rows, the least-loaded workers first. Each claim reserves
-    /// its slots until [`Registry::assign`] or [`Registry::unreserve`].
-    pub fn plan_claims(&self, lease_expires_at: UnixMillis) -> Vec<Claim> {
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        if inner.paused {
-            return Vec::new();
-        }
-        let all_due = std::mem::take(&mut inner.all_due);
-        let due = std::mem::take(&mut inner.due);
-        inner.rotation = inner.rotation.wrapping_add(1);
-        let mut claims = Vec::new();
-        for ((namespace, types), group) in inner.groups.iter_mut() {
-            if all_due
-                || types
-                    .iter()
-                    .any(|t| due.contains(&(namespace.clone(), t.clone())))
-            {
-                group.exhausted = false;
-            }
-            if group.exhausted {
-                continue;
-            }
-            // An evicted worker's session is ending, a leaving worker takes no more:
-            // nothing more goes to either.
-            let mut free: Vec<(u32, Arc<str>)> = group
-                .workers
-                .iter()
-                .filter_map(|id| inner.workers.get(id))
-                .filter(|w| !w.evict.is_cancelled() && !w.leaving)
-                .map(|w| (w.free(), w.id.clone()))
-                .filter(|(free, _)| *free > 0)
-                .collect();
-            free.sort_by_key(|f| std::cmp::Reverse(f.0));
-            let mut rotated = types.clone();
-            if !rotated.is_empty() {
-                let by = inner.rotation % rotated.len();
-                rotated.rotate_left(by);
-            }
-            for (limit, worker_id) in free {
-                if let Some(w) = inner.workers.get_mut(&worker_id) {
-                    w.reserved += limit;
-                }
-                claims.push(Claim {
-                    namespace: namespace.clone(),
-                    activity_types: rotated.clone(),
-                    worker_id,
-                    limit,
-                    lease_expires_at,
-                });
-            }
-        }
-        claims
-    }
-
-    /// Gives back the slots of a claim that did not run.
-    pub fn unreserve(&self, claim: &Claim) {
-        if let Some(w) = self.lock().workers.get_mut(&claim.worker_id) {
-            w.reserved = w.reserved.saturating_sub(claim.limit);
-        }
-        self.wake.notify_one();
-    }
-
-    /// Hands the rows a claim took to its worker. Rows whose worker has gone are
-    /// returned as releases for the caller to write.
-    pub fn assign(&self, claim: &Claim, rows: Vec<ActivityRow>) -> Vec<Op> {
-        let mut inner = self.lock();
-        let short = rows.len() < claim.limit as usize;
-        let Some(worker) = inner.workers.get_mut(&claim.worker_id) else {
-            return rows
-                .into_iter()
-                .map(|row| Op::Finish {
-                    attempt: Arc::new(Attempt::from_row(&row)),
-                    transition: Transition::Release,
-                    lease_expired_by: None,
-                })
-                .collect();
-        };
-        worker.reserved = worker.reserved.saturating_sub(claim.limit);
-        let mut undelivered = Vec::new();
-        for row in rows {
-            let attempt = Arc::new(Attempt::from_row(&row));
-            let task = crate::wire::task(row, &attempt);
-            if let Err(e) = worker
-                .outbound
-                .try_send(Outgoing::message(server_message::Message::Task(task)))
-            {
-                // The worker never got it: back to SCHEDULED, uncounted. Closed is a
-                // session ending; full would be a broken budget.
-                if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                    tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
-                }
-                undelivered.push(Op::Finish {
-                    attempt,
-                    transition: Transition::Release,
-                    lease_expired_by: None,
-                });
-                continue;
-            }
-            let now = Instant::now();
-            let now_wall = attempt.started_at;
-            worker.inflight.insert(
-                attempt_key(
-                    &attempt.key.workflow_id,
-                    &attempt.key.activity_id,
-                    attempt.attempt,
-                ),
-                Inflight::new(attempt, now, now_wall),
-            );
-        }
-        let group = worker.group.clone();
-        if short && let Some(g) = inner.groups.get_mut(&group) {
-            g.exhausted = true;
-        }
-        undelivered
     }
 
     /// Takes the attempt a worker's result answers, freeing its slot.
@@ -808,7 +565,10 @@ fn wall_of(then: Instant) -> UnixMillis {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::store::{ActivityRow, Op, Transition};
 
     fn registration(max_concurrency: u32) -> Registration {
         Registration {

@@ -1,0 +1,151 @@
+//! Claim planning and routing: which workers get a claim this round (one per
+//! worker with free slots in a group that may have due rows, least loaded first),
+//! and where the claimed rows go. A claim reserves its slots until its rows are
+//! assigned or it is given back, so no slot is promised twice.
+
+use std::sync::Arc;
+
+use spool_proto::{time::UnixMillis, v1::server_message};
+use tokio::{sync::mpsc, time::Instant};
+
+use super::{Inflight, Outgoing, Registry, attempt_key};
+use crate::store::{ActivityRow, Attempt, Claim, Op, Transition};
+
+impl Registry {
+    /// Marks a type as possibly having due rows, and wakes the committer.
+    pub fn mark_due(&self, namespace: &str, activity_type: &str) {
+        let mut inner = self.lock();
+        if !inner.all_due {
+            inner.due.insert((namespace.into(), activity_type.into()));
+        }
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// Marks every type as possibly having due rows.
+    pub fn mark_all_due(&self) {
+        let mut inner = self.lock();
+        inner.all_due = true;
+        inner.due.clear();
+        drop(inner);
+        self.wake.notify_one();
+    }
+
+    /// Plans the claims worth running now: one per worker with free slots in a group
+    /// that may have due rows, the least-loaded workers first. Each claim reserves
+    /// its slots until [`Registry::assign`] or [`Registry::unreserve`].
+    pub fn plan_claims(&self, lease_expires_at: UnixMillis) -> Vec<Claim> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.paused {
+            return Vec::new();
+        }
+        let all_due = std::mem::take(&mut inner.all_due);
+        let due = std::mem::take(&mut inner.due);
+        inner.rotation = inner.rotation.wrapping_add(1);
+        let mut claims = Vec::new();
+        for ((namespace, types), group) in inner.groups.iter_mut() {
+            if all_due
+                || types
+                    .iter()
+                    .any(|t| due.contains(&(namespace.clone(), t.clone())))
+            {
+                group.exhausted = false;
+            }
+            if group.exhausted {
+                continue;
+            }
+            // An evicted worker's session is ending, a leaving worker takes no more:
+            // nothing more goes to either.
+            let mut free: Vec<(u32, Arc<str>)> = group
+                .workers
+                .iter()
+                .filter_map(|id| inner.workers.get(id))
+                .filter(|w| !w.evict.is_cancelled() && !w.leaving)
+                .map(|w| (w.free(), w.id.clone()))
+                .filter(|(free, _)| *free > 0)
+                .collect();
+            free.sort_by_key(|f| std::cmp::Reverse(f.0));
+            let mut rotated = types.clone();
+            if !rotated.is_empty() {
+                let by = inner.rotation % rotated.len();
+                rotated.rotate_left(by);
+            }
+            for (limit, worker_id) in free {
+                if let Some(w) = inner.workers.get_mut(&worker_id) {
+                    w.reserved += limit;
+                }
+                claims.push(Claim {
+                    namespace: namespace.clone(),
+                    activity_types: rotated.clone(),
+                    worker_id,
+                    limit,
+                    lease_expires_at,
+                });
+            }
+        }
+        claims
+    }
+
+    /// Gives back the slots of a claim that did not run.
+    pub fn unreserve(&self, claim: &Claim) {
+        if let Some(w) = self.lock().workers.get_mut(&claim.worker_id) {
+            w.reserved = w.reserved.saturating_sub(claim.limit);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Hands the rows a claim took to its worker. Rows whose worker has gone are
+    /// returned as releases for the caller to write.
+    pub fn assign(&self, claim: &Claim, rows: Vec<ActivityRow>) -> Vec<Op> {
+        let mut inner = self.lock();
+        let short = rows.len() < claim.limit as usize;
+        let Some(worker) = inner.workers.get_mut(&claim.worker_id) else {
+            return rows
+                .into_iter()
+                .map(|row| Op::Finish {
+                    attempt: Arc::new(Attempt::from_row(&row)),
+                    transition: Transition::Release,
+                    lease_expired_by: None,
+                })
+                .collect();
+        };
+        worker.reserved = worker.reserved.saturating_sub(claim.limit);
+        let mut undelivered = Vec::new();
+        for row in rows {
+            let attempt = Arc::new(Attempt::from_row(&row));
+            let task = crate::wire::task(row, &attempt);
+            if let Err(e) = worker
+                .outbound
+                .try_send(Outgoing::message(server_message::Message::Task(task)))
+            {
+                // The worker never got it: back to SCHEDULED, uncounted. Closed is a
+                // session ending; full would be a broken budget.
+                if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
+                }
+                undelivered.push(Op::Finish {
+                    attempt,
+                    transition: Transition::Release,
+                    lease_expired_by: None,
+                });
+                continue;
+            }
+            let now = Instant::now();
+            let now_wall = attempt.started_at;
+            worker.inflight.insert(
+                attempt_key(
+                    &attempt.key.workflow_id,
+                    &attempt.key.activity_id,
+                    attempt.attempt,
+                ),
+                Inflight::new(attempt, now, now_wall),
+            );
+        }
+        let group = worker.group.clone();
+        if short && let Some(g) = inner.groups.get_mut(&group) {
+            g.exhausted = true;
+        }
+        undelivered
+    }
+}

@@ -1,0 +1,121 @@
+//! Liveness as the registry sees it: when each worker was last heard from, each
+//! attempt's heartbeats, and the sweep that evicts silent workers and ends attempts
+//! whose timeouts passed (see `timeouts`). All on the monotonic clock.
+
+use std::time::Duration;
+
+use spool_proto::v1::{self, server_message};
+use tokio::time::Instant;
+
+use super::{Outgoing, Registry, SilencePaused, Sweep, attempt_key};
+use crate::store::{HeartbeatDetails, Payload};
+
+impl Registry {
+    /// Records that the worker was heard from.
+    pub fn touch(&self, worker_id: &str, now: Instant) {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.last_seen = now;
+        }
+    }
+
+    /// Records an attempt's heartbeat; returns false if the worker does not hold
+    /// that attempt (a late heartbeat is ignored).
+    pub fn heartbeat(
+        &self,
+        worker_id: &str,
+        workflow_id: &str,
+        activity_id: &str,
+        attempt: u32,
+        details: Option<Payload>,
+        now: Instant,
+    ) -> bool {
+        let mut inner = self.lock();
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return false;
+        };
+        worker.last_seen = now;
+        match worker
+            .inflight
+            .get_mut(&attempt_key(workflow_id, activity_id, attempt))
+        {
+            Some(i) if !i.cancel_sent => {
+                i.last_heartbeat = now;
+                // No details: the attempt is alive; what it reported last stands.
+                if details.is_some() {
+                    i.unflushed = Some(details);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One liveness pass: finds workers silent for `silence` or longer, ends
+    /// attempts whose timeouts passed (telling their workers to stop), and collects
+    /// heartbeat details to store and running rows to renew.
+    pub fn sweep(&self, now: Instant, silence: Duration) -> Sweep {
+        let mut sweep = Sweep::default();
+        let mut inner = self.lock();
+        for worker in inner.workers.values_mut() {
+            if now.saturating_duration_since(worker.last_seen) >= silence
+                && worker.silence_paused == 0
+                && !worker.evict.is_cancelled()
+            {
+                worker.evict.cancel();
+                sweep.lost_workers.push(worker.id.clone());
+                continue;
+            }
+            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
+                if inflight.cancel_sent {
+                    continue;
+                }
+                let attempt = &inflight.attempt;
+                if let Some(details) = inflight.unflushed.take() {
+                    sweep.heartbeats.push(HeartbeatDetails {
+                        id: attempt.id,
+                        attempt: attempt.attempt,
+                        details,
+                    });
+                }
+                let Some(timed_out) =
+                    inflight
+                        .deadlines
+                        .passed(&inflight.attempt, inflight.last_heartbeat, now)
+                else {
+                    sweep.running.push((attempt.id, attempt.attempt));
+                    continue;
+                };
+                inflight.cancel_sent = true;
+                let cancel = v1::CancelActivity {
+                    workflow_id: workflow_id.clone(),
+                    activity_id: activity_id.clone(),
+                    attempt: attempt.attempt,
+                    reason: timed_out.message.clone(),
+                };
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                sweep.timed_out.push(timed_out);
+            }
+        }
+        drop(inner);
+        if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {
+            // Fewer attempts run now: a drain may be waiting on that.
+            self.answered.notify_waiters();
+        }
+        sweep
+    }
+
+    /// While the returned guard lives, the worker's silence is not counted: its
+    /// session waits on the server, not reading. When it drops, the worker counts
+    /// as heard from.
+    pub fn pause_silence<'a>(&'a self, worker_id: &'a str) -> SilencePaused<'a> {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.silence_paused += 1;
+        }
+        SilencePaused {
+            registry: self,
+            worker_id,
+        }
+    }
+}
