@@ -30,11 +30,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{
-    Pending, Registry,
-    peers::Peers,
-    timer::{self, Timer},
-};
+use super::{Pending, Registry, due, peers::Peers, timer::Timer};
 use crate::store::{self, ActivityStatus, Event, Key, Op, Outcome, Remote, Store, Transition};
 
 /// The most ops one transaction takes (a larger single request still goes whole).
@@ -45,16 +41,8 @@ const FIRST_FAILURE_PAUSE: Duration = Duration::from_millis(100);
 /// Most remote events taken per round of the loop.
 const REMOTE_PER_ROUND: usize = 1024;
 
-/// With other nodes: how often everything is marked due and the store's due times
-/// re-read anyway, so a lost notification delays work by this much at most.
-const SAFETY_NET_MS: i64 = 5_000;
-
 /// The longest cancel reason carried in a notification (the row has it whole).
 const MAX_EVENT_REASON: usize = 1024;
-
-/// The longest the loop sleeps towards a due time before looking at the wall
-/// clock again.
-const WALL_RECHECK: Duration = Duration::from_secs(1);
 
 /// How many requests may queue before submitters wait: backpressure on clients.
 const QUEUE: usize = 8192;
@@ -200,7 +188,7 @@ impl Loop {
                 let deadline = self
                     .timer
                     .next()
-                    .map(|at| instant_for(at, self.store.now()));
+                    .map(|at| due::instant_for(at, self.store.now()));
                 tokio::select! {
                     biased;
                     message = self.rx.recv() => match message {
@@ -303,38 +291,14 @@ impl Loop {
     }
 
     async fn fire_timer(&mut self, now: UnixMillis) {
-        for due in self.timer.take_due(now) {
-            match due {
-                Some((namespace, activity_type)) => {
-                    self.registry.mark_due(&namespace, &activity_type)
-                }
-                None => self.registry.mark_all_due(),
-            }
-        }
-        if self.timer.must_read_store(now) {
-            // Rows the timer lost track of may be due now, of any type.
-            self.registry.mark_all_due();
-            match self.store.due_times(now, timer::CAPACITY as u32).await {
-                Ok(due) => {
-                    self.timer.read(
-                        due.times
-                            .into_iter()
-                            .map(|(at, namespace, activity_type)| {
-                                (at, Some((namespace.into(), activity_type.into())))
-                            })
-                            .collect(),
-                        due.complete,
-                    );
-                    if self.peers.sharing() {
-                        self.timer.read_again_by(now.saturating_add(SAFETY_NET_MS));
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the next due times; retrying in 1 s");
-                    self.timer.read_again_at(now.saturating_add(1_000));
-                }
-            }
-        }
+        due::fire(
+            &mut self.timer,
+            self.store.as_ref(),
+            &self.registry,
+            now,
+            self.peers.sharing(),
+        )
+        .await;
     }
 
     /// Writes `ops` (the requests' ops, then the loop's own from `first_claim` on:
@@ -633,15 +597,6 @@ fn answer(requests: Vec<Request>, mut outcomes: Vec<Outcome>) {
             reply(Ok(mine.into_iter().take(request.range.len()).collect()));
         }
     }
-}
-
-/// When to wake for a due time. Due times are wall-clock times, and a wait is
-/// measured on the monotonic clock, so a wait is never longer than
-/// [`WALL_RECHECK`]: a step of the wall clock is noticed within it, and rows it
-/// made due are not stalled.
-fn instant_for(at: UnixMillis, now: UnixMillis) -> Instant {
-    let wait = u64::try_from(at.saturating_sub(now).max(0)).unwrap_or(0);
-    Instant::now() + Duration::from_millis(wait).min(WALL_RECHECK)
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -3,6 +3,7 @@
 //! ([`Pending`]), the timer of delayed rows, and the liveness sweep ([`heartbeat`]).
 
 pub mod committer;
+mod due;
 pub mod heartbeat;
 mod peers;
 pub mod pending;
