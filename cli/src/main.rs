@@ -221,6 +221,9 @@ struct SoakArgs {
     /// How long to wait after the faults for every activity to finish.
     #[arg(long, default_value = "120s", value_parser = duration)]
     settle: Duration,
+    /// The nodes' keep-alive interval (a worker silent for three is evicted).
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    heartbeat_interval: Duration,
     /// The spool binary nodes and workers run (default: this one).
     #[arg(long)]
     binary: Option<std::path::PathBuf>,
@@ -550,6 +553,7 @@ async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
         disk_mb: args.disk_mb,
         pg_restart: args.pg_restart,
         settle: args.settle,
+        heartbeat_interval: args.heartbeat_interval,
     };
     let report = soak::run(options).await?;
     if json {

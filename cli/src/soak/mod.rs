@@ -45,7 +45,6 @@ pub const ACTIVITY_TYPE: &str = "soak";
 const WORKFLOW: &str = "soak";
 
 /// Node settings that make faults bite within seconds.
-const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const LEASE: Duration = Duration::from_secs(5);
 const DRAIN: Duration = Duration::from_secs(2);
 
@@ -126,6 +125,8 @@ pub struct Options {
     pub pg_restart: String,
     /// How long to wait, after the faults, for everything to finish.
     pub settle: Duration,
+    /// The nodes' keep-alive interval: a worker silent for three is evicted.
+    pub heartbeat_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -393,7 +394,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
             "--lease-timeout".to_owned(),
             format!("{}ms", LEASE.as_millis()),
             "--heartbeat-interval".to_owned(),
-            format!("{}ms", HEARTBEAT_INTERVAL.as_millis()),
+            format!("{}ms", options.heartbeat_interval.as_millis()),
         ];
         let mut p =
             Proc::new(&format!("node{i}"), &options.binary, args, &dir).env("RUST_LOG", "info");
@@ -489,6 +490,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         cluster.clone(),
         proxy.clone(),
         options.pg_restart.clone(),
+        options.heartbeat_interval,
         events.clone(),
         stop_faults.clone(),
     ));
@@ -690,6 +692,7 @@ async fn inject(
     cluster: Arc<tokio::sync::Mutex<Cluster>>,
     proxy: Arc<proxy::Proxy>,
     pg_restart: String,
+    heartbeat_interval: Duration,
     events: Arc<Events>,
     stop: CancellationToken,
 ) {
@@ -748,7 +751,7 @@ async fn inject(
                     if let Some(w) = c.workers.get(worker) {
                         w.signal("STOP")?;
                         // Past eviction: three missed keep-alive intervals.
-                        tokio::time::sleep(HEARTBEAT_INTERVAL * 3 + Duration::from_millis(1_500))
+                        tokio::time::sleep(heartbeat_interval * 3 + Duration::from_millis(1_500))
                             .await;
                         w.signal("CONT")?;
                     }
