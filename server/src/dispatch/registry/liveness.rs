@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use spool_proto::v1::{self, server_message};
 use tokio::time::Instant;
 
-use super::{Outgoing, Registry, SilencePaused, Sweep, attempt_key};
+use super::{Registry, SilencePaused, Sweep, attempt_key, send_cancel};
 use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
@@ -86,15 +85,13 @@ impl Registry {
                     continue;
                 };
                 inflight.cancel_sent = true;
-                let cancel = v1::CancelActivity {
-                    workflow_id: workflow_id.clone(),
-                    activity_id: activity_id.clone(),
-                    attempt: attempt.attempt,
-                    reason: timed_out.message.clone(),
-                };
-                let _ = worker
-                    .outbound
-                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                send_cancel(
+                    &worker.outbound,
+                    workflow_id,
+                    activity_id,
+                    attempt.attempt,
+                    &timed_out.message,
+                );
                 sweep.timed_out.push(timed_out);
             }
         }

@@ -324,15 +324,7 @@ impl Registry {
                     continue;
                 }
                 inflight.cancel_sent = true;
-                let cancel = v1::CancelActivity {
-                    workflow_id: workflow_id.clone(),
-                    activity_id: activity_id.clone(),
-                    attempt: *number,
-                    reason: reason.to_owned(),
-                };
-                let _ = worker
-                    .outbound
-                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                send_cancel(&worker.outbound, workflow_id, activity_id, *number, reason);
             }
         }
         drop(inner);
@@ -378,15 +370,13 @@ impl Registry {
                     continue;
                 }
                 inflight.cancel_sent = true;
-                let cancel = v1::CancelActivity {
-                    workflow_id: workflow_id.clone(),
-                    activity_id: activity_id.clone(),
-                    attempt: inflight.attempt.attempt,
-                    reason: reason.to_owned(),
-                };
-                let _ = worker
-                    .outbound
-                    .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+                send_cancel(
+                    &worker.outbound,
+                    workflow_id,
+                    activity_id,
+                    inflight.attempt.attempt,
+                    reason,
+                );
                 ended.push(inflight.attempt.clone());
             }
         }
@@ -475,17 +465,13 @@ impl Registry {
             return;
         }
         inflight.cancel_sent = true;
-        let cancel = v1::CancelActivity {
-            workflow_id: key.workflow_id.clone(),
-            activity_id: key.activity_id.clone(),
+        send_cancel(
+            &worker.outbound,
+            &key.workflow_id,
+            &key.activity_id,
             attempt,
-            reason: reason.to_owned(),
-        };
-        // Full cannot happen (one cancel per held attempt is budgeted); closed means
-        // the session is ending and will not count this attempt anyway.
-        let _ = worker
-            .outbound
-            .try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+            reason,
+        );
         drop(inner);
         // The attempt no longer counts as running: a drain may be waiting on that.
         self.answered.notify_waiters();
@@ -554,6 +540,25 @@ impl Drop for SilencePaused<'_> {
             w.last_seen = Instant::now();
         }
     }
+}
+
+/// Tells a worker to stop one attempt. Full cannot happen (one cancel per held
+/// attempt is budgeted); closed means the session is ending and will not count the
+/// attempt anyway.
+fn send_cancel(
+    outbound: &mpsc::Sender<Outgoing>,
+    workflow_id: &str,
+    activity_id: &str,
+    attempt: u32,
+    reason: &str,
+) {
+    let cancel = v1::CancelActivity {
+        workflow_id: workflow_id.to_owned(),
+        activity_id: activity_id.to_owned(),
+        attempt,
+        reason: reason.to_owned(),
+    };
+    let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
 }
 
 /// The wall time an `Instant` of the past corresponds to, for display.
