@@ -767,6 +767,36 @@ async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store, _raw: &Raw) {
     );
     assert_eq!(get(store, "e").await.status, ActivityStatus::Running);
 
+    // One run ending the same attempt twice (the first wins, as op by op), next to
+    // a lease-guarded reclaim judged before its lease ended (refused) and a
+    // completion that keeps the last attempt's error.
+    let b = claim(store, &["t"], 1, T0 + 10).await.remove(0);
+    assert_eq!(b.key.activity_id, "b");
+    let ending = |row: &ActivityRow, transition, lease_expired_by| Op::Finish {
+        attempt: Arc::new(Attempt::from_row(row)),
+        transition,
+        lease_expired_by,
+    };
+    let lost = crate::store::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into());
+    let run = vec![
+        ending(&b, output("B"), None),
+        ending(&row("e"), Transition::Fail { error: lost }, Some(T0)),
+        ending(&b, Transition::Release, None),
+    ];
+    let accepted: Vec<bool> = apply(store, run, T0 + 11)
+        .await
+        .into_iter()
+        .map(|o| matches!(o, Outcome::Finished { accepted: true }))
+        .collect();
+    assert_eq!(accepted, [true, false, false]);
+    let b = get(store, "b").await;
+    assert_eq!(
+        (b.status, b.uncounted, b.output.map(|o| o.data)),
+        (ActivityStatus::Completed, 0, Some(b"B".to_vec()))
+    );
+    assert_eq!(b.last_error.map(|e| e.message), Some("bulk".into()));
+    assert_eq!(get(store, "e").await.status, ActivityStatus::Running);
+
     // A run naming a key that exists falls back and still answers per op.
     let outcomes = apply(
         store,
@@ -1195,7 +1225,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             &new.retry,
             new.timeouts,
             new.priority,
-            rows::expires_at(T0, new.timeouts.schedule_to_close_ms),
+            change::expires_at(T0, new.timeouts.schedule_to_close_ms),
             ActivityStatus::Scheduled,
         );
         assert_eq!(read_back, sent, "case {case}: {shown}");

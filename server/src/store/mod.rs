@@ -57,6 +57,7 @@ macro_rules! light_columns {
     };
 }
 
+mod change;
 pub mod postgres;
 mod rows;
 pub mod sqlite;

@@ -12,41 +12,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use spool_proto::time::UnixMillis;
 
-use super::{
-    ActivityError, ActivityRow, ActivityStatus, Error, Key, NewActivity, Payload, RetrySpec,
-    Timeouts,
-};
-
-/// What a cancelled activity shows as its last error: who stopped it and why.
-pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
-    ActivityError {
-        kind: spool_proto::v1::ErrorKind::Terminal as i32,
-        r#type: "Cancelled".to_owned(),
-        message: if reason.is_empty() {
-            "cancelled by request".to_owned()
-        } else {
-            reason.to_owned()
-        },
-        details: None,
-        next_retry_delay: None,
-    }
-}
-
-/// The end of the run of like ops (submits, or attempt endings) starting at
-/// `start`: always at least one op, so a caller stepping through runs advances.
-pub(super) fn run_end(ops: &[super::Op], start: usize) -> usize {
-    use super::Op;
-    let same = |a: &Op, b: &Op| {
-        matches!(
-            (a, b),
-            (Op::Submit(_), Op::Submit(_)) | (Op::Finish { .. }, Op::Finish { .. })
-        )
-    };
-    ops[start + 1..]
-        .iter()
-        .position(|op| !same(&ops[start], op))
-        .map_or(ops.len(), |n| start + 1 + n)
-}
+use super::{ActivityError, ActivityRow, ActivityStatus, Error, Key, Payload, RetrySpec, Timeouts};
 
 pub(super) fn encode_list(items: &[String]) -> Option<String> {
     if items.is_empty() {
@@ -302,63 +268,6 @@ pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
         worker_id: row.opt_text(col::WORKER_ID)?,
         expires_at: row.opt_int(col::EXPIRES_AT)?,
     })
-}
-
-/// A freshly inserted row, built from what was inserted.
-pub(super) fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRow {
-    ActivityRow {
-        id,
-        key: new.key.clone(),
-        activity_type: new.activity_type.clone(),
-        status: ActivityStatus::Scheduled,
-        attempt: 0,
-        uncounted: 0,
-        retry: new.retry.clone(),
-        timeouts: new.timeouts,
-        priority: new.priority,
-        input: new.input.clone(),
-        output: None,
-        last_error: None,
-        heartbeat_details: None,
-        created_at: now,
-        next_at: new.next_at,
-        started_at: None,
-        finished_at: None,
-        lease_expires_at: None,
-        worker_id: None,
-        expires_at: expires_at(now, new.timeouts.schedule_to_close_ms),
-    }
-}
-
-/// When schedule-to-close fails an activity whose window starts at `from`:
-/// computed here, saturating, and bound as an integer, never added up in SQL.
-pub(crate) fn expires_at(
-    from: UnixMillis,
-    schedule_to_close_ms: Option<i64>,
-) -> Option<UnixMillis> {
-    schedule_to_close_ms.map(|ms| from.saturating_add(ms))
-}
-
-/// The outcome of a submit whose insert did nothing: the key exists, with the
-/// same type (`created = false`) or another (`Err(existing type)`).
-pub(super) fn existing_outcome(
-    new: &NewActivity,
-    existing: Option<ActivityRow>,
-) -> Result<Result<super::Submitted, String>, Error> {
-    let existing = existing.ok_or_else(|| {
-        Error::Corrupt(format!(
-            "{:?} conflicted on insert but cannot be read",
-            new.key
-        ))
-    })?;
-    if existing.activity_type == new.activity_type {
-        Ok(Ok(super::Submitted {
-            row: existing,
-            created: false,
-        }))
-    } else {
-        Ok(Err(existing.activity_type))
-    }
 }
 
 /// Per-status counts from `(status, count)` pairs.

@@ -24,21 +24,20 @@
 use std::{str::FromStr, sync::Arc};
 
 use sqlx::{
-    PgConnection, Row,
+    Row,
     migrate::{Migration, MigrationType, Migrator},
     postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow},
 };
 use tokio::sync::mpsc;
 
 use super::{
-    ActivityError, ActivityRow, Claim, DueTimes, Error, Event, HeartbeatDetails, Key, ListPage,
-    ListQuery, NewActivity, Op, Outcome, Remote, RunningPage, StatusCounts, Store, Submitted,
-    Transition,
-    rows::{self, cancelled_error, encode_list},
+    ActivityRow, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome, Remote,
+    RunningPage, StatusCounts, Store, rows,
 };
 
-mod bulk;
 mod notify;
+mod sql;
+mod write;
 
 pub use notify::CHANNEL;
 
@@ -187,70 +186,42 @@ fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
 impl Store for PostgresStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
         let mut tx = self.pool.begin().await?;
-        let mut outcomes = Vec::with_capacity(ops.len());
-        let mut start = 0;
-        while start < ops.len() {
-            let end = rows::run_end(&ops, start);
-            match bulk(&mut tx, &ops[start..end], now).await? {
-                Some(bulk) => outcomes.extend(bulk),
-                None => {
-                    for op in &ops[start..end] {
-                        outcomes.push(apply_one(&mut tx, op, now).await?);
-                    }
-                }
-            }
-            start = end;
-        }
+        let outcomes = write::apply(&mut tx, &ops, now).await?;
         tx.commit().await?;
         Ok(outcomes)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
         let mut conn = self.readers.acquire().await?;
-        select_by_key(&mut conn, key).await
+        write::select_one(&mut conn, key, sql::SELECT_BY_KEY).await
     }
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
-        // Sizes first, so the page is cut by bytes before any payload is read
-        // (`octet_length` takes a TOASTed value's size from its header).
+        // Sizes first, so the page is cut by bytes before any payload is read.
         let status = query.status.map(|s| s as i64);
-        let sizes: Vec<(i64, i64)> = sqlx::query(
-            "SELECT id, (octet_length(input) + COALESCE(octet_length(output), 0) \
-               + COALESCE(octet_length(error_details), 0) \
-               + COALESCE(octet_length(heartbeat_details), 0) \
-               + COALESCE(octet_length(error_message), 0))::BIGINT \
-             FROM activities WHERE namespace = $1 AND id > $2 \
-               AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-             ORDER BY id LIMIT $5",
-        )
-        .bind(&query.namespace)
-        .bind(query.after_id)
-        .bind(status)
-        .bind(query.activity_type.as_deref())
-        .bind(i64::from(query.limit) + 1)
-        .fetch_all(&self.readers)
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
-        .collect::<Result<_, sqlx::Error>>()?;
+        let sizes: Vec<(i64, i64)> = sqlx::query(sql::LIST_SIZES)
+            .bind(&query.namespace)
+            .bind(query.after_id)
+            .bind(status)
+            .bind(query.activity_type.as_deref())
+            .bind(i64::from(query.limit) + 1)
+            .fetch_all(&self.readers)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
+            .collect::<Result<_, sqlx::Error>>()?;
         if sizes.is_empty() {
             return Ok(ListPage::default());
         }
         let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM activities WHERE namespace = $1 AND id > $2 AND id <= $5 \
-              AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-              ORDER BY id"
-        ))
-        .bind(&query.namespace)
-        .bind(query.after_id)
-        .bind(status)
-        .bind(query.activity_type.as_deref())
-        .bind(last)
-        .fetch_all(&self.readers)
-        .await?;
+        let rows = sqlx::query(sql::LIST)
+            .bind(&query.namespace)
+            .bind(query.after_id)
+            .bind(status)
+            .bind(query.activity_type.as_deref())
+            .bind(last)
+            .fetch_all(&self.readers)
+            .await?;
         Ok(ListPage {
             rows: rows::decode_all(&rows, "list"),
             next_after: more.then_some(last),
@@ -258,12 +229,10 @@ impl Store for PostgresStore {
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        let rows = sqlx::query(
-            "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status",
-        )
-        .bind(namespace)
-        .fetch_all(&self.readers)
-        .await?;
+        let rows = sqlx::query(sql::STATS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
         let pairs = rows
             .iter()
             .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
@@ -272,15 +241,11 @@ impl Store for PostgresStore {
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
-            " FROM activities WHERE status = 2 AND id > $1 ORDER BY id LIMIT $2"
-        ))
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sql::RUNNING)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         Ok(RunningPage {
             next_after: (rows.len() == limit as usize)
                 .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
@@ -290,16 +255,11 @@ impl Store for PostgresStore {
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
-            " FROM activities WHERE status = 2 AND lease_expires_at < $1 \
-              ORDER BY lease_expires_at LIMIT $2"
-        ))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sql::EXPIRED_LEASES)
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows::decode_all(&rows, "expired_leases"))
     }
 
@@ -322,510 +282,17 @@ impl Store for PostgresStore {
     }
 
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        let rows = sqlx::query(
-            "SELECT next_at, namespace, activity_type FROM activities \
-             WHERE status = 1 AND next_at > $1 ORDER BY next_at LIMIT $2",
-        )
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(sql::DUE_TIMES)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         let rows = rows
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok(rows::due_times(rows, limit))
     }
-}
-
-/// A run's set-based execution, when it has more than one row and the bulk path
-/// can take it (see `bulk`).
-async fn bulk(
-    conn: &mut PgConnection,
-    run: &[Op],
-    now: UnixMillis,
-) -> Result<Option<Vec<Outcome>>, Error> {
-    match run.first() {
-        Some(Op::Submit(_)) => {
-            let batches: Vec<&[NewActivity]> = run
-                .iter()
-                .filter_map(|op| match op {
-                    Op::Submit(batch) => Some(batch.as_slice()),
-                    _ => None,
-                })
-                .collect();
-            if batches.iter().map(|b| b.len()).sum::<usize>() < 2 {
-                return Ok(None);
-            }
-            bulk::submit_run(conn, &batches, now).await
-        }
-        Some(Op::Finish { .. }) if run.len() >= 2 => bulk::finish_run(conn, run, now).await,
-        _ => Ok(None),
-    }
-}
-
-async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
-    match op {
-        Op::Submit(batch) => submit_all(conn, batch, now).await,
-        Op::Claim(claim) => claim_rows(conn, claim, now).await.map(Outcome::Claimed),
-        Op::Finish {
-            attempt,
-            transition,
-            lease_expired_by,
-        } => finish(
-            conn,
-            attempt.id,
-            attempt.attempt,
-            transition,
-            *lease_expired_by,
-            now,
-        )
-        .await
-        .map(|accepted| Outcome::Finished { accepted }),
-        Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
-        Op::Redrive { key } => redrive(conn, key, now).await,
-        Op::Prune { before, limit } => {
-            let done = sqlx::query(
-                "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
-                 WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            )
-            .bind(before)
-            .bind(i64::from(*limit))
-            .execute(&mut *conn)
-            .await?;
-            Ok(Outcome::Pruned(done.rows_affected()))
-        }
-        Op::Renew {
-            attempts,
-            lease_expires_at,
-        } => {
-            let ids: Vec<i64> = attempts.iter().map(|a| a.0).collect();
-            let numbers: Vec<i64> = attempts.iter().map(|a| i64::from(a.1)).collect();
-            let rows = sqlx::query(
-                "UPDATE activities AS a SET lease_expires_at = $1 \
-                 FROM UNNEST($2::BIGINT[], $3::BIGINT[]) AS v(id, attempt) \
-                 WHERE a.id = v.id AND a.attempt = v.attempt AND a.status = 2 \
-                 RETURNING a.id, a.attempt",
-            )
-            .bind(lease_expires_at)
-            .bind(ids)
-            .bind(numbers)
-            .fetch_all(&mut *conn)
-            .await?;
-            let renewed = rows
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get::<i64, _>(0)?,
-                        rows::u32_from(r.try_get(1)?, "attempt")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, Error>>()?;
-            Ok(Outcome::Renewed(renewed))
-        }
-        Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).await.map(Outcome::Recorded),
-        Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now)
-            .await
-            .map(Outcome::Expired),
-    }
-}
-
-async fn submit_all(
-    conn: &mut PgConnection,
-    batch: &[NewActivity],
-    now: UnixMillis,
-) -> Result<Outcome, Error> {
-    let atomic = batch.len() > 1;
-    if atomic {
-        sqlx::query("SAVEPOINT submit").execute(&mut *conn).await?;
-    }
-    let mut submitted = Vec::with_capacity(batch.len());
-    for (index, new) in batch.iter().enumerate() {
-        match submit(conn, new, now, atomic).await? {
-            Ok(s) => submitted.push(s),
-            Err(existing_type) => {
-                if atomic {
-                    sqlx::query("ROLLBACK TO SAVEPOINT submit")
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query("RELEASE SAVEPOINT submit")
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                return Ok(Outcome::Conflict {
-                    index,
-                    existing_type,
-                });
-            }
-        }
-    }
-    if atomic {
-        sqlx::query("RELEASE SAVEPOINT submit")
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(Outcome::Submitted(submitted))
-}
-
-/// Inserts one activity; `Err(existing_type)` when its key exists with another type.
-/// With `light`, an existing row is read without its payloads (a batch's answer).
-async fn submit(
-    conn: &mut PgConnection,
-    new: &NewActivity,
-    now: UnixMillis,
-    light: bool,
-) -> Result<Result<Submitted, String>, Error> {
-    let inserted = sqlx::query(
-        "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
-         max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
-         heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
-         input, created_at, next_at, expires_at) \
-         VALUES ($1, $2, $3, $4, 1, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-                 $18) \
-         ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
-    )
-    .bind(&new.key.namespace)
-    .bind(&new.key.workflow_id)
-    .bind(&new.key.activity_id)
-    .bind(&new.activity_type)
-    .bind(i64::from(new.retry.max_attempts))
-    .bind(new.retry.initial_interval_ms)
-    .bind(new.retry.backoff_coefficient)
-    .bind(new.retry.max_interval_ms)
-    .bind(encode_list(&new.retry.non_retryable))
-    .bind(new.timeouts.heartbeat_ms)
-    .bind(new.timeouts.start_to_close_ms)
-    .bind(new.timeouts.schedule_to_close_ms)
-    .bind(i64::from(new.priority))
-    .bind(&new.input.content_type)
-    .bind(&new.input.data)
-    .bind(now)
-    .bind(new.next_at)
-    .bind(rows::expires_at(now, new.timeouts.schedule_to_close_ms))
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(inserted) = inserted {
-        return Ok(Ok(Submitted {
-            row: rows::new_row(inserted.try_get(0)?, new, now),
-            created: true,
-        }));
-    }
-    let existing = if light {
-        select_light(conn, &new.key, false).await?
-    } else {
-        select_by_key(conn, &new.key).await?
-    };
-    rows::existing_outcome(new, existing)
-}
-
-async fn claim_rows(
-    conn: &mut PgConnection,
-    claim: &Claim,
-    now: UnixMillis,
-) -> Result<Vec<ActivityRow>, Error> {
-    let mut claimed = Vec::new();
-    for activity_type in &claim.activity_types {
-        let left = i64::from(claim.limit) - claimed.len() as i64;
-        if left <= 0 {
-            break;
-        }
-        let rows = sqlx::query(concat!(
-            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = $1, \
-             worker_id = $2, lease_expires_at = $3 \
-             WHERE id IN (SELECT id FROM activities \
-               WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
-                 AND (expires_at IS NULL OR expires_at > $1) \
-               ORDER BY priority DESC, next_at, id LIMIT $6 FOR UPDATE SKIP LOCKED) \
-             RETURNING ",
-            columns!()
-        ))
-        .bind(now)
-        .bind(&*claim.worker_id)
-        .bind(claim.lease_expires_at)
-        .bind(&*claim.namespace)
-        .bind(&**activity_type)
-        .bind(left)
-        .fetch_all(&mut *conn)
-        .await?;
-        // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
-        // must not stop every other claim.
-        claimed.extend(rows::decode_all(&rows, "claim"));
-    }
-    Ok(claimed)
-}
-
-/// Ends an attempt, fenced by attempt and status (and the lease guard if given);
-/// true if the row changed.
-async fn finish(
-    conn: &mut PgConnection,
-    id: i64,
-    attempt: u32,
-    transition: &Transition,
-    lease_expired_by: Option<UnixMillis>,
-    now: UnixMillis,
-) -> Result<bool, Error> {
-    let attempt = i64::from(attempt);
-    // The last parameter of each statement is the lease guard: NULL for every
-    // ending but a reclaim.
-    let done =
-        match transition {
-            Transition::Complete { output } => {
-                sqlx::query(
-                    "UPDATE activities SET status = 3, output_type = $3, output = $4, \
-                 finished_at = $5, lease_expires_at = NULL \
-                 WHERE id = $1 AND attempt = $2 AND status = 2 \
-                 AND ($6::BIGINT IS NULL OR lease_expires_at < $6)",
-                )
-                .bind(id)
-                .bind(attempt)
-                .bind(&output.content_type)
-                .bind(&output.data)
-                .bind(now)
-                .bind(lease_expired_by)
-                .execute(&mut *conn)
-                .await?
-            }
-            Transition::Retry { next_at, error } => {
-                bind_error(
-                    sqlx::query(
-                        "UPDATE activities SET status = 1, next_at = $3, lease_expires_at = NULL, \
-                     error_kind = $4, error_type = $5, error_message = $6, \
-                     error_details_type = $7, error_details = $8 \
-                     WHERE id = $1 AND attempt = $2 AND status = 2 \
-                     AND ($9::BIGINT IS NULL OR lease_expires_at < $9)",
-                    )
-                    .bind(id)
-                    .bind(attempt)
-                    .bind(next_at),
-                    error,
-                )
-                .bind(lease_expired_by)
-                .execute(&mut *conn)
-                .await?
-            }
-            Transition::Snooze { .. } | Transition::Release => {
-                let next_at = match transition {
-                    Transition::Snooze { next_at } => *next_at,
-                    _ => now,
-                };
-                sqlx::query(
-                    "UPDATE activities SET status = 1, next_at = $3, uncounted = uncounted + 1, \
-                 lease_expires_at = NULL WHERE id = $1 AND attempt = $2 AND status = 2 \
-                 AND ($4::BIGINT IS NULL OR lease_expires_at < $4)",
-                )
-                .bind(id)
-                .bind(attempt)
-                .bind(next_at)
-                .bind(lease_expired_by)
-                .execute(&mut *conn)
-                .await?
-            }
-            Transition::Fail { error } => bind_error(
-                sqlx::query(
-                    "UPDATE activities SET status = 4, finished_at = $3, lease_expires_at = NULL, \
-                     error_kind = $4, error_type = $5, error_message = $6, \
-                     error_details_type = $7, error_details = $8 \
-                     WHERE id = $1 AND attempt = $2 AND status = 2 \
-                     AND ($9::BIGINT IS NULL OR lease_expires_at < $9)",
-                )
-                .bind(id)
-                .bind(attempt)
-                .bind(now),
-                error,
-            )
-            .bind(lease_expired_by)
-            .execute(&mut *conn)
-            .await?,
-        };
-    Ok(done.rows_affected() == 1)
-}
-
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
-
-/// Binds an error's five columns: kind, type, message, details type, details.
-fn bind_error<'q>(q: PgQuery<'q>, e: &'q ActivityError) -> PgQuery<'q> {
-    q.bind(i64::from(e.kind))
-        .bind(&e.r#type)
-        .bind(&e.message)
-        .bind(e.details.as_ref().map(|d| d.content_type.as_str()))
-        .bind(e.details.as_ref().map(|d| d.data.as_slice()))
-}
-
-async fn cancel(
-    conn: &mut PgConnection,
-    key: &Key,
-    reason: &str,
-    now: UnixMillis,
-) -> Result<Outcome, Error> {
-    let Some(row) = select_light(conn, key, true).await? else {
-        return Ok(Outcome::NotFound);
-    };
-    if !crate::store::cancellable(row.status) {
-        return Ok(Outcome::WrongStatus(row.status));
-    }
-    let error = cancelled_error(reason);
-    let stored = bind_error(
-        sqlx::query(concat!(
-            "UPDATE activities SET status = 5, finished_at = $2, lease_expires_at = NULL, \
-             error_kind = $3, error_type = $4, error_message = $5, \
-             error_details_type = $6, error_details = $7 WHERE id = $1 RETURNING ",
-            columns!()
-        ))
-        .bind(row.id)
-        .bind(now),
-        &error,
-    )
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(Outcome::Cancelled {
-        prior: row.status,
-        row: decode(&stored)?,
-    })
-}
-
-async fn redrive(conn: &mut PgConnection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
-    // No lock on a row in the wrong state: a SCHEDULED row locked here would be
-    // skipped by another node's claim (SKIP LOCKED) and its group taken for empty.
-    let redrivable = crate::store::redrivable;
-    let Some(row) = select_light(conn, key, false).await? else {
-        return Ok(Outcome::NotFound);
-    };
-    if !redrivable(row.status) {
-        return Ok(Outcome::WrongStatus(row.status));
-    }
-    // Terminal rows are never claimed, so locking this one costs no one; read it
-    // again under the lock in case a concurrent re-drive got there first.
-    let Some(row) = select_light(conn, key, true).await? else {
-        return Ok(Outcome::NotFound);
-    };
-    if !redrivable(row.status) {
-        return Ok(Outcome::WrongStatus(row.status));
-    }
-    // As in SQLite: a fresh budget and schedule-to-close window; `attempt` keeps growing.
-    let stored = sqlx::query(concat!(
-        "UPDATE activities SET status = 1, next_at = $2, uncounted = attempt, \
-         finished_at = NULL, output_type = NULL, output = NULL, expires_at = $3 \
-         WHERE id = $1 RETURNING ",
-        columns!()
-    ))
-    .bind(row.id)
-    .bind(now)
-    .bind(rows::expires_at(now, row.timeouts.schedule_to_close_ms))
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(Outcome::Redriven {
-        row: decode(&stored)?,
-    })
-}
-
-async fn record_heartbeats(
-    conn: &mut PgConnection,
-    beats: &[HeartbeatDetails],
-) -> Result<u64, Error> {
-    let mut recorded = 0;
-    for beat in beats {
-        let done = sqlx::query(
-            "UPDATE activities SET heartbeat_type = $3, heartbeat_details = $4 \
-             WHERE id = $1 AND attempt = $2 AND status = 2",
-        )
-        .bind(beat.id)
-        .bind(i64::from(beat.attempt))
-        .bind(beat.details.as_ref().map(|d| d.content_type.as_str()))
-        .bind(beat.details.as_ref().map(|d| d.data.as_slice()))
-        .execute(&mut *conn)
-        .await?;
-        recorded += done.rows_affected();
-    }
-    Ok(recorded)
-}
-
-async fn expire_scheduled(
-    conn: &mut PgConnection,
-    limit: u32,
-    now: UnixMillis,
-) -> Result<Vec<Key>, Error> {
-    let error = crate::store::server_error(
-        spool_proto::v1::ErrorKind::Timeout,
-        "ScheduleToCloseTimeout",
-        "schedule_to_close_timeout passed before the activity finished".to_owned(),
-    );
-    let rows = bind_error(
-        sqlx::query(
-            "UPDATE activities SET status = 4, finished_at = $1, \
-             error_kind = $3, error_type = $4, error_message = $5, \
-             error_details_type = $6, error_details = $7 \
-             WHERE id IN (SELECT id FROM activities \
-               WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $1 \
-               LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             RETURNING namespace, workflow_id, activity_id",
-        )
-        .bind(now)
-        .bind(i64::from(limit)),
-        &error,
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Key {
-                namespace: r.try_get(0)?,
-                workflow_id: r.try_get(1)?,
-                activity_id: r.try_get(2)?,
-            })
-        })
-        .collect()
-}
-
-/// One row by key.
-async fn select_by_key(conn: &mut PgConnection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    select_one(
-        conn,
-        key,
-        concat!(
-            "SELECT ",
-            columns!(),
-            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-        ),
-    )
-    .await
-}
-
-/// One row by key without its payloads (see `light_columns!`); with `lock`,
-/// locked for the rest of the transaction.
-async fn select_light(
-    conn: &mut PgConnection,
-    key: &Key,
-    lock: bool,
-) -> Result<Option<ActivityRow>, Error> {
-    let sql = if lock {
-        concat!(
-            "SELECT ",
-            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
-            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 FOR UPDATE"
-        )
-    } else {
-        concat!(
-            "SELECT ",
-            light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA"),
-            " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-        )
-    };
-    select_one(conn, key, sql).await
-}
-
-/// The row `sql` (a `SELECT` of the `columns!()` shape by key) finds.
-async fn select_one(
-    conn: &mut PgConnection,
-    key: &Key,
-    sql: &'static str,
-) -> Result<Option<ActivityRow>, Error> {
-    let row = sqlx::query(sql)
-        .bind(&key.namespace)
-        .bind(&key.workflow_id)
-        .bind(&key.activity_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.as_ref().map(decode).transpose()
 }
 
 #[cfg(test)]

@@ -8,8 +8,7 @@
 //! server's own reads (so the committer never waits behind a caller's List).
 //! Migrations run through sqlx at open.
 //!
-//! Statuses appear in SQL as the wire enum's numbers: 1 SCHEDULED, 2 RUNNING,
-//! 3 COMPLETED, 4 FAILED, 5 CANCELLED.
+//! Every statement is in `sql`; what each write does is decided in `store::change`.
 //!
 //! The process holds an exclusive `flock` on the database file for its lifetime:
 //! two servers on one file would both reclaim each other's RUNNING rows at start-up.
@@ -22,6 +21,7 @@ use super::{
 };
 
 mod raw;
+mod sql;
 mod writer;
 
 use spool_proto::time::UnixMillis;
@@ -130,44 +130,30 @@ impl Store for SqliteStore {
 
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
         // Sizes first, so the page is cut by bytes before any payload is read.
-        // (`length` of a BLOB reads its size from the record header, not the blob.)
         let status = query.status.map(|s| s as i64);
-        let sizes: Vec<(i64, i64)> = sqlx::query(
-            "SELECT id, length(input) + ifnull(length(output), 0) \
-               + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
-               + ifnull(length(error_message), 0) \
-             FROM activities WHERE namespace = ?1 AND id > ?2 \
-               AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-             ORDER BY id LIMIT ?5",
-        )
-        .bind(&query.namespace)
-        .bind(query.after_id)
-        .bind(status)
-        .bind(query.activity_type.as_deref())
-        .bind(i64::from(query.limit) + 1)
-        .fetch_all(&self.readers)
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
-        .collect::<Result<_, sqlx::Error>>()?;
+        let sizes: Vec<(i64, i64)> = sqlx::query(sql::LIST_SIZES)
+            .bind(&query.namespace)
+            .bind(query.after_id)
+            .bind(status)
+            .bind(query.activity_type.as_deref())
+            .bind(i64::from(query.limit) + 1)
+            .fetch_all(&self.readers)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
+            .collect::<Result<_, sqlx::Error>>()?;
         if sizes.is_empty() {
             return Ok(ListPage::default());
         }
         let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            columns!(),
-            " FROM activities WHERE namespace = ?1 AND id > ?2 AND id <= ?5 \
-              AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-              ORDER BY id"
-        ))
-        .bind(&query.namespace)
-        .bind(query.after_id)
-        .bind(status)
-        .bind(query.activity_type.as_deref())
-        .bind(last)
-        .fetch_all(&self.readers)
-        .await?;
+        let rows = sqlx::query(sql::LIST)
+            .bind(&query.namespace)
+            .bind(query.after_id)
+            .bind(status)
+            .bind(query.activity_type.as_deref())
+            .bind(last)
+            .fetch_all(&self.readers)
+            .await?;
         Ok(ListPage {
             rows: rows::decode_all(&rows, "list"),
             next_after: more.then_some(last),
@@ -175,12 +161,10 @@ impl Store for SqliteStore {
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        let rows = sqlx::query(
-            "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status",
-        )
-        .bind(namespace)
-        .fetch_all(&self.readers)
-        .await?;
+        let rows = sqlx::query(sql::STATS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
         let pairs = rows
             .iter()
             .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
@@ -189,15 +173,11 @@ impl Store for SqliteStore {
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            light_columns!("X''", "NULL", "NULL"),
-            " FROM activities WHERE status = 2 AND id > ?1 ORDER BY id LIMIT ?2"
-        ))
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.internal)
-        .await?;
+        let rows = sqlx::query(sql::RUNNING)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.internal)
+            .await?;
         Ok(RunningPage {
             next_after: (rows.len() == limit as usize)
                 .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
@@ -207,16 +187,11 @@ impl Store for SqliteStore {
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            light_columns!("X''", "NULL", "NULL"),
-            " FROM activities WHERE status = 2 AND lease_expires_at < ?1 \
-              ORDER BY lease_expires_at LIMIT ?2"
-        ))
-        .bind(now)
-        .bind(i64::from(limit))
-        .fetch_all(&self.internal)
-        .await?;
+        let rows = sqlx::query(sql::EXPIRED_LEASES)
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&self.internal)
+            .await?;
         Ok(rows::decode_all(&rows, "expired_leases"))
     }
 
@@ -225,17 +200,11 @@ impl Store for SqliteStore {
     }
 
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        // Walks the narrow `(next_at)` index in order and stops at `limit` rows;
-        // rows sharing a time, namespace and type are folded here, not by a GROUP
-        // BY (which would read every row before the limit applies).
-        let rows = sqlx::query(
-            "SELECT next_at, namespace, activity_type FROM activities \
-             WHERE status = 1 AND next_at > ?1 ORDER BY next_at LIMIT ?2",
-        )
-        .bind(after)
-        .bind(i64::from(limit))
-        .fetch_all(&self.internal)
-        .await?;
+        let rows = sqlx::query(sql::DUE_TIMES)
+            .bind(after)
+            .bind(i64::from(limit))
+            .fetch_all(&self.internal)
+            .await?;
         let rows = rows
             .iter()
             .map(|r| Ok((rows::int(r, "next_at")?, r.try_get(1)?, r.try_get(2)?)))
@@ -248,16 +217,12 @@ async fn select_by_key(
     conn: &mut SqliteConnection,
     key: &Key,
 ) -> Result<Option<ActivityRow>, Error> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-    ))
-    .bind(&key.namespace)
-    .bind(&key.workflow_id)
-    .bind(&key.activity_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row = sqlx::query(sql::SELECT_BY_KEY)
+        .bind(&key.namespace)
+        .bind(&key.workflow_id)
+        .bind(&key.activity_id)
+        .fetch_optional(&mut *conn)
+        .await?;
     row.as_ref().map(decode).transpose()
 }
 

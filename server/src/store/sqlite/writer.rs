@@ -10,16 +10,19 @@
 //! the connection is left inside a transaction, it is replaced by a fresh one, so
 //! one failure cannot fail every later batch.
 
-use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
+use std::{path::Path, sync::Arc, thread::JoinHandle};
 
 use spool_proto::time::UnixMillis;
 use tokio::sync::oneshot;
 
-use super::raw::{Connection, NotUtf8, Query, SqliteError};
+use super::{
+    raw::{Connection, NotUtf8, Query, SqliteError},
+    sql,
+};
 use crate::store::{
-    ActivityError, ActivityRow, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
-    Submitted, Transition,
-    rows::{self, cancelled_error, encode_list},
+    ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
+    change::{self, Conflict, Ending, Entry, Found},
+    rows::{self, encode_list},
 };
 
 struct Job {
@@ -141,28 +144,28 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
 
 fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
     match op {
-        Op::Submit(batch) => submit_all(conn, batch, now),
+        Op::Submit(batch) => submit(conn, batch, now),
         Op::Claim(claim) => claim_rows(conn, claim, now).map(Outcome::Claimed),
         Op::Finish {
             attempt,
             transition,
             lease_expired_by,
-        } => finish(
-            conn,
-            attempt.id,
-            attempt.attempt,
-            transition,
-            *lease_expired_by,
-            now,
-        )
-        .map(|accepted| Outcome::Finished { accepted }),
+        } => {
+            let q = conn.query(sql::FINISH).map_err(sqlite)?;
+            let changed = bind_ending(q, &Ending::of(transition, now))
+                .bind(&attempt.id)
+                .bind(&i64::from(attempt.attempt))
+                .bind(lease_expired_by)
+                .execute()
+                .map_err(sqlite)?;
+            Ok(Outcome::Finished {
+                accepted: changed == 1,
+            })
+        }
         Op::Cancel { key, reason } => cancel(conn, key, reason, now),
         Op::Redrive { key } => redrive(conn, key, now),
         Op::Prune { before, limit } => conn
-            .query(
-                "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
-                 WHERE status >= 3 AND finished_at < ?1 LIMIT ?2)",
-            )
+            .query(sql::PRUNE)
             .map(|q| q.bind(before).bind(&i64::from(*limit)))
             .and_then(Query::execute)
             .map(Outcome::Pruned)
@@ -174,10 +177,7 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             let mut renewed = Vec::with_capacity(attempts.len());
             for &(id, attempt) in attempts {
                 let changed = conn
-                    .query(
-                        "UPDATE activities SET lease_expires_at = ?1 \
-                         WHERE id = ?2 AND attempt = ?3 AND status = 2",
-                    )
+                    .query(sql::RENEW)
                     .map(|q| q.bind(lease_expires_at).bind(&id).bind(&i64::from(attempt)))
                     .and_then(Query::execute)
                     .map_err(sqlite)?;
@@ -192,97 +192,49 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
     }
 }
 
-fn submit_all(
-    conn: &mut Connection,
-    batch: &[NewActivity],
-    now: UnixMillis,
-) -> Result<Outcome, Error> {
-    if let [new] = batch {
-        return Ok(match submit(conn, new, now)? {
-            Ok(submitted) => Outcome::Submitted(vec![submitted]),
-            Err(existing_type) => Outcome::Conflict {
-                index: 0,
+/// All or nothing without a savepoint (which would copy every page it touches into
+/// a sub-journal): every key is looked up and settled first, and only a batch
+/// without a conflict inserts. Nothing else writes between the lookups and the
+/// inserts: this is the one writer, inside one transaction.
+fn submit(conn: &mut Connection, batch: &[NewActivity], now: UnixMillis) -> Result<Outcome, Error> {
+    // One activity is answered with its stored row whole; a batch without payloads,
+    // so a batch naming one large stored row many times costs no memory.
+    let lookup = if batch.len() == 1 {
+        sql::SELECT_BY_KEY
+    } else {
+        sql::SELECT_LIGHT_BY_KEY
+    };
+    let settled = change::settle(batch, |new| {
+        Ok::<_, Error>(match select_one(conn, &new.key, lookup)? {
+            Some(row) => Found::Existing(Box::new(row)),
+            None => Found::Absent,
+        })
+    })?;
+    let mut entries = match settled {
+        Ok(entries) => entries,
+        Err(Conflict {
+            index,
+            existing_type,
+        }) => {
+            return Ok(Outcome::Conflict {
+                index,
                 existing_type,
-            },
-        });
-    }
-    // All or nothing without a savepoint (which would copy every page it touches
-    // into a sub-journal): check every key first, write only if all can be.
-    // Nothing else writes between the check and the inserts: this is the one
-    // writer, inside one transaction.
-    enum Plan {
-        Insert,
-        Existing(Box<ActivityRow>),
-        SameAs(usize),
-    }
-    let mut first: HashMap<&Key, usize> = HashMap::with_capacity(batch.len());
-    let mut plans = Vec::with_capacity(batch.len());
-    for (index, new) in batch.iter().enumerate() {
-        if let Some(&earlier) = first.get(&new.key) {
-            if batch[earlier].activity_type != new.activity_type {
-                return Ok(Outcome::Conflict {
-                    index,
-                    existing_type: batch[earlier].activity_type.clone(),
-                });
-            }
-            plans.push(Plan::SameAs(earlier));
-            continue;
+            });
         }
-        first.insert(&new.key, index);
-        match select_light(conn, &new.key)? {
-            Some(row) if row.activity_type != new.activity_type => {
-                return Ok(Outcome::Conflict {
-                    index,
-                    existing_type: row.activity_type,
-                });
-            }
-            Some(row) => plans.push(Plan::Existing(Box::new(row))),
-            None => plans.push(Plan::Insert),
+    };
+    for (new, entry) in batch.iter().zip(entries.iter_mut()) {
+        if let Entry::Insert = entry {
+            *entry = Entry::Created(insert(conn, new, now)?);
         }
     }
-    let mut submitted: Vec<Submitted> = Vec::with_capacity(batch.len());
-    for (new, plan) in batch.iter().zip(plans) {
-        let s = match plan {
-            Plan::Insert => match submit(conn, new, now)? {
-                Ok(s) => s,
-                Err(_) => {
-                    return Err(Error::Corrupt(format!(
-                        "{:?} appeared during its own batch",
-                        new.key
-                    )));
-                }
-            },
-            Plan::Existing(row) => Submitted {
-                row: *row,
-                created: false,
-            },
-            Plan::SameAs(earlier) => Submitted {
-                row: submitted[earlier].row.clone(),
-                created: false,
-            },
-        };
-        submitted.push(s);
-    }
-    Ok(Outcome::Submitted(submitted))
+    change::submitted(batch, entries, now).map(Outcome::Submitted)
 }
 
-/// Inserts one activity; `Err(existing_type)` when its key exists with another type.
-fn submit(
-    conn: &mut Connection,
-    new: &NewActivity,
-    now: UnixMillis,
-) -> Result<Result<Submitted, String>, Error> {
+/// Inserts one activity whose key the same transaction found free; its row id.
+fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<i64, Error> {
     let non_retryable = encode_list(&new.retry.non_retryable);
     let mut q = conn
-        .query(
-            "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, status, \
-             max_attempts, initial_interval_ms, backoff_coefficient, max_interval_ms, non_retryable, \
-             heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
-             input, created_at, next_at, expires_at) \
-             VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-                     ?18) \
-             ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id",
-        )
+        .query(sql::INSERT)
         .map_err(sqlite)?
         .bind(&new.key.namespace)
         .bind(&new.key.workflow_id)
@@ -301,35 +253,15 @@ fn submit(
         .bind(&new.input.data)
         .bind(&now)
         .bind(&new.next_at)
-        .bind(&rows::expires_at(now, new.timeouts.schedule_to_close_ms));
-    let inserted = if q.step().map_err(sqlite)? {
-        Some(q.int(0))
+        .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms));
+    if q.step().map_err(sqlite)? {
+        Ok(q.int(0))
     } else {
-        None
-    };
-    drop(q);
-    if let Some(id) = inserted {
-        return Ok(Ok(Submitted {
-            row: rows::new_row(id, new, now),
-            created: true,
-        }));
+        Err(Error::Corrupt(format!(
+            "{:?} appeared during its own batch",
+            new.key
+        )))
     }
-    rows::existing_outcome(new, select_by_key(conn, &new.key)?)
-}
-
-/// An existing row without its payloads (see `light_columns!`): what a batch
-/// submit answers for a key that exists, so a batch naming one large stored row many
-/// times costs no memory.
-fn select_light(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    select_one(
-        conn,
-        key,
-        concat!(
-            "SELECT ",
-            light_columns!("X''", "NULL", "NULL"),
-            " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-        ),
-    )
 }
 
 fn claim_rows(
@@ -344,16 +276,7 @@ fn claim_rows(
             break;
         }
         let mut q = conn
-            .query(concat!(
-                "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
-                 worker_id = ?2, lease_expires_at = ?3 \
-                 WHERE id IN (SELECT id FROM activities \
-                   WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
-                     AND (expires_at IS NULL OR expires_at > ?1) \
-                   ORDER BY priority DESC, next_at, id LIMIT ?6) \
-                 RETURNING ",
-                columns!()
-            ))
+            .query(sql::CLAIM)
             .map_err(sqlite)?
             .bind(&now)
             .bind(&*claim.worker_id)
@@ -373,90 +296,23 @@ fn claim_rows(
     Ok(claimed)
 }
 
-/// Ends an attempt, fenced by attempt and status (and the lease guard if given);
-/// true if the row changed.
-fn finish(
-    conn: &mut Connection,
-    id: i64,
-    attempt: u32,
-    transition: &Transition,
-    lease_expired_by: Option<UnixMillis>,
-    now: UnixMillis,
-) -> Result<bool, Error> {
-    let attempt = i64::from(attempt);
-    // The last parameter of each statement is the lease guard: NULL for every
-    // ending but a reclaim.
-    let changed = match transition {
-        Transition::Complete { output } => conn
-            .query(
-                "UPDATE activities SET status = 3, output_type = ?3, output = ?4, \
-                 finished_at = ?5, lease_expires_at = NULL \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
-                 AND (?6 IS NULL OR lease_expires_at < ?6)",
-            )
-            .map(|q| {
-                q.bind(&id)
-                    .bind(&attempt)
-                    .bind(&output.content_type)
-                    .bind(&output.data)
-                    .bind(&now)
-                    .bind(&lease_expired_by)
-            })
-            .and_then(Query::execute),
-        Transition::Retry { next_at, error } => conn
-            .query(
-                "UPDATE activities SET status = 1, next_at = ?3, lease_expires_at = NULL, \
-                 error_kind = ?4, error_type = ?5, error_message = ?6, \
-                 error_details_type = ?7, error_details = ?8 \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
-                 AND (?9 IS NULL OR lease_expires_at < ?9)",
-            )
-            .map(|q| {
-                bind_error(q.bind(&id).bind(&attempt).bind(next_at), error).bind(&lease_expired_by)
-            })
-            .and_then(Query::execute),
-        Transition::Snooze { .. } | Transition::Release => {
-            let next_at = match transition {
-                Transition::Snooze { next_at } => *next_at,
-                _ => now,
-            };
-            conn.query(
-                "UPDATE activities SET status = 1, next_at = ?3, uncounted = uncounted + 1, \
-                 lease_expires_at = NULL WHERE id = ?1 AND attempt = ?2 AND status = 2 \
-                 AND (?4 IS NULL OR lease_expires_at < ?4)",
-            )
-            .map(|q| {
-                q.bind(&id)
-                    .bind(&attempt)
-                    .bind(&next_at)
-                    .bind(&lease_expired_by)
-            })
-            .and_then(Query::execute)
-        }
-        Transition::Fail { error } => conn
-            .query(
-                "UPDATE activities SET status = 4, finished_at = ?3, lease_expires_at = NULL, \
-                 error_kind = ?4, error_type = ?5, error_message = ?6, \
-                 error_details_type = ?7, error_details = ?8 \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2 \
-                 AND (?9 IS NULL OR lease_expires_at < ?9)",
-            )
-            .map(|q| {
-                bind_error(q.bind(&id).bind(&attempt).bind(&now), error).bind(&lease_expired_by)
-            })
-            .and_then(Query::execute),
-    }
-    .map_err(sqlite)?;
-    Ok(changed == 1)
-}
-
-/// Binds an error's five columns: kind, type, message, details type, details.
-fn bind_error<'c>(q: Query<'c>, e: &ActivityError) -> Query<'c> {
-    q.bind(&i64::from(e.kind))
-        .bind(&e.r#type)
-        .bind(&e.message)
-        .bind(&e.details.as_ref().map(|d| d.content_type.as_str()))
-        .bind(&e.details.as_ref().map(|d| d.data.as_slice()))
+/// Binds an ending's values as `?1`…`?12`, the order of `sql::ending!`.
+fn bind_ending<'c>(q: Query<'c>, e: &Ending<'_>) -> Query<'c> {
+    let (output_type, output) = e.output_columns();
+    let error = e.error;
+    let details = error.and_then(|e| e.details.as_ref());
+    q.bind(&(e.status as i64))
+        .bind(&e.next_at)
+        .bind(&e.finished_at)
+        .bind(&e.uncounted)
+        .bind(&output_type)
+        .bind(&output)
+        .bind(&i64::from(error.is_some()))
+        .bind(&error.map(|e| i64::from(e.kind)))
+        .bind(&error.map(|e| e.r#type.as_str()))
+        .bind(&error.map(|e| e.message.as_str()))
+        .bind(&details.map(|d| d.content_type.as_str()))
+        .bind(&details.map(|d| d.data.as_slice()))
 }
 
 fn cancel(
@@ -465,22 +321,16 @@ fn cancel(
     reason: &str,
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    let Some(row) = select_light(conn, key)? else {
+    let Some(row) = select_one(conn, key, sql::SELECT_LIGHT_BY_KEY)? else {
         return Ok(Outcome::NotFound);
     };
     if !crate::store::cancellable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
-    let error = cancelled_error(reason);
-    let mut q = conn
-        .query(concat!(
-            "UPDATE activities SET status = 5, finished_at = ?2, lease_expires_at = NULL, \
-             error_kind = ?3, error_type = ?4, error_message = ?5, \
-             error_details_type = ?6, error_details = ?7 WHERE id = ?1 RETURNING ",
-            columns!()
-        ))
-        .map_err(sqlite)?;
-    q = bind_error(q.bind(&row.id).bind(&now), &error);
+    let error = change::cancelled_error(reason);
+    let ending = Ending::finished(ActivityStatus::Cancelled, now, Some(&error));
+    let q = conn.query(sql::CANCEL).map_err(sqlite)?;
+    let mut q = bind_ending(q, &ending).bind(&row.id);
     let stored = returned(&mut q)?;
     Ok(Outcome::Cancelled {
         prior: row.status,
@@ -489,26 +339,19 @@ fn cancel(
 }
 
 fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
-    let Some(row) = select_light(conn, key)? else {
+    let Some(row) = select_one(conn, key, sql::SELECT_LIGHT_BY_KEY)? else {
         return Ok(Outcome::NotFound);
     };
     if !crate::store::redrivable(row.status) {
         return Ok(Outcome::WrongStatus(row.status));
     }
-    // Every attempt so far becomes uncounted: a fresh budget, while `attempt` keeps
-    // growing so late results of old attempts stay fenced out. The schedule-to-close
-    // window starts again too.
+    let redrive = change::Redrive::of(&row, now);
     let mut q = conn
-        .query(concat!(
-            "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
-             finished_at = NULL, output_type = NULL, output = NULL, expires_at = ?3 \
-             WHERE id = ?1 RETURNING ",
-            columns!()
-        ))
+        .query(sql::REDRIVE)
         .map_err(sqlite)?
         .bind(&row.id)
-        .bind(&now)
-        .bind(&rows::expires_at(now, row.timeouts.schedule_to_close_ms));
+        .bind(&redrive.next_at)
+        .bind(&redrive.expires_at);
     let stored = returned(&mut q)?;
     Ok(Outcome::Redriven { row: stored })
 }
@@ -528,10 +371,7 @@ fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Resul
     let mut recorded = 0;
     for beat in beats {
         recorded += conn
-            .query(
-                "UPDATE activities SET heartbeat_type = ?3, heartbeat_details = ?4 \
-                 WHERE id = ?1 AND attempt = ?2 AND status = 2",
-            )
+            .query(sql::RECORD_HEARTBEAT)
             .map(|q| {
                 q.bind(&beat.id)
                     .bind(&i64::from(beat.attempt))
@@ -545,22 +385,10 @@ fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Resul
 }
 
 fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Result<Vec<Key>, Error> {
-    let error = crate::store::server_error(
-        spool_proto::v1::ErrorKind::Timeout,
-        "ScheduleToCloseTimeout",
-        "schedule_to_close_timeout passed before the activity finished".to_owned(),
-    );
-    let mut q = conn
-        .query(
-            "UPDATE activities SET status = 4, finished_at = ?1, \
-             error_kind = ?3, error_type = ?4, error_message = ?5, \
-             error_details_type = ?6, error_details = ?7 \
-             WHERE id IN (SELECT id FROM activities \
-               WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?1 LIMIT ?2) \
-             RETURNING namespace, workflow_id, activity_id",
-        )
-        .map_err(sqlite)?;
-    q = bind_error(q.bind(&now).bind(&i64::from(limit)), &error);
+    let error = change::schedule_to_close_error();
+    let ending = Ending::finished(ActivityStatus::Failed, now, Some(&error));
+    let q = conn.query(sql::EXPIRE).map_err(sqlite)?;
+    let mut q = bind_ending(q, &ending).bind(&now).bind(&i64::from(limit));
     let mut keys = Vec::new();
     while q.step().map_err(sqlite)? {
         keys.push(Key {
@@ -570,18 +398,6 @@ fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Resul
         });
     }
     Ok(keys)
-}
-
-fn select_by_key(conn: &mut Connection, key: &Key) -> Result<Option<ActivityRow>, Error> {
-    select_one(
-        conn,
-        key,
-        concat!(
-            "SELECT ",
-            columns!(),
-            " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-        ),
-    )
 }
 
 /// The row `sql` (a `SELECT` of the `columns!()` shape by key) finds.
@@ -726,13 +542,13 @@ mod tests {
         };
         run_batch(&mut conn, &[Op::Submit(vec![new])], 0).unwrap_or_else(|e| panic!("{e}"));
         assert!(
-            select_by_key(&mut conn, &key)
+            select_one(&mut conn, &key, sql::SELECT_BY_KEY)
                 .unwrap_or_else(|e| panic!("{e}"))
                 .is_some()
         );
         conn.batch("UPDATE activities SET worker_id = CAST(X'C328' AS TEXT)")
             .unwrap_or_else(|e| panic!("{e}"));
-        match select_by_key(&mut conn, &key) {
+        match select_one(&mut conn, &key, sql::SELECT_BY_KEY) {
             Err(Error::Corrupt(why)) => assert!(why.contains("UTF-8"), "{why}"),
             other => panic!("expected a corrupt row, got {other:?}"),
         }

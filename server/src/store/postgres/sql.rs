@@ -1,0 +1,213 @@
+//! Every statement the PostgreSQL store runs, in one place. What a write does is
+//! decided in `store::change`; these only say it in PostgreSQL's SQL. Statuses appear
+//! as the wire enum's numbers: 1 SCHEDULED, 2 RUNNING, 3 COMPLETED, 4 FAILED,
+//! 5 CANCELLED.
+//!
+//! Writes that take many rows take them as arrays (`UNNEST`): every statement is a
+//! network round trip, so a run of hundreds of rows must not be hundreds of
+//! statements. One row is an array of one.
+
+/// The values of endings (`change::Ending`), one array each, bound as `$1`…`$12` in
+/// the order `write::Endings` binds them and named `e_*` (apart from the table's
+/// own columns); a statement's own arrays follow, named by `$extra`.
+macro_rules! endings {
+    ($($extra:literal),*) => {
+        concat!(
+            "UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], \
+             $6::BYTEA[], $7::BOOL[], $8::BIGINT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
+             $12::BYTEA[]", $(", ", $extra,)* ") AS v(e_status, e_next_at, e_finished_at, \
+             e_uncounted, e_output_type, e_output, e_set_error, e_error_kind, e_error_type, \
+             e_error_message, e_error_details_type, e_error_details"
+        )
+    };
+}
+
+/// The one `SET` clause of every ending, over `endings!`' `v`.
+macro_rules! ending {
+    () => {
+        "status = v.e_status, next_at = COALESCE(v.e_next_at, a.next_at), \
+         finished_at = v.e_finished_at, uncounted = a.uncounted + v.e_uncounted, \
+         lease_expires_at = NULL, output_type = v.e_output_type, output = v.e_output, \
+         error_kind = CASE WHEN v.e_set_error THEN v.e_error_kind ELSE a.error_kind END, \
+         error_type = CASE WHEN v.e_set_error THEN v.e_error_type ELSE a.error_type END, \
+         error_message = CASE WHEN v.e_set_error THEN v.e_error_message ELSE a.error_message END, \
+         error_details_type = CASE WHEN v.e_set_error THEN v.e_error_details_type \
+           ELSE a.error_details_type END, \
+         error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END"
+    };
+}
+
+/// The typed empty BYTEA and NULLs `light_columns!` needs.
+macro_rules! light {
+    () => {
+        light_columns!("''::BYTEA", "NULL::TEXT", "NULL::BYTEA")
+    };
+}
+
+/// A savepoint's three statements.
+pub struct Savepoint {
+    pub open: &'static str,
+    pub rollback: &'static str,
+    pub release: &'static str,
+}
+
+/// Around a run of submits inserted as one.
+pub const SUBMIT_RUN: Savepoint = Savepoint {
+    open: "SAVEPOINT submit_run",
+    rollback: "ROLLBACK TO SAVEPOINT submit_run",
+    release: "RELEASE SAVEPOINT submit_run",
+};
+
+/// Around one submit of several activities, all or nothing.
+pub const SUBMIT: Savepoint = Savepoint {
+    open: "SAVEPOINT submit",
+    rollback: "ROLLBACK TO SAVEPOINT submit",
+    release: "RELEASE SAVEPOINT submit",
+};
+
+/// Inserts activities (one array per column) whose keys do not exist yet; returns
+/// the id and key of each row it inserted. `$17` is the submit time.
+pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
+     activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
+     max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
+     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at) \
+     SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex \
+     FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
+                 $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
+                 $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
+                 $18::BIGINT[]) \
+       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex) \
+     ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
+     RETURNING id, namespace, workflow_id, activity_id";
+
+pub const SELECT_BY_KEY: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
+);
+
+/// [`SELECT_BY_KEY`] without payloads.
+pub const SELECT_LIGHT_BY_KEY: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
+);
+
+/// [`SELECT_LIGHT_BY_KEY`], locking the row for the rest of the transaction.
+pub const LOCK_BY_KEY: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 \
+      FOR UPDATE"
+);
+
+/// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
+/// `$4` namespace, `$5` type. Rows another node is claiming are skipped, not waited
+/// for.
+pub const CLAIM: &str = concat!(
+    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = $1, \
+     worker_id = $2, lease_expires_at = $3 \
+     WHERE id IN (SELECT id FROM activities \
+       WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
+         AND (expires_at IS NULL OR expires_at > $1) \
+       ORDER BY priority DESC, next_at, id LIMIT $6 FOR UPDATE SKIP LOCKED) \
+     RETURNING ",
+    columns!()
+);
+
+/// Ends attempts: attempt `$14[i]` of row `$13[i]`, if it still runs (and, where
+/// `$15[i]` is not NULL, only if its lease expired before then). Returns the ids it
+/// ended. No row may appear twice.
+pub const FINISH: &str = concat!(
+    "UPDATE activities AS a SET ",
+    ending!(),
+    " FROM ",
+    endings!("$13::BIGINT[]", "$14::BIGINT[]", "$15::BIGINT[]"),
+    ", f_id, f_attempt, f_guard) \
+     WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
+       AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
+     RETURNING a.id"
+);
+
+/// Ends row `$13`, locked and found cancellable by the same transaction.
+pub const CANCEL: &str = concat!(
+    "UPDATE activities AS a SET ",
+    ending!(),
+    " FROM ",
+    endings!(),
+    ") WHERE a.id = $13 RETURNING ",
+    columns!()
+);
+
+/// Ends up to `$14` SCHEDULED rows whose schedule-to-close deadline passed by `$13`.
+pub const EXPIRE: &str = concat!(
+    "UPDATE activities AS a SET ",
+    ending!(),
+    " FROM ",
+    endings!(),
+    ") WHERE a.id IN (SELECT id FROM activities \
+       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $13 \
+       LIMIT $14 FOR UPDATE SKIP LOCKED) \
+     RETURNING a.namespace, a.workflow_id, a.activity_id"
+);
+
+/// Re-drives row `$1` (see `change::Redrive`): due at `$2`, deadline `$3`.
+pub const REDRIVE: &str = concat!(
+    "UPDATE activities SET status = 1, next_at = $2, uncounted = attempt, \
+     finished_at = NULL, output_type = NULL, output = NULL, expires_at = $3 \
+     WHERE id = $1 RETURNING ",
+    columns!()
+);
+
+/// Extends to `$1` the leases of attempts `$3[i]` of rows `$2[i]` that still run;
+/// returns those it extended.
+pub const RENEW: &str = "UPDATE activities AS a SET lease_expires_at = $1 \
+     FROM UNNEST($2::BIGINT[], $3::BIGINT[]) AS v(id, attempt) \
+     WHERE a.id = v.id AND a.attempt = v.attempt AND a.status = 2 \
+     RETURNING a.id, a.attempt";
+
+/// Stores the heartbeat details of attempt `$2` of row `$1`, if it still runs.
+pub const RECORD_HEARTBEAT: &str = "UPDATE activities SET heartbeat_type = $3, \
+     heartbeat_details = $4 WHERE id = $1 AND attempt = $2 AND status = 2";
+
+/// Deletes up to `$2` rows finished before `$1`.
+pub const PRUNE: &str = "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
+     WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// A page's ids and stored sizes, to cut it by bytes before any payload is read
+/// (`octet_length` takes a TOASTed value's size from its header).
+pub const LIST_SIZES: &str = "SELECT id, (octet_length(input) \
+       + COALESCE(octet_length(output), 0) + COALESCE(octet_length(error_details), 0) \
+       + COALESCE(octet_length(heartbeat_details), 0) \
+       + COALESCE(octet_length(error_message), 0))::BIGINT \
+     FROM activities WHERE namespace = $1 AND id > $2 \
+       AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
+     ORDER BY id LIMIT $5";
+
+/// The rows of a page, up to id `$5`.
+pub const LIST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE namespace = $1 AND id > $2 AND id <= $5 \
+      AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
+      ORDER BY id"
+);
+
+pub const STATS: &str =
+    "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status";
+
+pub const RUNNING: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE status = 2 AND id > $1 ORDER BY id LIMIT $2"
+);
+
+pub const EXPIRED_LEASES: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE status = 2 AND lease_expires_at < $1 \
+      ORDER BY lease_expires_at LIMIT $2"
+);
+
+pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
+     WHERE status = 1 AND next_at > $1 ORDER BY next_at LIMIT $2";

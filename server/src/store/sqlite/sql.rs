@@ -1,0 +1,145 @@
+//! Every statement the SQLite store runs, in one place. What a write does is decided
+//! in `store::change`; these only say it in SQLite's SQL. Statuses appear as the
+//! wire enum's numbers: 1 SCHEDULED, 2 RUNNING, 3 COMPLETED, 4 FAILED, 5 CANCELLED.
+
+/// The one `SET` clause of every ending (`change::Ending`), its values bound as
+/// `?1`…`?12` in the order `writer::bind_ending` binds them; each statement's own
+/// parameters start at `?13`.
+macro_rules! ending {
+    () => {
+        "status = ?1, next_at = COALESCE(?2, next_at), finished_at = ?3, \
+         uncounted = uncounted + ?4, lease_expires_at = NULL, output_type = ?5, output = ?6, \
+         error_kind = CASE WHEN ?7 THEN ?8 ELSE error_kind END, \
+         error_type = CASE WHEN ?7 THEN ?9 ELSE error_type END, \
+         error_message = CASE WHEN ?7 THEN ?10 ELSE error_message END, \
+         error_details_type = CASE WHEN ?7 THEN ?11 ELSE error_details_type END, \
+         error_details = CASE WHEN ?7 THEN ?12 ELSE error_details END"
+    };
+}
+
+/// The typed empty BLOB and NULLs `light_columns!` needs.
+macro_rules! light {
+    () => {
+        light_columns!("X''", "NULL", "NULL")
+    };
+}
+
+/// Inserts one activity unless its key exists.
+pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
+     activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
+     max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
+     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at) \
+     VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
+     ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id";
+
+pub const SELECT_BY_KEY: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
+);
+
+/// [`SELECT_BY_KEY`] without payloads.
+pub const SELECT_LIGHT_BY_KEY: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
+);
+
+/// Claims up to `?6` due rows of one type: `?1` now, `?2` worker, `?3` lease end,
+/// `?4` namespace, `?5` type.
+pub const CLAIM: &str = concat!(
+    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+     worker_id = ?2, lease_expires_at = ?3 \
+     WHERE id IN (SELECT id FROM activities \
+       WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
+         AND (expires_at IS NULL OR expires_at > ?1) \
+       ORDER BY priority DESC, next_at, id LIMIT ?6) \
+     RETURNING ",
+    columns!()
+);
+
+/// Ends attempt `?14` of row `?13`, if it still runs (and, with `?15`, only if its
+/// lease expired before then).
+pub const FINISH: &str = concat!(
+    "UPDATE activities SET ",
+    ending!(),
+    " WHERE id = ?13 AND attempt = ?14 AND status = 2 \
+      AND (?15 IS NULL OR lease_expires_at < ?15)"
+);
+
+/// Ends row `?13`, which the same transaction found cancellable.
+pub const CANCEL: &str = concat!(
+    "UPDATE activities SET ",
+    ending!(),
+    " WHERE id = ?13 RETURNING ",
+    columns!()
+);
+
+/// Ends up to `?14` SCHEDULED rows whose schedule-to-close deadline passed by `?13`.
+pub const EXPIRE: &str = concat!(
+    "UPDATE activities SET ",
+    ending!(),
+    " WHERE id IN (SELECT id FROM activities \
+       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?13 LIMIT ?14) \
+     RETURNING namespace, workflow_id, activity_id"
+);
+
+/// Re-drives row `?1` (see `change::Redrive`): due at `?2`, deadline `?3`.
+pub const REDRIVE: &str = concat!(
+    "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
+     finished_at = NULL, output_type = NULL, output = NULL, expires_at = ?3 \
+     WHERE id = ?1 RETURNING ",
+    columns!()
+);
+
+/// Extends the lease of attempt `?3` of row `?2` to `?1`, if it still runs.
+pub const RENEW: &str = "UPDATE activities SET lease_expires_at = ?1 \
+     WHERE id = ?2 AND attempt = ?3 AND status = 2";
+
+/// Stores the heartbeat details of attempt `?2` of row `?1`, if it still runs.
+pub const RECORD_HEARTBEAT: &str = "UPDATE activities SET heartbeat_type = ?3, \
+     heartbeat_details = ?4 WHERE id = ?1 AND attempt = ?2 AND status = 2";
+
+/// Deletes up to `?2` rows finished before `?1`.
+pub const PRUNE: &str = "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
+     WHERE status >= 3 AND finished_at < ?1 LIMIT ?2)";
+
+/// A page's ids and stored sizes, to cut it by bytes before any payload is read
+/// (`length` of a BLOB reads its size from the record header, not the blob).
+pub const LIST_SIZES: &str = "SELECT id, length(input) + ifnull(length(output), 0) \
+       + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
+       + ifnull(length(error_message), 0) \
+     FROM activities WHERE namespace = ?1 AND id > ?2 \
+       AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+     ORDER BY id LIMIT ?5";
+
+/// The rows of a page, up to id `?5`.
+pub const LIST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE namespace = ?1 AND id > ?2 AND id <= ?5 \
+      AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+      ORDER BY id"
+);
+
+pub const STATS: &str =
+    "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status";
+
+pub const RUNNING: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE status = 2 AND id > ?1 ORDER BY id LIMIT ?2"
+);
+
+pub const EXPIRED_LEASES: &str = concat!(
+    "SELECT ",
+    light!(),
+    " FROM activities WHERE status = 2 AND lease_expires_at < ?1 \
+      ORDER BY lease_expires_at LIMIT ?2"
+);
+
+/// Walks the narrow `(next_at)` index in order and stops at `?2` rows; rows sharing
+/// a time, namespace and type are folded by the caller, not by a GROUP BY (which
+/// would read every row before the limit applies).
+pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
+     WHERE status = 1 AND next_at > ?1 ORDER BY next_at LIMIT ?2";
