@@ -197,16 +197,28 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
 /// without a conflict inserts. Nothing else writes between the lookups and the
 /// inserts: this is the one writer, inside one transaction.
 fn submit(conn: &mut Connection, batch: &[NewActivity], now: UnixMillis) -> Result<Outcome, Error> {
-    // One activity is answered with its stored row whole; a batch without payloads,
-    // so a batch naming one large stored row many times costs no memory.
-    let lookup = if batch.len() == 1 {
-        sql::SELECT_BY_KEY
-    } else {
-        sql::SELECT_LIGHT_BY_KEY
-    };
+    // One activity (the common case) is inserted first, one statement when its key
+    // is new, and answered with its stored row whole when it is not; a batch is
+    // answered without payloads, so naming one large stored row many times costs
+    // no memory.
+    let single = batch.len() == 1;
     let settled = change::settle(batch, |new| {
+        if single && let Some(id) = insert(conn, new, now)? {
+            return Ok(Found::Inserted(id));
+        }
+        let lookup = if single {
+            sql::SELECT_BY_KEY
+        } else {
+            sql::SELECT_LIGHT_BY_KEY
+        };
         Ok::<_, Error>(match select_one(conn, &new.key, lookup)? {
             Some(row) => Found::Existing(Box::new(row)),
+            None if single => {
+                return Err(Error::Corrupt(format!(
+                    "{:?} conflicted on insert but cannot be read",
+                    new.key
+                )));
+            }
             None => Found::Absent,
         })
     })?;
@@ -224,14 +236,17 @@ fn submit(conn: &mut Connection, batch: &[NewActivity], now: UnixMillis) -> Resu
     };
     for (new, entry) in batch.iter().zip(entries.iter_mut()) {
         if let Entry::Insert = entry {
-            *entry = Entry::Created(insert(conn, new, now)?);
+            let id = insert(conn, new, now)?.ok_or_else(|| {
+                Error::Corrupt(format!("{:?} appeared during its own batch", new.key))
+            })?;
+            *entry = Entry::Created(id);
         }
     }
     change::submitted(batch, entries, now).map(Outcome::Submitted)
 }
 
-/// Inserts one activity whose key the same transaction found free; its row id.
-fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<i64, Error> {
+/// Inserts one activity unless its key exists; the new row's id.
+fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<Option<i64>, Error> {
     let non_retryable = encode_list(&new.retry.non_retryable);
     let mut q = conn
         .query(sql::INSERT)
@@ -254,14 +269,11 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<i
         .bind(&now)
         .bind(&new.next_at)
         .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms));
-    if q.step().map_err(sqlite)? {
-        Ok(q.int(0))
+    Ok(if q.step().map_err(sqlite)? {
+        Some(q.int(0))
     } else {
-        Err(Error::Corrupt(format!(
-            "{:?} appeared during its own batch",
-            new.key
-        )))
-    }
+        None
+    })
 }
 
 fn claim_rows(
