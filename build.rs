@@ -1,7 +1,7 @@
 //! Compiles `proto/spool/v1/*.proto` into Rust with a pure-Rust protobuf compiler
 //! (protox), so building Spool never needs a system `protoc`. The encoded descriptor
 //! set is written beside the generated code for gRPC server reflection. It also
-//! says which outside services the end-to-end tests can reach (`test_cfg`).
+//! says which outside services the end-to-end tests can reach (`services`).
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -14,11 +14,11 @@ const PROTOS: &[&str] = &[
     "spool/v1/admin.proto",
 ];
 
-#[path = "tests/support/test_cfg.rs"]
-mod test_cfg;
+#[path = "tests/support/services.rs"]
+mod services;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    test_cfg::emit();
+    services::emit();
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);

@@ -1,9 +1,9 @@
 //! Says which outside services (PostgreSQL, libfaketime) the tests can reach; the
 //! tests that need one are ignored, visibly, where it cannot be had.
 
-#[path = "../tests/support/test_cfg.rs"]
-mod test_cfg;
+#[path = "../tests/support/services.rs"]
+mod services;
 
 fn main() {
-    test_cfg::emit();
+    services::emit();
 }

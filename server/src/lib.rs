@@ -15,4 +15,8 @@ pub mod transport;
 pub mod wire;
 
 pub use config::Config;
+
+#[cfg(test)]
+#[path = "../../tests/support/fixtures.rs"]
+mod fixtures;
 pub use server::run;

@@ -267,7 +267,7 @@ async fn worker_text_is_sanitised_on_sqlite() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn worker_text_is_sanitised_on_postgres() {
     let database = postgres_schema().await;

@@ -10,7 +10,7 @@ use crate::harness::*;
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn nodes_sharing_a_database_hand_work_to_each_other() {
     let database = postgres_schema().await;
@@ -65,7 +65,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
     let database = postgres_schema().await;
@@ -103,7 +103,7 @@ async fn delayed_activities_submitted_together_each_come_due_on_the_other_node()
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     let database = postgres_schema().await;

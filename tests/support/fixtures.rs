@@ -1,20 +1,24 @@
-//! Fixtures both test packages (the e2e tests and the process tests) share: a fresh
-//! PostgreSQL schema per test, and polling until a condition holds.
+//! Fixtures every test package (the server's unit tests, the e2e tests and the
+//! process tests) shares: a fresh PostgreSQL schema per test, and polling until a
+//! condition holds.
+
+#![allow(dead_code)]
 
 use std::time::Duration;
 
-/// The environment variable naming a PostgreSQL server for the tests that need one.
-pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
+#[path = "services.rs"]
+mod services;
 
-/// A database URL for a fresh schema of its own (named `{prefix}_…`) on the
-/// PostgreSQL server the environment names, so tests run in parallel. Tests that
-/// call it are ignored where none is configured (`spool_test_postgres`); where
-/// they run, a missing server fails them.
+pub use services::postgres_url;
+
+/// A database URL for a fresh schema of its own (named `{prefix}_…`) on the tests'
+/// PostgreSQL server (`services::postgres_url`), so tests run in parallel. Tests
+/// that call it are ignored where PostgreSQL cannot be had (`spool_test_postgres`);
+/// where they run, a missing server fails them.
 pub async fn postgres_schema(prefix: &str) -> String {
     use sqlx::Connection;
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let base = std::env::var(POSTGRES_URL)
-        .unwrap_or_else(|_| panic!("{POSTGRES_URL} must name a PostgreSQL server"));
+    let base = postgres_url();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())

@@ -114,7 +114,7 @@ async fn skewed_pair(database: &str, offset: &str) -> (Env, Env, ServerProcess, 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(all(spool_test_postgres, spool_test_faketime)),
-    ignore = "needs PostgreSQL (SPOOL_TEST_POSTGRES_URL) and libfaketime"
+    ignore = "needs PostgreSQL (installed, or SPOOL_TEST_POSTGRES_URL) and libfaketime"
 )]
 async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
     let database = postgres_schema().await;
@@ -142,7 +142,7 @@ async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(all(spool_test_postgres, spool_test_faketime)),
-    ignore = "needs PostgreSQL (SPOOL_TEST_POSTGRES_URL) and libfaketime"
+    ignore = "needs PostgreSQL (installed, or SPOOL_TEST_POSTGRES_URL) and libfaketime"
 )]
 async fn a_node_whose_clock_runs_behind_does_not_hold_due_rows_back() {
     let database = postgres_schema().await;

@@ -51,31 +51,14 @@ async fn sqlite() -> Fixture {
     }
 }
 
-/// The environment variable naming the PostgreSQL server the suite runs against.
-const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
-
 /// A store in a schema of its own, so tests run in parallel on one server. The
-/// PostgreSQL half compiles as ignored where no server is configured (see
-/// `tests/support/test_cfg.rs`); where it runs, a missing server fails it.
+/// PostgreSQL half compiles as ignored where PostgreSQL cannot be had (see
+/// `tests/support/services.rs`); where it runs, a missing server fails it.
 async fn postgres() -> Fixture {
-    use sqlx::{
-        Connection,
-        postgres::{PgConnectOptions, PgConnection},
-    };
+    use sqlx::postgres::PgConnectOptions;
     use std::str::FromStr;
-    let url = std::env::var(POSTGRES_URL)
-        .unwrap_or_else(|_| panic!("{POSTGRES_URL} must name a PostgreSQL server"));
-    let schema = format!("spool_test_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {POSTGRES_URL}: {e}"));
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-        .execute(&mut admin)
-        .await
-        .unwrap_or_else(|e| panic!("create schema: {e}"));
-    let options = PgConnectOptions::from_str(&url)
-        .unwrap_or_else(|e| panic!("{POSTGRES_URL}: {e}"))
-        .options([("search_path", schema.as_str())]);
+    let url = crate::fixtures::postgres_schema("conformance").await;
+    let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
     let store = PostgresStore::open_with(options.clone())
         .await
         .unwrap_or_else(|e| panic!("open the PostgreSQL store: {e}"));
@@ -108,7 +91,7 @@ macro_rules! conformance {
                 #[tokio::test]
                 #[cfg_attr(
                     not(spool_test_postgres),
-                    ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+                    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
                 )]
                 async fn $name() {
                     let f = super::postgres().await;

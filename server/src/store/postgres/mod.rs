@@ -299,28 +299,12 @@ impl Store for PostgresStore {
 mod tests {
     use super::*;
 
-    fn test_url() -> String {
-        std::env::var("SPOOL_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| panic!("SPOOL_TEST_POSTGRES_URL must name a PostgreSQL server"))
-    }
-
     /// A store in a schema of its own, with `extra` session options.
     async fn store_with(extra: &[(&str, &str)]) -> PostgresStore {
-        let url = test_url();
-        let schema = format!("spool_test_{}", uuid::Uuid::new_v4().simple());
+        let url = crate::fixtures::postgres_schema("pgstore").await;
         let options = PgConnectOptions::from_str(&url)
             .unwrap_or_else(|e| panic!("{e}"))
-            .options([("search_path", schema.as_str())])
             .options(extra.iter().copied());
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
         PostgresStore::open_with(options)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
@@ -348,7 +332,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
-        ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
     async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
         let a = store_with(&[]).await;
@@ -411,7 +395,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
-        ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
     async fn writes_never_wait_behind_callers_reads() {
         let store = store_with(&[]).await;
@@ -449,10 +433,10 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
-        ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
     async fn the_urls_sslmode_is_honoured() {
-        let url = test_url();
+        let url = crate::fixtures::postgres_url();
         let with = |mode: &str| {
             let separator = if url.contains('?') { '&' } else { '?' };
             format!("{url}{separator}sslmode={mode}")
@@ -479,7 +463,7 @@ mod tests {
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
-        ignore = "needs PostgreSQL: set SPOOL_TEST_POSTGRES_URL"
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
     async fn sessions_set_statement_lock_and_idle_timeouts() {
         let store = store_with(&[("lock_timeout", "3s")]).await;
