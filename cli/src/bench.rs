@@ -670,16 +670,29 @@ fn percentiles(mut samples: Vec<Duration>) -> serde_json::Value {
     })
 }
 
-/// A progress line on stderr, redrawn a few times a second.
+/// A progress line on stderr, redrawn a few times a second when stderr is a
+/// terminal; elsewhere (a log file, a pipe) one line when the phase ends.
 struct Progress {
     stop: CancellationToken,
 }
 
 impl Progress {
     fn start(label: &str, total: usize, done: Arc<AtomicUsize>) -> Self {
+        use std::io::IsTerminal;
         let stop = CancellationToken::new();
         let label = label.to_owned();
         let token = stop.clone();
+        if !std::io::stderr().is_terminal() {
+            tokio::spawn(async move {
+                let started = Instant::now();
+                token.cancelled().await;
+                eprintln!(
+                    "{label:<18} done in {:.2}s",
+                    started.elapsed().as_secs_f64()
+                );
+            });
+            return Self { stop };
+        }
         tokio::spawn(async move {
             let started = Instant::now();
             loop {

@@ -8,8 +8,28 @@ use spool_client::Client;
 use spool_proto::v1::{self, ActivityStatus};
 use tonic::{Code, Status};
 
-/// Exit code when the activity a command waited for ended FAILED or CANCELLED.
-pub const EXIT_NOT_COMPLETED: i32 = 3;
+/// The exit codes of the client subcommands (README, "Exit codes").
+pub mod exit {
+    /// Done; a waited-for activity COMPLETED.
+    pub const OK: i32 = 0;
+    /// The server refused or failed the call (permission, conflict, internal).
+    pub const ERROR: i32 = 1;
+    /// The command line or an input is wrong (also what the server calls an invalid
+    /// argument).
+    pub const USAGE: i32 = 2;
+    /// The waited-for activity finished FAILED or CANCELLED.
+    pub const NOT_COMPLETED: i32 = 3;
+    /// `--timeout` passed before the waited-for activity finished.
+    pub const TIMEOUT: i32 = 4;
+    /// No such activity.
+    pub const NOT_FOUND: i32 = 5;
+    /// No Spool server answers at the address.
+    pub const UNREACHABLE: i32 = 6;
+}
+
+/// What `stats` and `workers` say under their table while the node drains.
+const DRAINING: &str =
+    "this node is draining: it dispatches nothing and refuses workers until `spool resume`";
 
 /// Where and how to reach the server.
 #[derive(Debug, Clone)]
@@ -28,10 +48,38 @@ pub enum Error {
         "cannot reach the Spool server at {server}: {reason} (is `spool serve` running? set --server or SPOOL_SERVER)"
     )]
     Unreachable { server: String, reason: String },
+    #[error("{server} broke off the call ({reason}): {}", not_grpc_hint(.server))]
+    NotGrpc { server: String, reason: String },
     #[error("{}", describe(.0))]
     Server(Status),
     #[error("{0}")]
     Usage(String),
+}
+
+/// Why a server may break off a call below gRPC, for the address given.
+fn not_grpc_hint(server: &str) -> &'static str {
+    if server.starts_with("https://") {
+        "it refused this client's TLS (does it require --client-cert and --client-key?), \
+         or it does not speak gRPC (is it a Spool server's address?)"
+    } else {
+        "it does not speak gRPC: is it a Spool server's address? (`spool serve` listens on \
+         127.0.0.1:7070 unless --listen says otherwise; a TLS server needs https://)"
+    }
+}
+
+impl Error {
+    /// The exit code this error ends the command with.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Unreachable { .. } | Error::NotGrpc { .. } => exit::UNREACHABLE,
+            Error::Usage(_) => exit::USAGE,
+            Error::Server(status) => match status.code() {
+                Code::NotFound => exit::NOT_FOUND,
+                Code::InvalidArgument => exit::USAGE,
+                _ => exit::ERROR,
+            },
+        }
+    }
 }
 
 fn describe(status: &Status) -> String {
@@ -54,6 +102,7 @@ impl From<spool_client::Error> for Error {
             spool_client::Error::InvalidToken => {
                 Error::Usage("the token is not a valid header value".to_owned())
             }
+            spool_client::Error::NotGrpc { server, reason } => Error::NotGrpc { server, reason },
         }
     }
 }
@@ -85,30 +134,37 @@ impl Commands {
         let activity = response.activity.unwrap_or_default();
         let Some(timeout) = wait else {
             if self.json {
-                print_json(
-                    &serde_json::json!({"created": response.created, "activity": activity_json(&activity)}),
-                );
+                let mut json = activity_json(&activity);
+                json["created"] = response.created.into();
+                print_json(&json);
             } else {
-                let key = activity.key.clone().unwrap_or_default();
                 let verb = if response.created {
                     "submitted"
                 } else {
                     "exists"
                 };
-                println!(
-                    "{verb} {}/{}/{}",
-                    key.namespace, key.workflow_id, key.activity_id
-                );
+                println!("{verb} {}", key_text(activity.key.as_ref()));
             }
-            return Ok(0);
+            return Ok(exit::OK);
         };
-        self.wait(activity.key.unwrap_or_default(), timeout).await
+        let done = self
+            .client
+            .wait(activity.key.unwrap_or_default(), timeout)
+            .await?;
+        if self.json {
+            let mut json = activity_json(&done);
+            json["created"] = response.created.into();
+            print_json(&json);
+        } else {
+            print!("{}", activity_text(&done));
+        }
+        Ok(exit_for(&done))
     }
 
     pub async fn get(&self, key: v1::ActivityKey) -> Result<i32, Error> {
         let activity = self.client.get(key).await?;
         self.print_activity(&activity);
-        Ok(0)
+        Ok(exit::OK)
     }
 
     pub async fn wait(
@@ -124,31 +180,31 @@ impl Commands {
     pub async fn cancel(&self, key: v1::ActivityKey, reason: String) -> Result<i32, Error> {
         let activity = self.client.cancel(key, reason).await?;
         self.print_activity(&activity);
-        Ok(0)
+        Ok(exit::OK)
     }
 
     pub async fn retry(&self, key: v1::ActivityKey) -> Result<i32, Error> {
         let activity = self.client.retry(key).await?;
         self.print_activity(&activity);
-        Ok(0)
+        Ok(exit::OK)
     }
 
-    /// Lists up to `limit` activities, following page tokens.
+    /// Lists up to `limit` activities, following page tokens; says how to go on
+    /// when more match.
     pub async fn list(&self, request: v1::ListRequest, limit: usize) -> Result<i32, Error> {
-        let activities = self.client.list_up_to(request, limit).await?;
+        let (activities, next) = self.client.list_page_up_to(request, limit).await?;
         if self.json {
-            print_json(&serde_json::Value::Array(
-                activities.iter().map(activity_json).collect(),
-            ));
-            return Ok(0);
+            print_json(&serde_json::json!({
+                "activities": activities.iter().map(activity_json).collect::<Vec<_>>(),
+                "next_page_token": next,
+            }));
+            return Ok(exit::OK);
         }
         let rows: Vec<Vec<String>> = activities
             .iter()
             .map(|a| {
-                let key = a.key.clone().unwrap_or_default();
                 vec![
-                    key.workflow_id,
-                    key.activity_id,
+                    key_text(a.key.as_ref()),
                     a.activity_type.clone(),
                     status_label(a.status),
                     a.attempt.to_string(),
@@ -158,19 +214,12 @@ impl Commands {
             .collect();
         print!(
             "{}",
-            table(
-                &[
-                    "WORKFLOW_ID",
-                    "ACTIVITY_ID",
-                    "TYPE",
-                    "STATUS",
-                    "ATTEMPT",
-                    "CREATED"
-                ],
-                &rows
-            )
+            table(&["KEY", "TYPE", "STATUS", "ATTEMPT", "CREATED"], &rows)
         );
-        Ok(0)
+        if !next.is_empty() {
+            eprintln!("more match: add --page-token {next} for the next page, or --all");
+        }
+        Ok(exit::OK)
     }
 
     pub async fn stats(&self, namespace: String) -> Result<i32, Error> {
@@ -179,6 +228,7 @@ impl Commands {
             print_json(&serde_json::json!({
                 "scheduled": s.scheduled, "running": s.running, "completed": s.completed,
                 "failed": s.failed, "cancelled": s.cancelled, "connected_workers": s.connected_workers,
+                "draining": s.draining,
             }));
         } else {
             let rows = vec![vec![
@@ -203,14 +253,18 @@ impl Commands {
                     &rows
                 )
             );
+            if s.draining {
+                println!("{DRAINING}");
+            }
         }
-        Ok(0)
+        Ok(exit::OK)
     }
 
     pub async fn workers(&self, namespace: String) -> Result<i32, Error> {
-        let workers = self.client.workers(namespace).await?;
+        let answer = self.client.list_workers(namespace).await?;
+        let workers = answer.workers;
         if self.json {
-            let list = workers
+            let list: Vec<serde_json::Value> = workers
                 .iter()
                 .map(|w| {
                     serde_json::json!({
@@ -222,8 +276,8 @@ impl Commands {
                     })
                 })
                 .collect();
-            print_json(&serde_json::Value::Array(list));
-            return Ok(0);
+            print_json(&serde_json::json!({"workers": list, "draining": answer.draining}));
+            return Ok(exit::OK);
         }
         let rows: Vec<Vec<String>> = workers
             .iter()
@@ -252,7 +306,10 @@ impl Commands {
                 &rows
             )
         );
-        Ok(0)
+        if answer.draining {
+            println!("{DRAINING}");
+        }
+        Ok(exit::OK)
     }
 
     pub async fn drain(&self, timeout: Option<Duration>) -> Result<i32, Error> {
@@ -261,11 +318,23 @@ impl Commands {
             print_json(&serde_json::json!({"completed": r.completed, "released": r.released}));
         } else {
             println!(
-                "drained: {} completed, {} released",
+                "drained: {} completed, {} released; the node refuses workers until `spool resume`",
                 r.completed, r.released
             );
         }
-        Ok(0)
+        Ok(exit::OK)
+    }
+
+    pub async fn resume(&self) -> Result<i32, Error> {
+        let r = self.client.resume().await?;
+        if self.json {
+            print_json(&serde_json::json!({"was_draining": r.was_draining}));
+        } else if r.was_draining {
+            println!("resumed: the node takes workers and dispatches again");
+        } else {
+            println!("the node was not draining: nothing changed");
+        }
+        Ok(exit::OK)
     }
 
     fn print_activity(&self, activity: &v1::Activity) {
@@ -277,16 +346,18 @@ impl Commands {
     }
 }
 
+/// How waiting for `activity` ends the command: it COMPLETED, finished otherwise,
+/// or is not finished yet (the wait timed out).
 fn exit_for(activity: &v1::Activity) -> i32 {
     match ActivityStatus::try_from(activity.status) {
-        Ok(ActivityStatus::Failed | ActivityStatus::Cancelled) => EXIT_NOT_COMPLETED,
-        _ => 0,
+        Ok(ActivityStatus::Completed) => exit::OK,
+        Ok(ActivityStatus::Failed | ActivityStatus::Cancelled) => exit::NOT_COMPLETED,
+        _ => exit::TIMEOUT,
     }
 }
 
 /// Reads `--input`: inline JSON, or `@path` for a file's contents.
-pub fn input(value: Option<&str>) -> Result<Option<v1::Payload>, Error> {
-    let Some(value) = value else { return Ok(None) };
+pub fn input(value: &str) -> Result<v1::Payload, Error> {
     let data = match value.strip_prefix('@') {
         Some(path) => std::fs::read(path)
             .map_err(|e| Error::Usage(format!("cannot read --input file {path:?}: {e}")))?,
@@ -294,10 +365,64 @@ pub fn input(value: Option<&str>) -> Result<Option<v1::Payload>, Error> {
     };
     serde_json::from_slice::<serde_json::Value>(&data)
         .map_err(|e| Error::Usage(format!("--input is not valid JSON: {e}")))?;
-    Ok(Some(v1::Payload {
+    Ok(v1::Payload {
         content_type: "application/json".to_owned(),
         data,
-    }))
+    })
+}
+
+/// An activity's key from the command line: `key` is NAMESPACE/WORKFLOW_ID/ACTIVITY_ID
+/// (as [`key_text`] prints it) or WORKFLOW_ID/ACTIVITY_ID, or, with `activity_id`,
+/// the workflow id alone. The namespace part, when there is none, is `namespace`.
+pub fn parse_key(
+    key: &str,
+    activity_id: Option<&str>,
+    namespace: Option<&str>,
+) -> Result<v1::ActivityKey, Error> {
+    let (ns, workflow_id, activity_id) = match activity_id {
+        Some(activity_id) => (None, key, activity_id),
+        None => match key.split('/').collect::<Vec<_>>().as_slice() {
+            [workflow_id, activity_id] => (None, *workflow_id, *activity_id),
+            [ns, ..] if key.matches('/').count() >= 2 => {
+                // Namespaces hold no '/': the first part is one; the last part is
+                // the activity id, everything between the workflow id.
+                let rest = &key[ns.len() + 1..];
+                let (workflow_id, activity_id) = rest.rsplit_once('/').unwrap_or((rest, ""));
+                (Some(*ns), workflow_id, activity_id)
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "{key:?} is not an activity key: give NAMESPACE/WORKFLOW_ID/ACTIVITY_ID (as \
+                     spool prints it), WORKFLOW_ID/ACTIVITY_ID, or WORKFLOW_ID ACTIVITY_ID"
+                )));
+            }
+        },
+    };
+    let namespace = match (ns, namespace) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(Error::Usage(format!(
+                "the key names namespace {a:?} but --namespace says {b:?}"
+            )));
+        }
+        (Some(ns), _) | (None, Some(ns)) => ns,
+        (None, None) => "",
+    };
+    if workflow_id.is_empty() || activity_id.is_empty() {
+        return Err(Error::Usage(format!(
+            "{key:?} leaves the workflow id or the activity id empty"
+        )));
+    }
+    Ok(v1::ActivityKey {
+        namespace: namespace.to_owned(),
+        workflow_id: workflow_id.to_owned(),
+        activity_id: activity_id.to_owned(),
+    })
+}
+
+/// A key as the CLI prints it, and reads it back: NAMESPACE/WORKFLOW_ID/ACTIVITY_ID.
+fn key_text(key: Option<&v1::ActivityKey>) -> String {
+    let key = key.cloned().unwrap_or_default();
+    format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id)
 }
 
 pub fn parse_status(s: &str) -> Result<ActivityStatus, String> {
@@ -354,6 +479,7 @@ pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
         "activity_type": a.activity_type,
         "status": status_label(a.status),
         "attempt": a.attempt,
+        "counted_attempts": a.counted_attempts,
         "max_attempts": a.max_attempts,
         "input": a.input.as_ref().map(payload_json),
         "output": a.output.as_ref().map(payload_json),
@@ -371,20 +497,16 @@ pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
 }
 
 fn activity_text(a: &v1::Activity) -> String {
-    let key = a.key.clone().unwrap_or_default();
     let mut out = String::new();
     let mut line = |k: &str, v: String| {
         if !v.is_empty() {
             let _ = writeln!(out, "{k:<13} {v}");
         }
     };
-    line(
-        "key",
-        format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id),
-    );
+    line("key", key_text(a.key.as_ref()));
     line("type", a.activity_type.clone());
     line("status", status_label(a.status));
-    line("attempt", format!("{} of {}", a.attempt, a.max_attempts));
+    line("attempt", attempt_text(a));
     line(
         "input",
         a.input
@@ -424,6 +546,16 @@ fn activity_text(a: &v1::Activity) -> String {
     );
     line("worker_id", a.worker_id.clone());
     out
+}
+
+/// The attempt number, and how many of the attempts count against the budget: a
+/// snooze, a release by a draining server and a re-drive's fresh budget leave
+/// attempts uncounted, so the two differ.
+fn attempt_text(a: &v1::Activity) -> String {
+    format!(
+        "{} ({} of {} counted)",
+        a.attempt, a.counted_attempts, a.max_attempts
+    )
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -481,6 +613,36 @@ mod tests {
         assert_eq!(parse_status("Running"), Ok(ActivityStatus::Running));
         assert!(parse_status("unspecified").is_err());
         assert!(parse_status("done").is_err());
+    }
+
+    #[test]
+    fn keys_read_back_as_printed() {
+        let key = |ns: &str, wf: &str, act: &str| v1::ActivityKey {
+            namespace: ns.into(),
+            workflow_id: wf.into(),
+            activity_id: act.into(),
+        };
+        let printed = key_text(Some(&key("default", "wf1", "a1")));
+        assert_eq!(printed, "default/wf1/a1");
+        assert_eq!(
+            parse_key(&printed, None, None).ok(),
+            Some(key("default", "wf1", "a1"))
+        );
+        assert_eq!(
+            parse_key("wf1/a1", None, Some("ns")).ok(),
+            Some(key("ns", "wf1", "a1"))
+        );
+        assert_eq!(
+            parse_key("wf/with/slash", Some("a1"), None).ok(),
+            Some(key("", "wf/with/slash", "a1"))
+        );
+        assert_eq!(
+            parse_key("ns/wf/with/slash/a1", None, None).ok(),
+            Some(key("ns", "wf/with/slash", "a1"))
+        );
+        assert!(parse_key("default/wf1/a1", None, Some("other")).is_err());
+        assert!(parse_key("wf1", None, None).is_err());
+        assert!(parse_key("ns//a1", None, None).is_err());
     }
 
     #[test]

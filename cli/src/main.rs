@@ -15,39 +15,92 @@ mod soak;
 use commands::{Commands, Target};
 
 #[derive(Parser)]
-#[command(name = "spool", version, about = "Spool: a durable activity server")]
+#[command(
+    name = "spool",
+    version,
+    about = "Spool: a durable activity server",
+    after_help = "Exit codes of the client commands: 0 done (a waited-for activity COMPLETED), \
+1 the server refused or failed the call, 2 wrong usage or input, 3 the activity FAILED or \
+was CANCELLED, 4 --timeout passed before it finished, 5 no such activity, 6 no Spool \
+server answers at --server."
+)]
 struct Cli {
-    /// The server a client command talks to [default: http://127.0.0.1:7070]. For
-    /// `bench`: benchmark this server instead of starting one.
-    #[arg(long, global = true, env = "SPOOL_SERVER")]
-    server: Option<String>,
-    /// Bearer token for a server started with --auth-token.
-    #[arg(long, global = true, env = "SPOOL_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    json: bool,
-    /// A CA certificate (PEM) to trust for an https:// server, besides the system's roots.
-    #[arg(long, global = true, env = "SPOOL_CA_CERT")]
-    ca_cert: Option<PathBuf>,
-    /// A client certificate (PEM) for a server that requires mutual TLS.
-    #[arg(
-        long,
-        global = true,
-        env = "SPOOL_CLIENT_CERT",
-        requires = "client_key"
+    /// The client flags, given before the command's name.
+    #[command(
+        flatten,
+        next_help_heading = "Client options (for the client commands)"
     )]
-    client_cert: Option<PathBuf>,
-    /// The key (PEM) of --client-cert.
-    #[arg(
-        long,
-        global = true,
-        env = "SPOOL_CLIENT_KEY",
-        requires = "client_cert"
-    )]
-    client_key: Option<PathBuf>,
+    client: ClientArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How a client command reaches the server. Every client command takes these, after
+/// its name or before it (`spool --server X stats`); after wins, then before, then
+/// the environment.
+#[derive(clap::Args, Clone, Default)]
+struct ClientArgs {
+    /// The server: host:port (plaintext), http://host:port, or https://host:port
+    /// (TLS) [env: SPOOL_SERVER] [default: 127.0.0.1:7070]. For `bench`: benchmark
+    /// this server instead of starting one.
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token, for a server started with --auth-token or --tokens-file
+    /// [env: SPOOL_TOKEN].
+    #[arg(long)]
+    token: Option<String>,
+    /// Print JSON instead of tables: one object per activity, the same shape in
+    /// every command.
+    #[arg(long)]
+    json: bool,
+    /// A CA certificate (PEM) to trust for an https:// server, besides the system's
+    /// roots [env: SPOOL_CA_CERT].
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// A client certificate (PEM) for a server that requires mutual TLS
+    /// [env: SPOOL_CLIENT_CERT].
+    #[arg(long)]
+    client_cert: Option<PathBuf>,
+    /// The key (PEM) of --client-cert [env: SPOOL_CLIENT_KEY].
+    #[arg(long)]
+    client_key: Option<PathBuf>,
+}
+
+impl ClientArgs {
+    /// These flags, with what they leave unset taken from `before` (the flags given
+    /// before the command's name), then from the environment.
+    fn or(&self, before: &ClientArgs) -> ClientArgs {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let path = |name: &str| env(name).map(PathBuf::from);
+        ClientArgs {
+            server: self
+                .server
+                .clone()
+                .or_else(|| before.server.clone())
+                .or_else(|| env("SPOOL_SERVER")),
+            token: self
+                .token
+                .clone()
+                .or_else(|| before.token.clone())
+                .or_else(|| env("SPOOL_TOKEN")),
+            json: self.json || before.json,
+            ca_cert: self
+                .ca_cert
+                .clone()
+                .or_else(|| before.ca_cert.clone())
+                .or_else(|| path("SPOOL_CA_CERT")),
+            client_cert: self
+                .client_cert
+                .clone()
+                .or_else(|| before.client_cert.clone())
+                .or_else(|| path("SPOOL_CLIENT_CERT")),
+            client_key: self
+                .client_key
+                .clone()
+                .or_else(|| before.client_key.clone())
+                .or_else(|| path("SPOOL_CLIENT_KEY")),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -58,47 +111,26 @@ enum Command {
     Submit(SubmitArgs),
     /// Show an activity.
     Get(KeyArgs),
-    /// Wait until an activity is finished (exit 3 if it FAILED or was CANCELLED).
-    Wait {
-        #[command(flatten)]
-        key: KeyArgs,
-        /// Give up after this long and show the current state.
-        #[arg(long, value_parser = duration)]
-        timeout: Option<Duration>,
-    },
+    /// Wait until an activity is finished (exit 3 if it FAILED or was CANCELLED, 4
+    /// if --timeout passed first).
+    Wait(WaitArgs),
     /// Cancel a scheduled or running activity.
-    Cancel {
-        #[command(flatten)]
-        key: KeyArgs,
-        #[arg(long, default_value = "")]
-        reason: String,
-    },
-    /// Re-drive a FAILED or CANCELLED activity with a fresh attempt budget.
+    Cancel(CancelArgs),
+    /// Run a FAILED or CANCELLED activity again, with a fresh attempt budget.
     Retry(KeyArgs),
-    /// List activities.
-    Ls {
-        #[arg(long, default_value = "")]
-        namespace: String,
-        /// scheduled, running, completed, failed or cancelled.
-        #[arg(long, value_parser = commands::parse_status)]
-        status: Option<v1::ActivityStatus>,
-        #[arg(long = "type")]
-        activity_type: Option<String>,
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-    },
-    /// Count activities by status.
-    Stats {
-        #[arg(long, default_value = "")]
-        namespace: String,
-    },
+    /// List activities, newest first.
+    Ls(LsArgs),
+    /// Count activities by status, and say whether the node is draining.
+    Stats(NamespaceArgs),
     /// List connected workers.
-    Workers {
-        #[arg(long, default_value = "")]
-        namespace: String,
-    },
+    Workers(NamespaceArgs),
+    /// Drain the node: stop dispatching, let running activities finish, hand back the
+    /// rest. The node stays up, refusing workers, until `spool resume`.
+    Drain(DrainArgs),
+    /// End a drain: the node takes workers and dispatches again.
+    Resume(ClientOnly),
     /// Measure throughput and latency (starts a server unless --server is given).
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Load under random faults, then check nothing was lost or done twice.
     ///
     /// Nodes and workers run as processes; a seeded injector kills, stops and
@@ -117,15 +149,83 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         concurrency: u32,
     },
-    /// Drain the server: stop dispatching, let running activities finish.
-    Drain {
-        #[arg(long, value_parser = duration)]
-        timeout: Option<Duration>,
-    },
+}
+
+/// Only the connection flags.
+#[derive(clap::Args)]
+struct ClientOnly {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct NamespaceArgs {
+    /// The namespace (default: "default"; for `workers`, every namespace).
+    #[arg(long, default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct WaitArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Give up after this long (e.g. 30s, 5m) and show the state so far, exit 4.
+    #[arg(long, value_parser = duration)]
+    timeout: Option<Duration>,
+}
+
+#[derive(clap::Args)]
+struct CancelArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Why, shown as the activity's last error.
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+#[derive(clap::Args)]
+struct LsArgs {
+    /// The namespace (default: "default").
+    #[arg(long, default_value = "")]
+    namespace: String,
+    /// Only this status: scheduled, running, completed, failed or cancelled.
+    #[arg(long, value_parser = commands::parse_status)]
+    status: Option<v1::ActivityStatus>,
+    /// Only this activity type.
+    #[arg(long = "type")]
+    activity_type: Option<String>,
+    /// The most activities to show.
+    #[arg(long, default_value_t = 50, conflicts_with = "all")]
+    limit: usize,
+    /// Show every matching activity.
+    #[arg(long)]
+    all: bool,
+    /// Start after the page a previous `ls` ended with (it prints the token to use).
+    #[arg(long, default_value = "")]
+    page_token: String,
+    /// Oldest first instead of newest first.
+    #[arg(long)]
+    oldest_first: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct DrainArgs {
+    /// How long running activities may take to finish before they are handed back
+    /// (default: the server's --drain-timeout).
+    #[arg(long, value_parser = duration)]
+    timeout: Option<Duration>,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
 struct BenchArgs {
+    #[command(flatten)]
+    client: ClientArgs,
     /// The in-process server's database (default: a fresh temporary SQLite file).
     #[arg(long)]
     database: Option<String>,
@@ -177,6 +277,7 @@ struct SoakArgs {
     /// Nodes (PostgreSQL only).
     #[arg(long, default_value_t = 2)]
     nodes: usize,
+    /// How long faults are injected and activities submitted.
     #[arg(long, default_value = "60s", value_parser = duration)]
     duration: Duration,
     /// Seeds the fault schedule and the workload (default: random, printed).
@@ -227,23 +328,34 @@ struct SoakArgs {
     /// The spool binary nodes and workers run (default: this one).
     #[arg(long)]
     binary: Option<std::path::PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
 struct KeyArgs {
-    workflow_id: String,
-    activity_id: String,
-    #[arg(long, default_value = "")]
-    namespace: String,
+    /// The activity: NAMESPACE/WORKFLOW_ID/ACTIVITY_ID as `spool` prints it, or
+    /// WORKFLOW_ID/ACTIVITY_ID, or the workflow id alone followed by ACTIVITY_ID (for
+    /// ids holding a '/').
+    #[arg(value_name = "KEY")]
+    key: String,
+    /// The activity id, when KEY is the workflow id alone.
+    activity_id: Option<String>,
+    /// The namespace, when KEY does not name one (default: "default").
+    #[arg(long)]
+    namespace: Option<String>,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 impl KeyArgs {
-    fn key(self) -> v1::ActivityKey {
-        v1::ActivityKey {
-            namespace: self.namespace,
-            workflow_id: self.workflow_id,
-            activity_id: self.activity_id,
-        }
+    fn key(&self) -> Result<v1::ActivityKey, commands::Error> {
+        commands::parse_key(
+            &self.key,
+            self.activity_id.as_deref(),
+            self.namespace.as_deref(),
+        )
     }
 }
 
@@ -251,30 +363,36 @@ impl KeyArgs {
 struct SubmitArgs {
     /// The activity type a worker registered.
     activity_type: String,
-    /// Input as inline JSON, or @FILE.
-    #[arg(long)]
-    input: Option<String>,
-    /// Generated (UUIDv7) when empty.
+    /// Input as inline JSON, or @FILE for a file's contents.
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// The workflow id (default: a new UUIDv7).
     #[arg(long, default_value = "")]
     workflow_id: String,
-    /// Generated (UUIDv7) when empty.
+    /// The activity id (default: a new UUIDv7).
     #[arg(long, default_value = "")]
     activity_id: String,
+    /// The namespace (default: "default").
     #[arg(long, default_value = "")]
     namespace: String,
-    /// Run no earlier than this from now.
+    /// Run no earlier than this from now (e.g. 30s, 5m).
     #[arg(long, value_parser = duration)]
     delay: Option<Duration>,
-    #[arg(long)]
+    /// Attempts before the activity is FAILED for good, at least 1 (default: the
+    /// server's, 10).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: Option<u32>,
+    /// Higher runs first among due activities of its type (may be negative).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     priority: i32,
     /// Wait for the outcome (exit 3 if it FAILED or was CANCELLED).
     #[arg(long)]
     wait: bool,
-    /// With --wait: give up after this long.
+    /// With --wait: give up after this long and exit 4.
     #[arg(long, value_parser = duration, requires = "wait")]
     timeout: Option<Duration>,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -286,7 +404,8 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "SPOOL_LISTEN", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
-    /// Database URL: sqlite://PATH (created if missing).
+    /// Database URL: sqlite://PATH (one file, created if missing) or
+    /// postgres://USER:PASSWORD@HOST/DB (several nodes may share it).
     #[arg(long, env = "SPOOL_DATABASE_URL", default_value = "sqlite://spool.db")]
     database: String,
     /// How long in-flight activities may finish when draining.
@@ -392,8 +511,11 @@ impl LimitArgs {
 fn init_logging(format: &str, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    use std::io::IsTerminal;
+    // Colours only for a person at a terminal, never into a log file.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
@@ -457,7 +579,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// The client TLS files the flags name, read now so a bad path fails before any call.
-fn client_tls(cli: &Cli) -> anyhow::Result<spool_proto::endpoint::ClientTls> {
+fn client_tls(cli: &ClientArgs) -> anyhow::Result<spool_proto::endpoint::ClientTls> {
     let read = |flag: &str, path: &PathBuf| {
         std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
     };
@@ -500,10 +622,12 @@ async fn shutdown_signal() {
     }
 }
 
-async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyhow::Result<()> {
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     // The in-process server's log would drown the progress line: warnings only,
     // unless RUST_LOG says otherwise.
     init_logging("text", "warn");
+    let server = args.client.server.clone();
+    let target = target(&args.client)?;
     let json = target.json;
     let options = bench::Options {
         server: server.clone(),
@@ -531,7 +655,8 @@ async fn bench(args: BenchArgs, server: Option<String>, target: &Target) -> anyh
     Ok(())
 }
 
-async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
+async fn soak(args: SoakArgs) -> anyhow::Result<i32> {
+    let json = args.json;
     let binary = match args.binary {
         Some(b) => b,
         None => std::env::current_exe()?,
@@ -564,11 +689,32 @@ async fn soak(args: SoakArgs, json: bool) -> anyhow::Result<i32> {
     Ok(if report.passed { 0 } else { 1 })
 }
 
-async fn client_command(target: Target, command: Command) -> Result<i32, commands::Error> {
-    let client = Commands::connect(target).await?;
+/// Where and how a client command reaches the server (`client` already merged).
+fn target(client: &ClientArgs) -> anyhow::Result<Target> {
+    if client.client_cert.is_some() != client.client_key.is_some() {
+        anyhow::bail!("--client-cert and --client-key go together: give both or neither");
+    }
+    Ok(Target {
+        server: client
+            .server
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:7070".to_owned()),
+        token: client.token.clone().filter(|t| !t.is_empty()),
+        json: client.json,
+        tls: client_tls(client)?,
+    })
+}
+
+/// Runs a client command; its exit code.
+async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, commands::Error> {
+    let connect = |client: &ClientArgs| {
+        let target =
+            target(&client.or(before)).map_err(|e| commands::Error::Usage(format!("{e:#}")));
+        async move { Commands::connect(target?).await }
+    };
     match command {
         Command::Serve(_) | Command::Bench(_) | Command::Soak(_) | Command::SoakWorker { .. } => {
-            Ok(0)
+            Ok(commands::exit::OK)
         }
         Command::Submit(a) => {
             let request = v1::SubmitRequest {
@@ -576,7 +722,7 @@ async fn client_command(target: Target, command: Command) -> Result<i32, command
                 workflow_id: a.workflow_id,
                 activity_id: a.activity_id,
                 activity_type: a.activity_type,
-                input: commands::input(a.input.as_deref())?,
+                input: Some(commands::input(&a.input)?),
                 delay: a.delay.map(spool_proto::duration::to_proto),
                 retry_policy: a.max_attempts.map(|max_attempts| v1::RetryPolicy {
                     max_attempts,
@@ -585,84 +731,150 @@ async fn client_command(target: Target, command: Command) -> Result<i32, command
                 priority: a.priority,
                 ..Default::default()
             };
-            client.submit(request, a.wait.then_some(a.timeout)).await
+            let wait = a.wait.then_some(a.timeout);
+            connect(&a.client).await?.submit(request, wait).await
         }
-        Command::Get(key) => client.get(key.key()).await,
-        Command::Wait { key, timeout } => client.wait(key.key(), timeout).await,
-        Command::Cancel { key, reason } => client.cancel(key.key(), reason).await,
-        Command::Retry(key) => client.retry(key.key()).await,
-        Command::Ls {
-            namespace,
-            status,
-            activity_type,
-            limit,
-        } => {
+        Command::Get(key) => connect(&key.client).await?.get(key.key()?).await,
+        Command::Wait(w) => {
+            let key = w.key.key()?;
+            connect(&w.key.client).await?.wait(key, w.timeout).await
+        }
+        Command::Cancel(c) => {
+            let key = c.key.key()?;
+            connect(&c.key.client).await?.cancel(key, c.reason).await
+        }
+        Command::Retry(key) => connect(&key.client).await?.retry(key.key()?).await,
+        Command::Ls(ls) => {
             let request = v1::ListRequest {
-                namespace,
-                status: status.map_or(0, |s| s as i32),
-                activity_type: activity_type.unwrap_or_default(),
+                namespace: ls.namespace,
+                status: ls.status.map_or(0, |s| s as i32),
+                activity_type: ls.activity_type.unwrap_or_default(),
+                page_token: ls.page_token,
+                newest_first: !ls.oldest_first,
                 ..Default::default()
             };
-            client.list(request, limit).await
+            let limit = if ls.all { usize::MAX } else { ls.limit };
+            connect(&ls.client).await?.list(request, limit).await
         }
-        Command::Stats { namespace } => client.stats(namespace).await,
-        Command::Workers { namespace } => client.workers(namespace).await,
-        Command::Drain { timeout } => client.drain(timeout).await,
+        Command::Stats(n) => connect(&n.client).await?.stats(n.namespace).await,
+        Command::Workers(n) => connect(&n.client).await?.workers(n.namespace).await,
+        Command::Drain(d) => connect(&d.client).await?.drain(d.timeout).await,
+        Command::Resume(r) => connect(&r.client).await?.resume().await,
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Command::Serve(args) = cli.command {
-        return serve(*args).await;
-    }
-    let tls = match client_tls(&cli) {
-        Ok(tls) => tls,
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("error: {e}");
-            std::process::exit(1);
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
         }
     };
-    let target = Target {
-        server: cli
-            .server
-            .clone()
-            .unwrap_or_else(|| "http://127.0.0.1:7070".to_owned()),
-        token: cli.token.clone().filter(|t| !t.is_empty()),
-        json: cli.json,
-        tls,
+    let code = runtime.block_on(run(cli));
+    std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// An error and its causes on one line, each cause once: wrapped errors often
+/// repeat their source's text in their own.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+/// Runs the command; its exit code. An operator's error (a flag, a port in use, a
+/// locked database) is one line on stderr, never a backtrace: those are for bugs,
+/// which panic.
+async fn run(cli: Cli) -> i32 {
+    let failed = |e: anyhow::Error| {
+        eprintln!("error: {}", one_line(&e));
+        1
     };
-    if let Command::Bench(args) = cli.command {
-        return bench(args, cli.server, &target).await;
-    }
-    if let Command::Soak(args) = cli.command {
-        init_logging("text", "warn");
-        let code = soak(args, cli.json).await?;
-        std::process::exit(code);
-    }
-    if let Command::SoakWorker {
-        server,
-        history,
-        identity,
-        concurrency,
-    } = cli.command
-    {
-        init_logging("text", "warn");
-        return soak::worker::run(soak::worker::Options {
+    match cli.command {
+        Command::Serve(args) => serve(*args).await.map_or_else(failed, |()| 0),
+        Command::Bench(mut args) => {
+            args.client = args.client.or(&cli.client);
+            bench(*args).await.map_or_else(failed, |()| 0)
+        }
+        Command::Soak(mut args) => {
+            args.json |= cli.client.json;
+            init_logging("text", "warn");
+            soak(args).await.unwrap_or_else(failed)
+        }
+        Command::SoakWorker {
             server,
             history,
             identity,
             concurrency,
-        })
-        .await;
-    }
-    let code = match client_command(target, cli.command).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e}");
-            1
+        } => {
+            init_logging("text", "warn");
+            soak::worker::run(soak::worker::Options {
+                server,
+                history,
+                identity,
+                concurrency,
+            })
+            .await
+            .map_or_else(failed, |()| 0)
         }
-    };
-    std::process::exit(code);
+        command => match client_command(&cli.client, command).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("error: {e}");
+                e.exit_code()
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command a person may type says what it is
+    /// for (`--help` shows it), and `serve` carries none of the client's flags.
+    #[test]
+    fn every_flag_and_argument_is_described() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if !sub.is_hide_set() && sub.get_name() != "help" {
+                    walk(sub, &format!("{path} {}", sub.get_name()), missing);
+                }
+            }
+        }
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cli, "spool", &mut missing);
+        assert!(missing.is_empty(), "undescribed: {missing:?}");
+        let serve = cli
+            .find_subcommand("serve")
+            .unwrap_or_else(|| panic!("no serve"));
+        for client_only in ["server", "token", "json", "ca_cert"] {
+            assert!(
+                serve.get_arguments().all(|a| a.get_id() != client_only),
+                "serve takes --{client_only}"
+            );
+        }
+    }
 }

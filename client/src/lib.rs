@@ -59,9 +59,40 @@ pub enum Error {
     /// The token cannot be sent as a header value.
     #[error("the token is not a valid header value")]
     InvalidToken,
+    /// The call failed below gRPC: what answers at the address does not speak gRPC
+    /// (another service's port), or the connection broke mid-call.
+    #[error(
+        "{server} does not speak gRPC, or dropped the connection ({reason}): is it a Spool server's port?"
+    )]
+    NotGrpc {
+        /// The endpoint as given.
+        server: String,
+        /// What the transport said.
+        reason: String,
+    },
     /// The server answered with an error status.
     #[error("{:?}: {}", .0.code(), .0.message())]
     Status(#[from] Status),
+}
+
+impl Error {
+    /// A failed call's status, told apart: a status the transport made up (it
+    /// carries the transport's error as its source; one a server sent never does)
+    /// is [`Error::NotGrpc`].
+    fn from_call(server: &str, status: Status) -> Self {
+        let local = matches!(
+            status.code(),
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+        ) && std::error::Error::source(&status).is_some();
+        if local {
+            Error::NotGrpc {
+                server: server.to_owned(),
+                reason: status.message().to_owned(),
+            }
+        } else {
+            Error::Status(status)
+        }
+    }
 }
 
 /// Settings for a connection; [`Builder::connect`] makes it.
@@ -109,7 +140,11 @@ impl Builder {
                 reason,
             }
         })?;
-        Ok(Client { channel, token })
+        Ok(Client {
+            channel,
+            token,
+            server: self.server,
+        })
     }
 }
 
@@ -118,6 +153,8 @@ impl Builder {
 pub struct Client {
     channel: Channel,
     token: Option<MetadataValue<Ascii>>,
+    /// The endpoint as given, for errors.
+    server: String,
 }
 
 impl Client {
@@ -141,6 +178,11 @@ impl Client {
         request
     }
 
+    /// A failed call as an [`Error`].
+    fn failed(&self, status: Status) -> Error {
+        Error::from_call(&self.server, status)
+    }
+
     fn activities(&self) -> ActivityServiceClient<Channel> {
         // Answers are bounded by the server; an activity may carry payloads up to
         // its limit.
@@ -157,7 +199,8 @@ impl Client {
         Ok(self
             .activities()
             .submit(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -169,7 +212,8 @@ impl Client {
         Ok(self
             .activities()
             .submit_batch(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -179,7 +223,8 @@ impl Client {
         Ok(self
             .activities()
             .get(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -199,7 +244,8 @@ impl Client {
             let activity = self
                 .activities()
                 .wait(self.request(request))
-                .await?
+                .await
+                .map_err(|s| self.failed(s))?
                 .into_inner();
             if timeout.is_some() || activity.status >= v1::ActivityStatus::Completed as i32 {
                 return Ok(activity);
@@ -220,7 +266,8 @@ impl Client {
         Ok(self
             .activities()
             .cancel(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -230,7 +277,8 @@ impl Client {
         Ok(self
             .activities()
             .retry(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -239,28 +287,42 @@ impl Client {
         Ok(self
             .activities()
             .list(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
     /// Up to `limit` activities matching `request`, following page tokens.
     pub async fn list_up_to(
         &self,
-        mut request: v1::ListRequest,
+        request: v1::ListRequest,
         limit: usize,
     ) -> Result<Vec<v1::Activity>, Error> {
+        Ok(self.list_page_up_to(request, limit).await?.0)
+    }
+
+    /// Up to `limit` activities matching `request`, following page tokens, and the
+    /// token that continues after the last one returned (empty when no more match).
+    pub async fn list_page_up_to(
+        &self,
+        mut request: v1::ListRequest,
+        limit: usize,
+    ) -> Result<(Vec<v1::Activity>, String), Error> {
         let mut activities = Vec::new();
-        while activities.len() < limit {
-            request.page_size = u32::try_from((limit - activities.len()).min(1000)).unwrap_or(1000);
-            let page = self.list(request.clone()).await?;
-            activities.extend(page.activities);
-            if page.next_page_token.is_empty() {
-                break;
+        loop {
+            let wanted = limit.saturating_sub(activities.len());
+            if wanted == 0 {
+                return Ok((activities, request.page_token));
             }
+            request.page_size = u32::try_from(wanted.min(1000)).unwrap_or(1000);
+            let page = self.list(request.clone()).await?;
+            // A page holds at most `page_size`, so never more than `wanted`.
+            activities.extend(page.activities);
             request.page_token = page.next_page_token;
+            if request.page_token.is_empty() {
+                return Ok((activities, String::new()));
+            }
         }
-        activities.truncate(limit);
-        Ok(activities)
     }
 
     /// Activities by status in a namespace, and the workers connected to it.
@@ -271,7 +333,8 @@ impl Client {
         Ok(self
             .activities()
             .stats(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 
@@ -280,15 +343,33 @@ impl Client {
         &self,
         namespace: impl Into<String>,
     ) -> Result<Vec<v1::WorkerInfo>, Error> {
+        Ok(self.list_workers(namespace).await?.workers)
+    }
+
+    /// The workers connected now, and whether the node is draining.
+    pub async fn list_workers(
+        &self,
+        namespace: impl Into<String>,
+    ) -> Result<v1::ListWorkersResponse, Error> {
         let request = v1::ListWorkersRequest {
             namespace: namespace.into(),
         };
         Ok(self
             .admin()
             .list_workers(self.request(request))
-            .await?
-            .into_inner()
-            .workers)
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner())
+    }
+
+    /// Ends a drain: the node takes workers and dispatches again.
+    pub async fn resume(&self) -> Result<v1::ResumeResponse, Error> {
+        Ok(self
+            .admin()
+            .resume(self.request(v1::ResumeRequest {}))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner())
     }
 
     /// Drains the server: it stops dispatching and lets running activities finish,
@@ -300,7 +381,8 @@ impl Client {
         Ok(self
             .admin()
             .drain(self.request(request))
-            .await?
+            .await
+            .map_err(|s| self.failed(s))?
             .into_inner())
     }
 }

@@ -270,6 +270,22 @@ impl Config {
     }
 }
 
+/// The database as a log line should name it: a SQLite file by its absolute path
+/// (a relative one depends on where the server was started), any other URL with
+/// its password replaced by `***`.
+pub fn shown_database(url: &str) -> String {
+    if let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        let path = path.split('?').next().unwrap_or(path);
+        if let Ok(absolute) = std::path::absolute(path) {
+            return format!("sqlite://{}", absolute.display());
+        }
+    }
+    redact_url(url)
+}
+
 /// A database URL safe to log: any password replaced by `***`.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

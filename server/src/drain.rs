@@ -12,9 +12,10 @@
 //!    is told to stop) and goes back to SCHEDULED for immediate redelivery elsewhere,
 //!    not counted against `max_attempts` and never marked failed.
 //!
-//! After a drain the node stays up, NOT_SERVING; a shutdown then closes the worker
-//! streams and stops. Each commit of a drain has a deadline, so a drain ends even
-//! while the database is unreachable.
+//! After a drain the node stays up, NOT_SERVING, until a resume (which undoes phase
+//! 1: SERVING, sessions taken, claims planned) or a shutdown, which closes the
+//! worker streams and stops. A node shutting down cannot be resumed. Each commit of
+//! a drain has a deadline, so a drain ends even while the database is unreachable.
 
 use std::{sync::Arc, time::Duration};
 
@@ -22,8 +23,8 @@ use spool_proto::{
     time,
     v1::{activity_service_server, admin_service_server, server_message, worker_service_server},
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use crate::{dispatch::Core, store::Op};
@@ -46,20 +47,49 @@ pub struct Report {
 pub struct Drainer {
     core: Arc<Core>,
     health: HealthReporter,
-    /// Cancelled when the drain begins; the worker API refuses sessions from then on.
-    draining: CancellationToken,
-    /// One drain at a time; a second waits for the first and then finds nothing left.
+    /// Set for good when the drain is the start of a shutdown: no resume then.
+    stopping: AtomicBool,
+    /// One drain (or resume) at a time; a second drain waits for the first and then
+    /// finds nothing left.
     running: Mutex<()>,
 }
 
+/// Why a resume was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("the node is shutting down; start it again instead")]
+pub struct ShuttingDown;
+
 impl Drainer {
-    pub fn new(core: Arc<Core>, health: HealthReporter, draining: CancellationToken) -> Self {
+    pub fn new(core: Arc<Core>, health: HealthReporter) -> Self {
         Self {
             core,
             health,
-            draining,
+            stopping: AtomicBool::new(false),
             running: Mutex::new(()),
         }
+    }
+
+    /// The drain that starts a shutdown: as [`Drainer::drain`], and the node can
+    /// no longer be resumed.
+    pub async fn drain_to_stop(&self, timeout: Duration) -> Report {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.drain(timeout).await
+    }
+
+    /// Ends a drain (after one in progress finishes): SERVING, new worker sessions
+    /// taken, claims planned again. `Ok(false)` when the node was not draining.
+    pub async fn resume(&self) -> Result<bool, ShuttingDown> {
+        let _one = self.running.lock().await;
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ShuttingDown);
+        }
+        if !self.core.registry.is_draining() {
+            return Ok(false);
+        }
+        self.core.registry.resume();
+        set_health(&self.health, ServingStatus::Serving).await;
+        tracing::info!("resumed: dispatching again");
+        Ok(true)
     }
 
     pub async fn drain(&self, timeout: Duration) -> Report {
@@ -79,7 +109,6 @@ impl Drainer {
         // Phase 1. Stop dispatch first, then let any claim already in the
         // committer's current batch land (the empty commit is a barrier), so the
         // count below includes every attempt a worker may be running.
-        self.draining.cancel();
         set_health(&self.health, ServingStatus::NotServing).await;
         self.core.registry.pause();
         // Every commit of the drain has a deadline: with the database unreachable
@@ -255,7 +284,7 @@ mod tests {
             config: Config::new(url),
         });
         Node {
-            drainer: Drainer::new(core.clone(), health, CancellationToken::new()),
+            drainer: Drainer::new(core.clone(), health),
             core,
             outbound,
             worker_id,

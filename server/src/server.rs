@@ -150,8 +150,7 @@ async fn serve(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     drain::set_health(&health, ServingStatus::Serving).await;
-    let draining = CancellationToken::new();
-    let drainer = Arc::new(Drainer::new(core.clone(), health.clone(), draining.clone()));
+    let drainer = Arc::new(Drainer::new(core.clone(), health.clone()));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(spool_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -163,14 +162,10 @@ async fn serve(
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
-    let worker = WorkerServiceServer::new(WorkerApi::new(
-        core.clone(),
-        sessions.clone(),
-        root.clone(),
-        draining,
-    ))
-    .max_decoding_message_size(max_message)
-    .max_encoding_message_size(max_message);
+    let worker =
+        WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
     let admin = AdminServiceServer::new(AdminApi::new(core.clone(), drainer.clone()))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
@@ -211,16 +206,27 @@ async fn serve(
                 _ = root.cancelled() => {}
             }
             tracing::info!("shutting down: draining first");
-            drainer.drain(drain_timeout).await;
+            drainer.drain_to_stop(drain_timeout).await;
             root.cancel();
         });
     }
 
+    let address = listener
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
+    let auth_mode = match (&config.auth_token, &config.tokens_file) {
+        (_, Some(file)) => format!("tokens from {}", file.display()),
+        (Some(_), None) => "one token (--auth-token)".to_owned(),
+        (None, None) => "none: anyone who can connect may call".to_owned(),
+    };
     tracing::info!(
-        address = ?listener.local_addr().ok(),
-        database = %crate::config::redact_url(&config.database),
+        %address,
+        database = %crate::config::shown_database(&config.database),
+        version = env!("CARGO_PKG_VERSION"),
         tls = tls.is_some(),
-        "serving"
+        auth = %auth_mode,
+        "serving on {}://{address}",
+        if tls.is_some() { "https" } else { "http" }
     );
     let mut builder = transport::builder(&config.limits);
     if let Some(tls) = tls {

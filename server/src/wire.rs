@@ -25,6 +25,7 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         worker_id: row.worker_id.unwrap_or_default(),
         heartbeat_details: row.heartbeat_details,
         max_attempts: row.retry.max_attempts,
+        counted_attempts: row.attempt.saturating_sub(row.uncounted),
     }
 }
 

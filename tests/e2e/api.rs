@@ -1,4 +1,4 @@
-//! The client API: listing, stats, batches, and every bad input DESIGN.md names.
+//! The client API: listing, stats, batches, and every bad input docs/PROTOCOL.md names.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The lifecycle of DESIGN.md, driven through the public API and the SDK.
+//! The lifecycle docs/PROTOCOL.md describes, driven through the public API and the SDK.
 
 use std::{
     sync::{

@@ -8,6 +8,15 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> Result<(), spool_worker::Error> {
+    // The SDK says what its sessions do (connected, draining, reconnecting,
+    // stopped) through `tracing`; RUST_LOG=debug says more.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let endpoint =
         std::env::var("SPOOL_SERVER").unwrap_or_else(|_| "http://127.0.0.1:7070".to_owned());
     let shutdown = CancellationToken::new();

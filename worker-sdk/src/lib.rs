@@ -194,6 +194,9 @@ impl Worker {
                     if welcomed {
                         delay = self.reconnect_min;
                     }
+                    if !shutdown.is_cancelled() {
+                        tracing::info!("session ended; reconnecting");
+                    }
                 }
                 Err(e) if e.is_permanent() => return Err(e),
                 Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
@@ -205,6 +208,7 @@ impl Worker {
             }
             delay = doubled(delay, self.reconnect_max);
         }
+        tracing::info!("stopped");
         Ok(())
     }
 }

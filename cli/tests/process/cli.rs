@@ -95,7 +95,7 @@ async fn the_client_subcommands_work_and_fail_clearly() {
         )
         .await,
     );
-    assert_eq!(listed.as_array().map(Vec::len), Some(2));
+    assert_eq!(listed["activities"].as_array().map(Vec::len), Some(2));
     let stats = json(&spool(&env, &["--json", "stats"]).await);
     assert_eq!(stats["scheduled"], 2);
 
@@ -146,18 +146,18 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     );
 
     let workers = json(&spool(&env, &["--json", "workers"]).await);
-    assert_eq!(workers[0]["identity"], "in-process");
+    assert_eq!(workers["workers"][0]["identity"], "in-process");
 
     // Errors: not found, bad input, server down.
     let missing = spool(&env, &["get", "w", "nope"]).await;
-    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(missing.status.code(), Some(5));
     assert!(
         stderr(&missing).contains("NotFound") && stderr(&missing).contains("default/w/nope"),
         "{}",
         stderr(&missing)
     );
     let bad = spool(&env, &["submit", "greet", "--input", "{not json"]).await;
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(
         stderr(&bad).contains("--input is not valid JSON"),
         "{}",
@@ -168,7 +168,7 @@ async fn the_client_subcommands_work_and_fail_clearly() {
         .output()
         .await
         .expect("run spool");
-    assert_eq!(down.status.code(), Some(1));
+    assert_eq!(down.status.code(), Some(6));
     assert!(
         stderr(&down).contains("cannot reach the Spool server"),
         "{}",
@@ -182,6 +182,197 @@ async fn the_client_subcommands_work_and_fail_clearly() {
         "{}",
         stdout(&drained)
     );
+}
+
+/// Every exit code a client command documents, a key pasted back from the CLI's own
+/// output, `host:port` without a scheme, a port that does not speak gRPC, and a
+/// drained node resumed.
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_codes_pasted_keys_addresses_and_resume() {
+    let env = Env::new();
+    let server = env.server(&[]);
+    server.client().await;
+
+    // The key exactly as `submit` printed it (the input defaults to `{}`).
+    let out = spool(&env, &["submit", "greet"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let key = printed
+        .trim()
+        .strip_prefix("submitted ")
+        .unwrap_or_else(|| panic!("{printed}"))
+        .to_owned();
+    assert!(key.starts_with("default/"), "{key}");
+    let got = spool(&env, &["get", &key]).await;
+    assert_eq!(got.status.code(), Some(0), "{}", stderr(&got));
+    assert!(stdout(&got).contains(&format!("key           {key}")));
+    assert!(
+        stdout(&got).contains("attempt       0 (0 of 10 counted)"),
+        "{}",
+        stdout(&got)
+    );
+    let shown = json(&spool(&env, &["--json", "get", &key]).await);
+    assert_eq!(shown["input"], serde_json::json!({}));
+
+    // 4: nobody serves `greet` here, so the wait times out.
+    let timed_out = spool(&env, &["wait", &key, "--timeout", "300ms"]).await;
+    assert_eq!(timed_out.status.code(), Some(4), "{}", stderr(&timed_out));
+    assert!(stdout(&timed_out).contains("SCHEDULED"));
+    // 5: no such activity.
+    let missing = spool(&env, &["get", "default/w/none"]).await;
+    assert_eq!(missing.status.code(), Some(5));
+    // 2: usage, refused before anything is sent.
+    let zero = spool(&env, &["submit", "greet", "--max-attempts", "0"]).await;
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(
+        stderr(&zero).contains("--max-attempts"),
+        "{}",
+        stderr(&zero)
+    );
+    let malformed = spool(&env, &["get", "justone"]).await;
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(
+        stderr(&malformed).contains("NAMESPACE/WORKFLOW_ID/ACTIVITY_ID"),
+        "{}",
+        stderr(&malformed)
+    );
+    // 1: the server refuses (the key exists with another type).
+    let (_, rest) = key.split_once('/').unwrap_or_default();
+    let (workflow, activity) = rest.rsplit_once('/').unwrap_or_default();
+    let conflict = spool(
+        &env,
+        &[
+            "submit",
+            "other",
+            "--workflow-id",
+            workflow,
+            "--activity-id",
+            activity,
+        ],
+    )
+    .await;
+    assert_eq!(conflict.status.code(), Some(1), "{}", stderr(&conflict));
+    assert!(
+        stderr(&conflict).contains("AlreadyExists"),
+        "{}",
+        stderr(&conflict)
+    );
+
+    // host:port means plaintext http://.
+    let bare = env.url().trim_start_matches("http://").to_owned();
+    let plain = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["stats", "--server", &bare])
+        .output()
+        .await
+        .expect("run spool");
+    assert_eq!(plain.status.code(), Some(0), "{}", stderr(&plain));
+    // 6: a port that answers, but not in gRPC.
+    let not_grpc = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = not_grpc.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for stream in not_grpc.incoming().flatten().take(4) {
+            let mut stream = stream;
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let wrong = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["stats", "--server", &address])
+        .output()
+        .await
+        .expect("run spool");
+    assert_eq!(wrong.status.code(), Some(6), "{}", stderr(&wrong));
+    assert!(
+        stderr(&wrong).contains("does not speak gRPC"),
+        "{}",
+        stderr(&wrong)
+    );
+
+    // Drained: stats says so and nothing runs; resumed: a worker takes the activity.
+    let drained = spool(&env, &["drain", "--timeout", "1s"]).await;
+    assert!(drained.status.success(), "{}", stderr(&drained));
+    let stats = json(&spool(&env, &["--json", "stats"]).await);
+    assert_eq!(stats["draining"], true);
+    assert!(stdout(&spool(&env, &["workers"]).await).contains("draining"));
+    let resumed = spool(&env, &["resume"]).await;
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert!(
+        stdout(&resumed).starts_with("resumed"),
+        "{}",
+        stdout(&resumed)
+    );
+    let stats = json(&spool(&env, &["--json", "stats"]).await);
+    assert_eq!(stats["draining"], false);
+    let again = spool(&env, &["resume"]).await;
+    assert!(
+        stdout(&again).contains("was not draining"),
+        "{}",
+        stdout(&again)
+    );
+    let _worker = in_process_worker(&server, "greet");
+    let done = spool(&env, &["wait", &key, "--timeout", "20s"]).await;
+    assert_eq!(done.status.code(), Some(0), "{}", stdout(&done));
+    assert!(stdout(&done).contains("COMPLETED"));
+}
+
+/// `--help` of every command describes every flag, and `serve` lists only its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn help_describes_every_flag_and_serve_shows_only_its_own() {
+    let help = |args: &'static [&'static str]| async move {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+            .args(args)
+            .output()
+            .await
+            .expect("run spool");
+        assert!(out.status.success());
+        stdout(&out)
+    };
+    let serve = help(&["serve", "--help"]).await;
+    assert!(serve.contains("--listen") && serve.contains("--database"));
+    assert!(serve.contains("postgres://"), "{serve}");
+    for client_only in ["--server ", "--token ", "--json", "--ca-cert "] {
+        assert!(
+            !serve.contains(client_only),
+            "serve --help shows {client_only}"
+        );
+    }
+    for command in [
+        &["submit", "--help"][..],
+        &["get", "--help"],
+        &["wait", "--help"],
+        &["cancel", "--help"],
+        &["retry", "--help"],
+        &["ls", "--help"],
+        &["stats", "--help"],
+        &["workers", "--help"],
+        &["drain", "--help"],
+        &["resume", "--help"],
+        &["bench", "--help"],
+        &["soak", "--help"],
+    ] {
+        let text = help(command).await;
+        // Each option and argument says something about itself: on its own line
+        // after two spaces, or on the next line, indented.
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let item = line.trim_start();
+            // Options and arguments are indented 2 or 6; their wrapped text, 10.
+            let indent = line.len() - item.len();
+            let starts_item =
+                item.starts_with('-') || item.starts_with('<') || item.starts_with('[');
+            if indent >= 10 || !starts_item {
+                continue;
+            }
+            let same_line = item
+                .split_once("  ")
+                .is_some_and(|(_, d)| !d.trim().is_empty());
+            let next_line = lines.get(i + 1).is_some_and(|next| {
+                let next = next.trim_start();
+                !next.is_empty() && !next.starts_with('-')
+            });
+            assert!(same_line || next_line, "{command:?}: undescribed: {line:?}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -314,7 +505,7 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
         .await;
         assert!(stdout(&ok).contains("SCHEDULED"), "{}", stdout(&ok));
         let untrusted = cli(args(&["stats"])).await;
-        assert_eq!(untrusted.status.code(), Some(1), "{}", stderr(&untrusted));
+        assert_eq!(untrusted.status.code(), Some(6), "{}", stderr(&untrusted));
         // http:// with TLS settings is refused, not sent in clear text.
         let plain = cli(vec![
             "--server".into(),
@@ -324,7 +515,7 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
             "stats".into(),
         ])
         .await;
-        assert_eq!(plain.status.code(), Some(1));
+        assert_eq!(plain.status.code(), Some(2));
         assert!(stderr(&plain).contains("https://"), "{}", stderr(&plain));
     }
     let env = Env::new();
@@ -362,8 +553,13 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
     let anonymous = cli(args(&["--ca-cert", &ca, "stats"])).await;
     assert_eq!(
         anonymous.status.code(),
-        Some(1),
+        Some(6),
         "no client certificate: {}",
+        stderr(&anonymous)
+    );
+    assert!(
+        stderr(&anonymous).contains("--client-cert"),
+        "{}",
         stderr(&anonymous)
     );
 }

@@ -324,6 +324,7 @@ impl ActivityService for ActivityApi {
                     status,
                     activity_type,
                     after_id,
+                    newest_first: request.newest_first,
                     limit: page_size,
                     max_bytes: validate::MAX_PAGE_BYTES,
                 })
@@ -355,6 +356,7 @@ impl ActivityService for ActivityApi {
                 cancelled: counts.cancelled,
                 connected_workers: u32::try_from(self.core.registry.connected(&namespace))
                     .unwrap_or(u32::MAX),
+                draining: self.core.registry.is_draining(),
             }))
         })
         .await

@@ -55,6 +55,20 @@ impl AdminService for AdminApi {
         };
         Ok(Response::new(v1::ListWorkersResponse {
             workers: self.core.registry.workers(namespace.as_deref()),
+            draining: self.core.registry.is_draining(),
         }))
+    }
+
+    async fn resume(
+        &self,
+        request: Request<v1::ResumeRequest>,
+    ) -> Result<Response<v1::ResumeResponse>, Status> {
+        authorize_everywhere(&request, Role::Admin)?;
+        let was_draining = self
+            .drainer
+            .resume()
+            .await
+            .map_err(|e| Status::from(super::Error::from(e)))?;
+        Ok(Response::new(v1::ResumeResponse { was_draining }))
     }
 }

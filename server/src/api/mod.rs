@@ -79,6 +79,9 @@ pub enum Error {
     /// The store failed; nothing was written.
     #[error("storage failure: {0}")]
     Store(Arc<store::Error>),
+    /// A drain cannot be ended: the node is shutting down.
+    #[error("{0}")]
+    ShuttingDown(#[from] crate::drain::ShuttingDown),
 }
 
 impl From<Error> for Status {
@@ -96,6 +99,7 @@ impl From<Error> for Status {
             Error::Exhausted(_) => Status::resource_exhausted(message),
             Error::Unauthenticated(_) => Status::unauthenticated(message),
             Error::PermissionDenied(_) => Status::permission_denied(message),
+            Error::ShuttingDown(_) => Status::failed_precondition(message),
             // Only what may pass is UNAVAILABLE, which clients retry; a failure
             // that would repeat must not be retried for ever.
             Error::Store(inner) => match inner.class() {

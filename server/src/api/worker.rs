@@ -57,17 +57,10 @@ pub struct WorkerApi {
     tracker: TaskTracker,
     /// Cancelled when the server shuts down: sessions release their attempts and end.
     shutdown: CancellationToken,
-    /// Cancelled when a drain begins: new sessions are refused with UNAVAILABLE.
-    draining: CancellationToken,
 }
 
 impl WorkerApi {
-    pub fn new(
-        core: Arc<Core>,
-        tracker: TaskTracker,
-        shutdown: CancellationToken,
-        draining: CancellationToken,
-    ) -> Self {
+    pub fn new(core: Arc<Core>, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
         let limit = core.config.limits.max_sessions_per_token;
         Self {
             core,
@@ -77,7 +70,6 @@ impl WorkerApi {
             }),
             tracker,
             shutdown,
-            draining,
         }
     }
 }
@@ -135,7 +127,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
-        if self.shutdown.is_cancelled() || self.draining.is_cancelled() {
+        if self.shutdown.is_cancelled() || self.core.registry.is_draining() {
             return Err(Error::Unavailable(
                 "the server is draining for a restart: reconnect with backoff".to_owned(),
             )

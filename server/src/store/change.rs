@@ -128,8 +128,9 @@ pub(crate) fn schedule_to_close_error() -> ActivityError {
 
 /// The values a re-drive writes: SCHEDULED now, every attempt so far uncounted
 /// (`uncounted = attempt`: a fresh budget, while `attempt` keeps growing so late
-/// results of old attempts stay fenced out), `finished_at` and the output cleared,
-/// and a new schedule-to-close window from now.
+/// results of old attempts stay fenced out), `finished_at`, the output and the last
+/// error cleared (the run starts afresh), and a new schedule-to-close window from
+/// now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Redrive {
     pub next_at: UnixMillis,

@@ -475,6 +475,7 @@ async fn cancel_and_redrive(store: &dyn Store, _raw: &Raw) {
         Outcome::Redriven { row } => {
             assert_eq!(row.status, ActivityStatus::Scheduled);
             assert_eq!(row.uncounted, row.attempt);
+            assert!(row.last_error.is_none(), "the run starts afresh");
         }
         other => panic!("expected Redriven, got {other:?}"),
     }
@@ -509,6 +510,7 @@ async fn list_pages_and_filters(store: &dyn Store, _raw: &Raw) {
     }
     claim(store, &["odd"], 1, T0).await;
     let page = |after_id, status, ty: Option<&str>| ListQuery {
+        newest_first: false,
         namespace: "default".into(),
         status,
         activity_type: ty.map(Into::into),
@@ -545,6 +547,22 @@ async fn list_pages_and_filters(store: &dyn Store, _raw: &Raw) {
         ..page(0, None, None)
     };
     assert!(list(other).await.rows.is_empty());
+
+    // Newest first: seven rows, pages of three, each page below the last.
+    let newest = |after_id| ListQuery {
+        newest_first: true,
+        ..page(after_id, None, None)
+    };
+    let first = list(newest(0)).await;
+    let ids: Vec<i64> = first.rows.iter().map(|r| r.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "descending: {ids:?}");
+    assert_eq!(first.rows[0].key.activity_id, "a6", "the newest first");
+    let second = list(newest(first.next_after.unwrap_or(0))).await;
+    assert_eq!(second.rows.len(), 3);
+    assert!(second.rows.iter().all(|r| r.id < ids[2]));
+    let third = list(newest(second.next_after.unwrap_or(0))).await;
+    assert_eq!((third.rows.len(), third.next_after), (1, None));
+    assert_eq!(third.rows[0].key.activity_id, "a0");
 }
 
 async fn stats_count_by_status(store: &dyn Store, _raw: &Raw) {
@@ -834,6 +852,7 @@ async fn renew_extends_only_attempts_still_running(store: &dyn Store, _raw: &Raw
 /// The first page of the default namespace, unfiltered.
 fn everything(limit: u32) -> ListQuery {
     ListQuery {
+        newest_first: false,
         namespace: "default".into(),
         status: None,
         activity_type: None,
@@ -880,6 +899,7 @@ async fn list_pages_are_bounded_by_bytes(store: &dyn Store, _raw: &Raw) {
     submit(store, big("c", 2_000_000)).await;
     submit(store, big("d", 10)).await;
     let page = |after_id| ListQuery {
+        newest_first: false,
         namespace: "default".into(),
         status: None,
         activity_type: None,

@@ -433,8 +433,11 @@ pub struct ListQuery {
     pub namespace: String,
     pub status: Option<ActivityStatus>,
     pub activity_type: Option<String>,
-    /// Rows with a larger id only: the page token.
+    /// Rows beyond this id in the order asked (a larger id, or with `newest_first`
+    /// a smaller one; 0 starts at the newest): the page token.
     pub after_id: i64,
+    /// Newest (largest id) first instead of submission order.
+    pub newest_first: bool,
     /// The most rows in the page.
     pub limit: u32,
     /// The most bytes of stored payloads and texts in the page; a single row larger
@@ -454,7 +457,7 @@ pub struct RunningPage {
 /// What a `List` read found.
 #[derive(Debug, Clone, Default)]
 pub struct ListPage {
-    /// In id order. A row that cannot be decoded is reported and left out.
+    /// In the order asked. A row that cannot be decoded is reported and left out.
     pub rows: Vec<ActivityRow>,
     /// Where the next page starts (`after_id`), when more rows match.
     pub next_after: Option<i64>,
@@ -478,7 +481,7 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
 
-    /// One page of rows in id order (submission order).
+    /// One page of rows in id order (submission order), or newest first.
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;

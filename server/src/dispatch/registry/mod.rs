@@ -403,6 +403,21 @@ impl Registry {
         self.wake.notify_one();
     }
 
+    /// A drain ends: claims are planned again, workers that register are no longer
+    /// sent a drain, and every group may have due rows.
+    pub fn resume(&self) {
+        let mut inner = self.lock();
+        inner.paused = false;
+        inner.drain = None;
+        drop(inner);
+        self.mark_all_due();
+    }
+
+    /// Whether a drain stopped dispatch (and until a resume).
+    pub fn is_draining(&self) -> bool {
+        self.lock().paused
+    }
+
     /// The worker takes no more tasks (it said Goodbye).
     pub fn leave(&self, worker_id: &str) {
         if let Some(w) = self.lock().workers.get_mut(worker_id) {

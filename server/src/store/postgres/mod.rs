@@ -199,9 +199,19 @@ impl Store for PostgresStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
         // Sizes first, so the page is cut by bytes before any payload is read.
         let status = query.status.map(|s| s as i64);
-        let sizes: Vec<(i64, i64)> = sqlx::query(sql::LIST_SIZES)
+        let (sizes_sql, rows_sql, after) = if query.newest_first {
+            let before = if query.after_id > 0 {
+                query.after_id
+            } else {
+                i64::MAX
+            };
+            (sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST, before)
+        } else {
+            (sql::LIST_SIZES, sql::LIST, query.after_id)
+        };
+        let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
             .bind(&query.namespace)
-            .bind(query.after_id)
+            .bind(after)
             .bind(status)
             .bind(query.activity_type.as_deref())
             .bind(i64::from(query.limit) + 1)
@@ -214,9 +224,9 @@ impl Store for PostgresStore {
             return Ok(ListPage::default());
         }
         let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let rows = sqlx::query(sql::LIST)
+        let rows = sqlx::query(rows_sql)
             .bind(&query.namespace)
-            .bind(query.after_id)
+            .bind(after)
             .bind(status)
             .bind(query.activity_type.as_deref())
             .bind(last)

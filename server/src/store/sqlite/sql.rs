@@ -87,7 +87,9 @@ pub const EXPIRE: &str = concat!(
 /// Re-drives row `?1` (see `change::Redrive`): due at `?2`, deadline `?3`.
 pub const REDRIVE: &str = concat!(
     "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
-     finished_at = NULL, output_type = NULL, output = NULL, expires_at = ?3 \
+     finished_at = NULL, output_type = NULL, output = NULL, error_kind = NULL, \
+     error_type = NULL, error_message = NULL, error_details_type = NULL, error_details = NULL, \
+     expires_at = ?3 \
      WHERE id = ?1 RETURNING ",
     columns!()
 );
@@ -112,6 +114,23 @@ pub const LIST_SIZES: &str = "SELECT id, length(input) + ifnull(length(output), 
      FROM activities WHERE namespace = ?1 AND id > ?2 \
        AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
      ORDER BY id LIMIT ?5";
+
+/// [`LIST_SIZES`] newest first: ids below `?2`.
+pub const LIST_SIZES_NEWEST: &str = "SELECT id, length(input) + ifnull(length(output), 0) \
+       + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
+       + ifnull(length(error_message), 0) \
+     FROM activities WHERE namespace = ?1 AND id < ?2 \
+       AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+     ORDER BY id DESC LIMIT ?5";
+
+/// [`LIST`] newest first: ids below `?2`, down to `?5`.
+pub const LIST_NEWEST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE namespace = ?1 AND id < ?2 AND id >= ?5 \
+      AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+      ORDER BY id DESC"
+);
 
 /// The rows of a page, up to id `?5`.
 pub const LIST: &str = concat!(
