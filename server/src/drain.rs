@@ -395,4 +395,30 @@ mod tests {
         );
         assert!(kinds(&mut outbound).is_empty(), "nothing after the drain");
     }
+
+    /// A resume undoes a drain's stop (claims planned again, a newly registered
+    /// worker not told to drain); the drain that starts a shutdown cannot be
+    /// resumed.
+    #[tokio::test]
+    async fn a_resume_ends_a_drain_but_not_a_shutdown() {
+        let node = node_running_one().await;
+        assert!(
+            matches!(node.drainer.resume().await, Ok(false)),
+            "nothing to resume"
+        );
+        node.drainer.drain(Duration::from_millis(50)).await;
+        assert!(node.core.registry.is_draining());
+        assert!(matches!(node.drainer.resume().await, Ok(true)));
+        assert!(!node.core.registry.is_draining());
+        // The worker answers the attempt the drain released, freeing its slot.
+        node.core.registry.answer(&node.worker_id, "wf", "a", 1);
+        node.core.registry.mark_all_due();
+        assert!(
+            !node.core.registry.plan_claims(0).is_empty(),
+            "claims are planned again"
+        );
+        node.drainer.drain_to_stop(Duration::from_millis(50)).await;
+        assert!(node.drainer.resume().await.is_err(), "not while stopping");
+        assert!(node.core.registry.is_draining());
+    }
 }
