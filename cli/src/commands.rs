@@ -103,6 +103,10 @@ impl From<spool_client::Error> for Error {
                 Error::Usage("the token is not a valid header value".to_owned())
             }
             spool_client::Error::NotGrpc { server, reason } => Error::NotGrpc { server, reason },
+            // The typed calls' errors; the CLI makes none of those calls.
+            e @ (spool_client::Error::Encode { .. }
+            | spool_client::Error::Decode { .. }
+            | spool_client::Error::NotCompleted { .. }) => Error::Usage(e.to_string()),
         }
     }
 }

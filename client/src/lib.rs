@@ -28,13 +28,13 @@
 
 use std::time::Duration;
 
+pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1};
 use spool_proto::{
     duration,
     v1::{
         activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
     },
 };
-pub use spool_proto::{endpoint::ClientTls, v1};
 use tonic::{
     Request, Status,
     metadata::{Ascii, MetadataValue},
@@ -73,6 +73,49 @@ pub enum Error {
     /// The server answered with an error status.
     #[error("{:?}: {}", .0.code(), .0.message())]
     Status(#[from] Status),
+    /// A typed input could not be encoded (nothing was sent).
+    #[error("the input of {activity} cannot be encoded: {reason}")]
+    Encode {
+        /// The activity type.
+        activity: &'static str,
+        /// serde's message.
+        reason: String,
+    },
+    /// A typed output is not the type the activity declares.
+    #[error("the output of {activity} is not a valid {expected}: {reason}")]
+    Decode {
+        /// The activity type.
+        activity: &'static str,
+        /// The output type declared.
+        expected: &'static str,
+        /// Why it does not decode.
+        reason: String,
+    },
+    /// The activity finished without completing: FAILED (its last error says why)
+    /// or CANCELLED.
+    #[error("{} ended {}: {}", display_key(.activity.key.as_ref()), status_name(.activity.status), last_error(.activity))]
+    NotCompleted {
+        /// The activity as it ended.
+        activity: Box<v1::Activity>,
+    },
+}
+
+fn display_key(key: Option<&v1::ActivityKey>) -> String {
+    let key = key.cloned().unwrap_or_default();
+    format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id)
+}
+
+fn status_name(status: i32) -> &'static str {
+    v1::ActivityStatus::try_from(status)
+        .map(|s| s.as_str_name().trim_start_matches("ACTIVITY_STATUS_"))
+        .unwrap_or("UNKNOWN")
+}
+
+fn last_error(activity: &v1::Activity) -> String {
+    activity.last_error.as_ref().map_or_else(
+        || "no error recorded".to_owned(),
+        |e| format!("{}: {}", e.r#type, e.message),
+    )
 }
 
 impl Error {
@@ -384,6 +427,174 @@ impl Client {
             .await
             .map_err(|s| self.failed(s))?
             .into_inner())
+    }
+}
+
+impl Client {
+    /// A submit of the typed activity `A` with `input`, to set options on and send:
+    /// `client.activity::<Greet>(&input)?.workflow_id("order-7").execute().await`.
+    pub fn activity<A: Activity>(&self, input: &A::Input) -> Result<Submit<'_, A>, Error> {
+        let input = spool_proto::activity::encode(input).map_err(|e| Error::Encode {
+            activity: A::NAME,
+            reason: e.to_string(),
+        })?;
+        Ok(Submit {
+            client: self,
+            request: v1::SubmitRequest {
+                activity_type: A::NAME.to_owned(),
+                input: Some(input),
+                ..Default::default()
+            },
+            activity: std::marker::PhantomData,
+        })
+    }
+}
+
+/// A typed submit being described; [`Submit::send`] or [`Submit::execute`] sends it.
+/// Every option of `SubmitRequest` has a setter; unset ones take the server's
+/// defaults.
+#[must_use = "a submit does nothing until sent"]
+pub struct Submit<'c, A> {
+    client: &'c Client,
+    request: v1::SubmitRequest,
+    activity: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A: Activity> Submit<'_, A> {
+    /// The workflow id (default: a new UUIDv7). With the activity id, the key that
+    /// makes a submit idempotent.
+    pub fn workflow_id(mut self, id: impl Into<String>) -> Self {
+        self.request.workflow_id = id.into();
+        self
+    }
+
+    /// The activity id within its workflow (default: a new UUIDv7).
+    pub fn activity_id(mut self, id: impl Into<String>) -> Self {
+        self.request.activity_id = id.into();
+        self
+    }
+
+    /// The namespace (default: `default`).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.request.namespace = namespace.into();
+        self
+    }
+
+    /// Run no earlier than `delay` from now.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.request.delay = Some(duration::to_proto(delay));
+        self
+    }
+
+    /// The whole retry policy.
+    pub fn retry_policy(mut self, policy: v1::RetryPolicy) -> Self {
+        self.request.retry_policy = Some(policy);
+        self
+    }
+
+    /// Attempts before the activity is FAILED for good (the rest of the retry
+    /// policy as set, or the server's).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.request
+            .retry_policy
+            .get_or_insert_with(Default::default)
+            .max_attempts = n;
+        self
+    }
+
+    /// An attempt silent (no heartbeat) this long fails and is retried.
+    pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        self.request.heartbeat_timeout = Some(duration::to_proto(timeout));
+        self
+    }
+
+    /// Each attempt must finish this long after it starts.
+    pub fn start_to_close_timeout(mut self, timeout: Duration) -> Self {
+        self.request.start_to_close_timeout = Some(duration::to_proto(timeout));
+        self
+    }
+
+    /// The whole activity, all attempts, must finish this long after submission.
+    pub fn schedule_to_close_timeout(mut self, timeout: Duration) -> Self {
+        self.request.schedule_to_close_timeout = Some(duration::to_proto(timeout));
+        self
+    }
+
+    /// Higher runs first among due activities of its type.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.request.priority = priority;
+        self
+    }
+
+    /// Submits it; the handle waits for, inspects and manages it.
+    pub async fn send(self) -> Result<Handle<A>, Error> {
+        let response = self.client.submit(self.request).await?;
+        let key = response.activity.and_then(|a| a.key).unwrap_or_default();
+        Ok(Handle {
+            client: self.client.clone(),
+            key,
+            created: response.created,
+            activity: std::marker::PhantomData,
+        })
+    }
+
+    /// Submits it and waits for its output.
+    pub async fn execute(self) -> Result<A::Output, Error> {
+        self.send().await?.wait().await
+    }
+}
+
+/// A submitted typed activity.
+#[derive(Debug, Clone)]
+pub struct Handle<A> {
+    client: Client,
+    key: v1::ActivityKey,
+    created: bool,
+    activity: std::marker::PhantomData<fn() -> A>,
+}
+
+impl<A: Activity> Handle<A> {
+    /// Its key.
+    pub fn key(&self) -> &v1::ActivityKey {
+        &self.key
+    }
+
+    /// False when the key existed already (the submit changed nothing).
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Waits until it is finished: its output if it COMPLETED, otherwise
+    /// [`Error::NotCompleted`] with the activity as it ended.
+    pub async fn wait(&self) -> Result<A::Output, Error> {
+        let activity = self.client.wait(self.key.clone(), None).await?;
+        if activity.status != v1::ActivityStatus::Completed as i32 {
+            return Err(Error::NotCompleted {
+                activity: Box::new(activity),
+            });
+        }
+        spool_proto::activity::decode(&activity.output.unwrap_or_default()).map_err(|e| {
+            Error::Decode {
+                activity: A::NAME,
+                expected: std::any::type_name::<A::Output>(),
+                reason: e.to_string(),
+            }
+        })
+    }
+
+    /// It now.
+    pub async fn get(&self) -> Result<v1::Activity, Error> {
+        self.client.get(self.key.clone()).await
+    }
+
+    /// Cancels it (SCHEDULED or RUNNING), saying why.
+    pub async fn cancel(&self, reason: impl Into<String>) -> Result<v1::Activity, Error> {
+        self.client.cancel(self.key.clone(), reason).await
+    }
+
+    /// Runs it again (FAILED or CANCELLED) with a fresh attempt budget.
+    pub async fn retry(&self) -> Result<v1::Activity, Error> {
+        self.client.retry(self.key.clone()).await
     }
 }
 

@@ -43,5 +43,10 @@ pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
             spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
         }),
         deadline: attempt.deadline().map(time::to_proto),
+        max_attempts: row.retry.max_attempts,
+        // The claim counted this attempt already: the ones before it.
+        counted_attempts: row.attempt.saturating_sub(row.uncounted).saturating_sub(1),
+        last_heartbeat_details: row.heartbeat_details,
+        started_at: row.started_at.map(time::to_proto),
     }
 }

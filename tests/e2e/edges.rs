@@ -50,7 +50,7 @@ async fn an_sdk_shutdown_under_load_loses_no_attempt() {
     let mut client = server.client().await;
     let worker = server.worker(|w| {
         w.max_concurrency(4)
-            .activity("t", |_, _| async { Ok(spool_worker::json(&"ok")) })
+            .activity("t", |_, _| async { spool_worker::json(&"ok") })
     });
     server.await_workers(1).await;
     let submitter = {
@@ -219,7 +219,7 @@ async fn the_sdk_survives_absurd_durations() {
     let worker = server.worker(|w| {
         w.shutdown_timeout(Duration::MAX)
             .reconnect_backoff(Duration::MAX, Duration::MAX)
-            .activity("t", |_, _| async { Ok(spool_worker::json(&"ok")) })
+            .activity("t", |_, _| async { spool_worker::json(&"ok") })
     });
     submit(&mut client, request("t", "wf", "a")).await;
     let done = wait(&mut client, key("wf", "a")).await;

@@ -239,7 +239,10 @@ pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
 }
 
 pub fn json(value: serde_json::Value) -> v1::Payload {
-    spool_worker::json(&value)
+    v1::Payload {
+        content_type: spool_proto::activity::JSON.to_owned(),
+        data: value.to_string().into_bytes(),
+    }
 }
 
 pub fn request(activity_type: &str, workflow_id: &str, activity_id: &str) -> v1::SubmitRequest {

@@ -44,9 +44,9 @@ async fn submit_then_wait_round_trip() {
     let _worker = server.worker(|w| {
         w.activity("greet", |_ctx, input: Payload| async move {
             let v: serde_json::Value = serde_json::from_slice(&input.data).unwrap();
-            Ok(spool_worker::json(
+            spool_worker::json(
                 &serde_json::json!({"greeting": format!("hello {}", v["id"].as_str().unwrap())}),
-            ))
+            )
         })
     });
     let mut client = server.client().await;
@@ -135,7 +135,7 @@ async fn two_retryable_failures_then_success_on_attempt_three() {
             async move {
                 match c.record(&ctx) {
                     n if n < 3 => Err(ActivityError::retryable("Flaky", format!("failure {n}"))),
-                    _ => Ok(spool_worker::json("ok")),
+                    _ => spool_worker::json("ok"),
                 }
             }
         })
@@ -307,7 +307,7 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
                 if h.load(Ordering::SeqCst) == 0 {
                     Err(ActivityError::retryable("Down", "dependency down"))
                 } else {
-                    Ok(spool_worker::json("fixed"))
+                    spool_worker::json("fixed")
                 }
             }
         })
@@ -425,7 +425,7 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
             async move {
                 let _ = started_tx.send(ctx.info().activity_id.clone()).await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                Ok(spool_worker::json(&"finished by the leaving worker"))
+                spool_worker::json(&"finished by the leaving worker")
             }
         })
     });
@@ -445,7 +445,7 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
     tokio::time::sleep(Duration::from_millis(100)).await;
     let _stayer = server.worker(|w| {
         w.activity("job", |_, _| async {
-            Ok(spool_worker::json(&"finished by the stayer"))
+            spool_worker::json(&"finished by the stayer")
         })
     });
     let x = wait(&mut client, key("wf", "x")).await;

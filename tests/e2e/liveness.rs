@@ -352,7 +352,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     let _worker = server.worker(|w| {
         w.activity("progress", |ctx, _| async move {
             for i in 0..30 {
-                ctx.heartbeat(Some(spool_worker::json(&(i % 10))));
+                ctx.heartbeat(spool_worker::json(&(i % 10)).ok());
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Ok(Payload::default())

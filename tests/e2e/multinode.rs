@@ -17,7 +17,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
     let a = TestServer::start_on_database(&database).await;
     let b = TestServer::start_on_database(&database).await;
     let _worker_on_b =
-        b.worker(|w| w.activity("t", |_, _| async { Ok(spool_worker::json(&"ran on b")) }));
+        b.worker(|w| w.activity("t", |_, _| async { spool_worker::json(&"ran on b") }));
     b.await_workers(1).await;
     let mut client_a = a.client().await;
 
@@ -121,7 +121,7 @@ async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
             async move {
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_secs(12)).await;
-                Ok(spool_worker::json(&ctx.info().attempt))
+                spool_worker::json(&ctx.info().attempt)
             }
         })
     });

@@ -30,7 +30,7 @@ async fn round_trip(server: &TestServer, tls: ClientTls) {
         .expect("submit over TLS");
     let _worker = server.worker(|w| {
         w.tls(tls.clone())
-            .activity("greet", |_, _| async { Ok(spool_worker::json(&"hi")) })
+            .activity("greet", |_, _| async { spool_worker::json(&"hi") })
     });
     let done = wait(&mut client, key("wf", "tls")).await;
     assert_eq!(status(&done), ActivityStatus::Completed);

@@ -1,10 +1,34 @@
-//! A worker for the `greet` activity type: `{"name": "Ada"}` → `{"greeting": "Hello, Ada!"}`.
+//! A worker for the typed `greet` activity: `{"name": "Ada"}` → `{"greeting": "Hello, Ada!"}`.
 //!
 //! Run a server (`spool serve`), then this, then
-//! `spool submit greet --input '{"name":"Ada"}' --wait`.
+//! `spool submit greet --input '{"name":"Ada"}' --wait`. SIGTERM or Ctrl-C stops it
+//! the way a deploy should: running greetings finish and report first.
 
-use spool_worker::{ActivityError, Payload, Worker};
-use tokio_util::sync::CancellationToken;
+use spool_worker::{Activity, ActivityError, Worker};
+
+/// The contract a service submitting greetings shares with this worker.
+struct Greet;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Person {
+    #[serde(default = "world")]
+    name: String,
+}
+
+fn world() -> String {
+    "world".to_owned()
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Greeting {
+    greeting: String,
+}
+
+impl Activity for Greet {
+    const NAME: &'static str = "greet";
+    type Input = Person;
+    type Output = Greeting;
+}
 
 #[tokio::main]
 async fn main() -> Result<(), spool_worker::Error> {
@@ -17,27 +41,16 @@ async fn main() -> Result<(), spool_worker::Error> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let endpoint =
-        std::env::var("SPOOL_SERVER").unwrap_or_else(|_| "http://127.0.0.1:7070".to_owned());
-    let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        on_signal.cancel();
-    });
-    println!("greeter: serving 'greet' for {endpoint}; Ctrl-C to stop");
+    let endpoint = std::env::var("SPOOL_SERVER").unwrap_or_else(|_| "127.0.0.1:7070".to_owned());
+    println!("greeter: serving 'greet' for {endpoint}; Ctrl-C or SIGTERM to stop");
     Worker::new(endpoint)
         .identity("greeter-example")
-        .activity("greet", |ctx, input: Payload| async move {
-            let value: serde_json::Value = serde_json::from_slice(&input.data).map_err(|e| {
-                ActivityError::terminal("BadInput", format!("input is not JSON: {e}"))
-            })?;
-            let name = value["name"].as_str().unwrap_or("world");
-            println!("greeting {name} (attempt {})", ctx.info().attempt);
-            Ok(spool_worker::json(
-                &serde_json::json!({ "greeting": format!("Hello, {name}!") }),
-            ))
+        .register::<Greet, _, _>(|ctx, person| async move {
+            println!("greeting {} (attempt {})", person.name, ctx.info().attempt);
+            Ok::<_, ActivityError>(Greeting {
+                greeting: format!("Hello, {}!", person.name),
+            })
         })
-        .run(shutdown)
+        .run_until_signal()
         .await
 }

@@ -130,7 +130,26 @@ impl std::fmt::Display for ActivityError {
     }
 }
 
-impl std::error::Error for ActivityError {}
+/// `?` on any error (`std::error::Error`, or `anyhow::Error`) in a handler: a
+/// retryable failure named after the error's type, with its message and causes.
+/// (This is why `ActivityError` itself is not a `std::error::Error`.) Use
+/// [`ActivityError::terminal`] for a failure that retrying cannot fix.
+impl<E> From<E> for ActivityError
+where
+    E: Into<anyhow::Error>,
+{
+    fn from(e: E) -> Self {
+        let name = std::any::type_name::<E>();
+        // The type's own name, without its path or generic arguments.
+        let short = name
+            .split('<')
+            .next()
+            .and_then(|path| path.rsplit("::").next())
+            .unwrap_or(name);
+        let e: anyhow::Error = e.into();
+        Self::retryable(short, format!("{e:#}"))
+    }
+}
 
 /// Why a worker stopped, or a session failed.
 #[derive(Debug, thiserror::Error)]

@@ -3,17 +3,24 @@
 //! back on the same stream.
 //!
 //! ```no_run
-//! use spool_worker::{ActivityError, Payload, Worker};
-//! use tokio_util::sync::CancellationToken;
+//! use spool_worker::{Activity, ActivityError, Worker};
+//!
+//! /// The contract, shared with the services that submit it.
+//! struct Greet;
+//! impl Activity for Greet {
+//!     const NAME: &'static str = "greet";
+//!     type Input = String;
+//!     type Output = String;
+//! }
 //!
 //! # async fn example() -> Result<(), spool_worker::Error> {
-//! let worker = Worker::new("http://127.0.0.1:7070")
+//! Worker::new("http://127.0.0.1:7070")
 //!     .max_concurrency(8)
-//!     .activity("greet", |_ctx, input: Payload| async move {
-//!         let name = String::from_utf8_lossy(&input.data).into_owned();
-//!         Ok::<_, ActivityError>(spool_worker::json(&format!("hello {name}")))
-//!     });
-//! worker.run(CancellationToken::new()).await
+//!     .register::<Greet, _, _>(|_ctx, name| async move {
+//!         Ok::<_, ActivityError>(format!("hello {name}"))
+//!     })
+//!     .run_until_signal()
+//!     .await
 //! # }
 //! ```
 //!
@@ -31,12 +38,13 @@
 mod context;
 mod error;
 mod session;
+pub mod testing;
 
 use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-pub use context::{ActivityContext, ActivityInfo};
+pub use context::{ActivityContext, ActivityInfo, CancelReason};
 pub use error::{ActivityError, Error};
-pub use spool_proto::{endpoint::ClientTls, v1::Payload};
+pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1::Payload};
 use tokio_util::sync::CancellationToken;
 
 /// What a handler returns.
@@ -168,7 +176,43 @@ impl Worker {
         self
     }
 
-    /// Runs `handler` for every task of `activity_type`.
+    /// Runs `handler` for every task of the typed activity `A`: its input decoded
+    /// from JSON, its output encoded to JSON. Input that does not decode fails the
+    /// activity for good (`BadInput`, naming the type and serde's message); an output
+    /// that cannot be encoded fails it too (`BadOutput`), never an empty result.
+    pub fn register<A, F, Fut>(self, handler: F) -> Self
+    where
+        A: Activity,
+        F: Fn(ActivityContext, A::Input) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<A::Output, ActivityError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.activity(A::NAME, move |ctx, input: Payload| {
+            let handler = handler.clone();
+            async move {
+                let input: A::Input = spool_proto::activity::decode(&input).map_err(|e| {
+                    ActivityError::terminal(
+                        "BadInput",
+                        format!(
+                            "the input of {} is not a valid {}: {e}",
+                            A::NAME,
+                            std::any::type_name::<A::Input>()
+                        ),
+                    )
+                })?;
+                let output = handler(ctx, input).await?;
+                spool_proto::activity::encode(&output).map_err(|e| {
+                    ActivityError::terminal(
+                        "BadOutput",
+                        format!("the output of {} cannot be encoded: {e}", A::NAME),
+                    )
+                })
+            }
+        })
+    }
+
+    /// Runs `handler` for every task of `activity_type`, with the raw payloads (any
+    /// content type); [`Worker::register`] is the typed form.
     pub fn activity<F, Fut>(mut self, activity_type: impl Into<String>, handler: F) -> Self
     where
         F: Fn(ActivityContext, Payload) -> Fut + Send + Sync + 'static,
@@ -211,6 +255,46 @@ impl Worker {
         tracing::info!("stopped");
         Ok(())
     }
+
+    /// [`Worker::run`] until the process gets SIGTERM or SIGINT (Ctrl-C): then it
+    /// takes no new work, lets running activities finish and report (up to the
+    /// shutdown timeout), and returns. What a deploy needs: the attempts it ran are
+    /// completed, not lost.
+    pub async fn run_until_signal(self) -> Result<(), Error> {
+        let shutdown = CancellationToken::new();
+        let on_signal = shutdown.clone();
+        let signals = tokio::spawn(async move {
+            signal().await;
+            tracing::info!("signal received: finishing running activities, then stopping");
+            on_signal.cancel();
+        });
+        let result = self.run(shutdown).await;
+        signals.abort();
+        result
+    }
+}
+
+/// Completes at the first SIGTERM or SIGINT.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// `delay` spread to between half and all of it (`r` in `[0, 1)`), so workers that
@@ -226,12 +310,13 @@ fn doubled(delay: Duration, max: Duration) -> Duration {
     delay.saturating_mul(2).min(max)
 }
 
-/// A JSON payload of `value`.
-pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Payload {
-    Payload {
-        content_type: "application/json".to_owned(),
-        data: serde_json::to_vec(value).unwrap_or_default(),
-    }
+/// A JSON payload of `value`, for handlers of raw payloads: `Ok(json(&out)?)`. A
+/// value that cannot be encoded is an error (terminal: encoding it again fails the
+/// same way), never an empty payload.
+pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Payload, ActivityError> {
+    spool_proto::activity::encode(value).map_err(|e| {
+        ActivityError::terminal("BadOutput", format!("the output cannot be encoded: {e}"))
+    })
 }
 
 fn default_identity() -> String {

@@ -18,7 +18,10 @@ use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status, metadata::MetadataValue};
 
-use crate::{ActivityContext, ActivityError, ActivityInfo, Error, Worker, context::system_time};
+use crate::{
+    ActivityContext, ActivityError, ActivityInfo, CancelReason, Error, Worker,
+    context::{Cancel, system_time},
+};
 
 /// `after` from now; a duration too long for the clock is a year.
 fn later(after: Duration) -> tokio::time::Instant {
@@ -124,8 +127,8 @@ struct Loop<'a> {
     worker: &'a Worker,
     /// The only sender of the outbound stream; `None` once we stopped sending.
     out: Option<mpsc::Sender<WorkerMessage>>,
-    /// Attempts running now, with the token their handler watches.
-    running: HashMap<AttemptKey, CancellationToken>,
+    /// Attempts running now, with the cancellation their handler watches.
+    running: HashMap<AttemptKey, Arc<Cancel>>,
     /// Parent of every handler's token: cancelled when this session is done for.
     cancel: CancellationToken,
     /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
@@ -302,11 +305,12 @@ impl<'a> Loop<'a> {
         match message {
             server_message::Message::Task(task) => self.start(task),
             server_message::Message::Cancel(cancel) => {
-                if let Some(token) =
+                let reason = CancelReason::from_wire(&cancel);
+                if let Some(running) =
                     self.running
                         .get(&(cancel.workflow_id, cancel.activity_id, cancel.attempt))
                 {
-                    token.cancel();
+                    running.cancel(reason);
                 }
             }
             server_message::Message::Ack(ack) => {
@@ -337,8 +341,8 @@ impl<'a> Loop<'a> {
             task.activity_id.clone(),
             task.attempt,
         );
-        let token = self.cancel.child_token();
-        self.running.insert(key, token.clone());
+        let cancel = Arc::new(Cancel::child_of(&self.cancel));
+        self.running.insert(key, cancel.clone());
         let handler = self.worker.handlers.get(&task.activity_type).cloned();
         let info = Arc::new(ActivityInfo {
             namespace: task.namespace,
@@ -346,13 +350,21 @@ impl<'a> Loop<'a> {
             activity_id: task.activity_id.clone(),
             activity_type: task.activity_type.clone(),
             attempt: task.attempt,
+            max_attempts: task.max_attempts,
+            counted_attempts: task.counted_attempts,
             scheduled_at: task.scheduled_at.as_ref().and_then(system_time),
+            started_at: task.started_at.as_ref().and_then(system_time),
             deadline: task.deadline.as_ref().and_then(system_time),
             heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref())
                 .ok()
                 .flatten(),
         });
-        let ctx = ActivityContext::new(info, token, self.heartbeats.0.clone());
+        let ctx = ActivityContext::new(
+            info,
+            cancel,
+            task.last_heartbeat_details,
+            self.heartbeats.0.clone(),
+        );
         let results = self.results.0.clone();
         let input = task.input.unwrap_or_default();
         tokio::spawn(async move {
@@ -520,6 +532,7 @@ mod tests {
                 activity_id: "b".into(),
                 attempt: 1,
                 reason: String::new(),
+                kind: v1::CancelKind::Requested as i32,
             }))
             .await;
             match h.next().await {
@@ -538,6 +551,7 @@ mod tests {
                 activity_id: "a".into(),
                 attempt: 2,
                 reason: String::new(),
+                kind: v1::CancelKind::Requested as i32,
             }))
             .await;
             match h.next().await {
@@ -603,7 +617,7 @@ mod tests {
     async fn heartbeats_are_coalesced_to_the_latest() {
         let worker = Worker::new("http://unused").activity("t", |ctx, _| async move {
             for i in 0..100u32 {
-                ctx.heartbeat(Some(crate::json(&i)));
+                ctx.heartbeat(crate::json(&i).ok());
             }
             ctx.cancelled().await;
             Ok(Payload::default())

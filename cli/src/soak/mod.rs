@@ -643,7 +643,7 @@ async fn submitter(
             workflow_id: WORKFLOW.to_owned(),
             activity_id: key.clone(),
             activity_type: ACTIVITY_TYPE.to_owned(),
-            input: Some(spool_worker::json(&worker::Input { ms })),
+            input: spool_worker::json(&worker::Input { ms }).ok(),
             retry_policy: Some(v1::RetryPolicy {
                 max_attempts: if once { 1 } else { 1_000 },
                 initial_interval: Some(spool_proto::duration::to_proto(Duration::from_millis(100))),

@@ -82,10 +82,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
                         return Err(ActivityError::retryable("Cancelled", "the server cancelled this attempt"));
                     }
                 }
-                Ok(spool_worker::json(&Output {
+                spool_worker::json(&Output {
                     by: identity,
                     attempt: info.attempt,
-                }))
+                })
             }
         });
     worker.run(CancellationToken::new()).await?;

@@ -5,7 +5,6 @@
 use std::{io::Write, time::Duration};
 
 use spool_worker::{Payload, Worker};
-use tokio_util::sync::CancellationToken;
 
 pub const CONFIG_ENV: &str = "SPOOL_TEST_WORKER_CONFIG";
 
@@ -53,10 +52,10 @@ pub fn run(config: &str) {
                         &log_path,
                         format!("done {} {}", info.activity_id, info.attempt),
                     );
-                    Ok(spool_worker::json(&serde_json::json!({
+                    spool_worker::json(&serde_json::json!({
                         "pid": std::process::id(),
                         "attempt": info.attempt,
-                    })))
+                    }))
                 }
             })
             .activity("forever", move |ctx, _| {
@@ -71,7 +70,8 @@ pub fn run(config: &str) {
                     Ok(Payload::default())
                 }
             })
-            .run(CancellationToken::new()),
+            // SIGTERM: finish what runs, report it, exit 0 (a deploy's stop).
+            .run_until_signal(),
     );
     if let Err(e) = result {
         eprintln!("worker stopped: {e}");

@@ -206,6 +206,32 @@ async fn kill_9_of_a_worker_redelivers_to_another_within_a_second() {
     assert_eq!(done.last_error.unwrap().kind, ErrorKind::WorkerLost as i32);
 }
 
+/// A worker on `run_until_signal` that gets SIGTERM mid-activity finishes it,
+/// reports it and exits 0: the attempt completes, nothing is counted lost.
+#[tokio::test]
+async fn sigterm_to_a_worker_finishes_its_work_and_loses_no_attempt() {
+    let env = Env::new();
+    let server = env.server(&[]);
+    let mut client = server.client().await;
+    let mut worker = env.worker(1);
+    server.await_workers(&mut client, 1).await;
+    submit(&mut client, sleep_request("w", 1_000, None)).await;
+    eventually("the attempt to start", || async {
+        (worker.log().starts() == 1).then_some(())
+    })
+    .await;
+    worker.signal("TERM");
+    let code = worker.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(0), "{}", worker.stderr());
+    assert_eq!(worker.log().dones(), 1, "the work finished");
+    let done = wait(&mut client, "w").await;
+    assert_eq!(
+        (status(&done), done.attempt, done.last_error),
+        (ActivityStatus::Completed, 1, None),
+        "completed by the stopping worker, no attempt lost"
+    );
+}
+
 #[tokio::test]
 async fn a_frozen_worker_loses_its_attempt_and_its_late_result_changes_nothing() {
     let env = Env::new();

@@ -245,6 +245,18 @@ impl WorkerProcess {
         self.child.kill().expect("kill -9");
         self.child.wait().expect("reap");
     }
+
+    /// Its exit code once it exits within `within`; `None` if it did not.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
 }
 
 impl Drop for WorkerProcess {
@@ -294,10 +306,10 @@ pub fn in_process_worker(server: &ServerProcess, activity_type: &str) -> DropGua
     let worker = Worker::new(server.url.clone())
         .identity("in-process")
         .activity(activity_type, |ctx, _| async move {
-            Ok(spool_worker::json(&serde_json::json!({
+            spool_worker::json(&serde_json::json!({
                 "pid": "in-process",
                 "attempt": ctx.info().attempt,
-            })))
+            }))
         });
     tokio::spawn(worker.run(stop.clone()));
     stop.drop_guard()
@@ -328,7 +340,7 @@ pub fn sleep_request(activity_id: &str, ms: u64, delay: Option<Duration>) -> v1:
         activity_type: "sleep".into(),
         workflow_id: "p".into(),
         activity_id: activity_id.into(),
-        input: Some(spool_worker::json(&serde_json::json!({ "ms": ms }))),
+        input: spool_worker::json(&serde_json::json!({ "ms": ms })).ok(),
         delay: delay.map(spool_proto::duration::to_proto),
         ..Default::default()
     }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use spool_proto::v1;
 use tokio::time::Instant;
 
 use super::{Registry, SilencePaused, Sweep, attempt_key, send_cancel};
@@ -90,7 +91,7 @@ impl Registry {
                     workflow_id,
                     activity_id,
                     attempt.attempt,
-                    &timed_out.message,
+                    (v1::CancelKind::TimedOut, &timed_out.message),
                 );
                 sweep.timed_out.push(timed_out);
             }

@@ -324,7 +324,13 @@ impl Registry {
                     continue;
                 }
                 inflight.cancel_sent = true;
-                send_cancel(&worker.outbound, workflow_id, activity_id, *number, reason);
+                send_cancel(
+                    &worker.outbound,
+                    workflow_id,
+                    activity_id,
+                    *number,
+                    (v1::CancelKind::EndedElsewhere, reason),
+                );
             }
         }
         drop(inner);
@@ -375,7 +381,7 @@ impl Registry {
                     workflow_id,
                     activity_id,
                     inflight.attempt.attempt,
-                    reason,
+                    (v1::CancelKind::Drain, reason),
                 );
                 ended.push(inflight.attempt.clone());
             }
@@ -462,8 +468,9 @@ impl Registry {
         }
     }
 
-    /// Tells the worker running attempt `attempt` of `key` to stop; its slot stays
-    /// taken until it answers. Does nothing if no worker holds that attempt.
+    /// Tells the worker running attempt `attempt` of `key` to stop because a client
+    /// cancelled it; its slot stays taken until it answers. Does nothing if no
+    /// worker holds that attempt.
     pub fn cancel_running(&self, worker_id: &str, key: &Key, attempt: u32, reason: &str) {
         let mut inner = self.lock();
         let Some(worker) = inner.workers.get_mut(worker_id) else {
@@ -485,7 +492,7 @@ impl Registry {
             &key.workflow_id,
             &key.activity_id,
             attempt,
-            reason,
+            (v1::CancelKind::Requested, reason),
         );
         drop(inner);
         // The attempt no longer counts as running: a drain may be waiting on that.
@@ -565,13 +572,14 @@ fn send_cancel(
     workflow_id: &str,
     activity_id: &str,
     attempt: u32,
-    reason: &str,
+    (kind, reason): (v1::CancelKind, &str),
 ) {
     let cancel = v1::CancelActivity {
         workflow_id: workflow_id.to_owned(),
         activity_id: activity_id.to_owned(),
         attempt,
         reason: reason.to_owned(),
+        kind: kind as i32,
     };
     let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
 }

@@ -1,0 +1,288 @@
+//! The worker SDK against the real server: typed activities, errors from `?` and
+//! panics, the context (cancel reasons, the previous attempt's heartbeat details,
+//! the attempt budget).
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use spool_proto::v1::{self, ActivityStatus};
+use spool_worker::{Activity, ActivityError, CancelReason};
+
+use crate::harness::*;
+
+/// The contract both sides of the typed tests share.
+struct Add;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Operands {
+    a: i64,
+    b: i64,
+}
+
+impl Activity for Add {
+    const NAME: &'static str = "add";
+    type Input = Operands;
+    type Output = i64;
+}
+
+fn typed_request(workflow_id: &str, activity_id: &str, input: v1::Payload) -> v1::SubmitRequest {
+    v1::SubmitRequest {
+        input: Some(input),
+        retry_policy: fast_retries(3),
+        ..request(Add::NAME, workflow_id, activity_id)
+    }
+}
+
+/// A typed handler gets its input decoded and its output encoded; input that is
+/// not the type fails the activity for good, naming the type and serde's message.
+#[tokio::test]
+async fn a_typed_activity_round_trips_and_bad_input_is_terminal() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.register::<Add, _, _>(
+            |_ctx, Operands { a, b }| async move { Ok::<_, ActivityError>(a + b) },
+        )
+    });
+    let mut client = server.client().await;
+    let input = spool_proto::activity::encode(&Operands { a: 2, b: 40 }).expect("encode");
+    submit(&mut client, typed_request("wf", "sum", input)).await;
+    let done = wait(&mut client, key("wf", "sum")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    let output: i64 =
+        spool_proto::activity::decode(&done.output.unwrap_or_default()).expect("an i64");
+    assert_eq!(output, 42);
+
+    submit(
+        &mut client,
+        typed_request("wf", "bad", json(serde_json::json!({"a": "two"}))),
+    )
+    .await;
+    let failed = wait(&mut client, key("wf", "bad")).await;
+    assert_eq!(
+        (status(&failed), failed.attempt),
+        (ActivityStatus::Failed, 1)
+    );
+    let error = failed.last_error.unwrap_or_default();
+    assert_eq!(error.r#type, "BadInput");
+    assert!(
+        error.message.contains("Operands") && error.message.contains("invalid type"),
+        "{}",
+        error.message
+    );
+}
+
+/// `?` on an ordinary error is a retryable failure named after its type, and a
+/// panicking handler is a retry too, while the worker stays up and runs the next
+/// attempt.
+#[tokio::test]
+async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives_on() {
+    let server = TestServer::start().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = runs.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("flaky", move |ctx, _| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                match ctx.info().attempt {
+                    1 => {
+                        let n: u32 = "not a number".parse()?;
+                        Ok(spool_worker::json(&n)?)
+                    }
+                    2 => panic!("the handler blew up"),
+                    _ => spool_worker::json("third time lucky"),
+                }
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("flaky", "wf", "f");
+    req.retry_policy = fast_retries(3);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "f")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (ActivityStatus::Completed, 3),
+        "{done:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "one worker ran all three");
+    // The second attempt's error is the last one stored before the success.
+    let error = done.last_error.unwrap_or_default();
+    assert_eq!(error.r#type, "Panic", "{error:?}");
+}
+
+/// A client's cancel reaches the handler within 100 ms, with its reason; a
+/// timeout says it is one.
+#[tokio::test]
+async fn a_cancel_reaches_the_handler_promptly_with_its_reason() {
+    let server =
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+    /// Per cancelled attempt: its activity id, the reason, how long it had run.
+    type Seen = Vec<(String, CancelReason, Duration)>;
+    let reasons: Arc<Mutex<Seen>> = Arc::default();
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<String>(4);
+    let seen = reasons.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("long", move |ctx, _| {
+            let seen = seen.clone();
+            let started = started_tx.clone();
+            async move {
+                let _ = started.send(ctx.info().activity_id.clone()).await;
+                let waiting = Instant::now();
+                ctx.cancelled().await;
+                let reason = ctx.cancel_reason().expect("a reason once cancelled");
+                seen.lock().expect("lock").push((
+                    ctx.info().activity_id.clone(),
+                    reason,
+                    waiting.elapsed(),
+                ));
+                Err(ActivityError::retryable("Stopped", "asked to"))
+            }
+        })
+    });
+    let mut client = server.client().await;
+    submit(&mut client, request("long", "wf", "c")).await;
+    assert_eq!(started_rx.recv().await.as_deref(), Some("c"));
+    let cancelled_at = Instant::now();
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "c")),
+            reason: "not needed any more".into(),
+        })
+        .await
+        .expect("cancel");
+    let (id, reason, _) = eventually("the handler to see the cancel", || {
+        let reasons = reasons.clone();
+        async move { reasons.lock().expect("lock").first().cloned() }
+    })
+    .await;
+    let within = cancelled_at.elapsed();
+    assert_eq!(id, "c");
+    assert_eq!(
+        reason,
+        CancelReason::Requested("not needed any more".into())
+    );
+    assert!(within < Duration::from_millis(100), "took {within:?}");
+
+    let mut timed = request("long", "wf", "t");
+    timed.start_to_close_timeout = Some(prost_types_duration(Duration::from_millis(300)));
+    timed.retry_policy = fast_retries(1);
+    submit(&mut client, timed).await;
+    let (_, reason, _) = eventually("the timeout to reach the handler", || {
+        let reasons = reasons.clone();
+        async move {
+            reasons
+                .lock()
+                .expect("lock")
+                .iter()
+                .find(|r| r.0 == "t")
+                .cloned()
+        }
+    })
+    .await;
+    assert!(
+        matches!(&reason, CancelReason::TimedOut(why) if why.contains("start_to_close")),
+        "{reason:?}"
+    );
+}
+
+/// What an attempt last reported with a heartbeat reaches the next attempt, with
+/// the attempt budget, so long work resumes where it stopped.
+#[tokio::test]
+async fn the_previous_attempts_heartbeat_details_reach_the_next_attempt() {
+    let server = TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(50)).await;
+    /// Per attempt: its number, where it resumed from, whether it was the last.
+    type Seen = Vec<(u32, Option<u32>, bool)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let log = seen.clone();
+    let _worker = server.worker(move |w| {
+        w.activity("resumable", move |ctx, _| {
+            let log = log.clone();
+            async move {
+                let resumed_from: Option<u32> = ctx.last_heartbeat().expect("a u32");
+                log.lock().expect("lock").push((
+                    ctx.info().attempt,
+                    resumed_from,
+                    ctx.info().is_last_attempt(),
+                ));
+                if ctx.info().attempt == 1 {
+                    ctx.heartbeat_with(&7u32).expect("encode");
+                    // Long enough for the sweep to store the details.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    return Err(ActivityError::retryable("Interrupted", "try again"));
+                }
+                spool_worker::json(&resumed_from)
+            }
+        })
+    });
+    let mut client = server.client().await;
+    let mut req = request("resumable", "wf", "r");
+    req.retry_policy = fast_retries(2);
+    submit(&mut client, req).await;
+    let done = wait(&mut client, key("wf", "r")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    assert_eq!(
+        seen.lock().expect("lock").clone(),
+        vec![(1, None, false), (2, Some(7), true)]
+    );
+}
+
+/// The typed client: `execute` submits and returns the typed output; a failure is
+/// `NotCompleted` with the activity as it ended; a handle cancels and re-drives.
+#[tokio::test]
+async fn a_typed_client_executes_waits_and_manages() {
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.register::<Add, _, _>(|_ctx, Operands { a, b }| async move {
+            if a < 0 {
+                return Err(ActivityError::terminal("Negative", "no negatives"));
+            }
+            Ok(a + b)
+        })
+    });
+    let client = spool_client::Client::builder(server.endpoint.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let sum = client
+        .activity::<Add>(&Operands { a: 1, b: 2 })
+        .expect("encode")
+        .workflow_id("typed")
+        .activity_id("one")
+        .max_attempts(2)
+        .execute()
+        .await
+        .expect("completed");
+    assert_eq!(sum, 3);
+    let failed = client
+        .activity::<Add>(&Operands { a: -1, b: 2 })
+        .expect("encode")
+        .execute()
+        .await;
+    match failed {
+        Err(spool_client::Error::NotCompleted { activity }) => {
+            assert_eq!(activity.status(), ActivityStatus::Failed);
+            assert_eq!(activity.last_error.unwrap_or_default().r#type, "Negative");
+        }
+        other => panic!("expected NotCompleted, got {other:?}"),
+    }
+    // Nobody serves the delayed one yet: cancel it through its handle, re-drive it.
+    let handle = client
+        .activity::<Add>(&Operands { a: 5, b: 5 })
+        .expect("encode")
+        .delay(Duration::from_secs(3600))
+        .send()
+        .await
+        .expect("submitted");
+    assert!(handle.created());
+    let cancelled = handle.cancel("changed my mind").await.expect("cancel");
+    assert_eq!(cancelled.status(), ActivityStatus::Cancelled);
+    let retried = handle.retry().await.expect("retry");
+    assert_eq!(retried.status(), ActivityStatus::Scheduled);
+    assert_eq!(handle.wait().await.expect("completed"), 10);
+}
