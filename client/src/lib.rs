@@ -405,6 +405,17 @@ impl Client {
             .into_inner())
     }
 
+    /// What the server is (version, protocol versions) and what it accepts (payload
+    /// size, batch size, worker concurrency, heartbeat interval, longest wait).
+    pub async fn server_info(&self) -> Result<v1::ServerInfo, Error> {
+        Ok(self
+            .activities()
+            .get_server_info(self.request(v1::GetServerInfoRequest {}))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner())
+    }
+
     /// Ends a drain: the node takes workers and dispatches again.
     pub async fn resume(&self) -> Result<v1::ResumeResponse, Error> {
         Ok(self

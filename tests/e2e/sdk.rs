@@ -286,3 +286,100 @@ async fn a_typed_client_executes_waits_and_manages() {
     assert_eq!(retried.status(), ActivityStatus::Scheduled);
     assert_eq!(handle.wait().await.expect("completed"), 10);
 }
+
+/// The server says what it is and accepts; a worker never sends a payload over
+/// the limit it was told (the attempt fails with a clear error, the session lives
+/// on and runs the next task).
+#[tokio::test]
+async fn limits_are_told_and_an_oversized_output_fails_only_its_attempt() {
+    let server = TestServer::start_with(|c| c.max_payload_bytes = 64 * 1024).await;
+    let client = spool_client::Client::builder(server.endpoint.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let info = client.server_info().await.expect("server info");
+    assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(info.protocol_versions, vec![1]);
+    assert_eq!(info.max_payload_bytes, 64 * 1024);
+    assert!(info.max_batch_size > 0 && info.max_worker_concurrency > 0);
+
+    let _worker = server.worker(|w| {
+        w.activity("big", |ctx, _| async move {
+            // Over the limit, and well over the transport's message limit.
+            let size = if ctx.info().activity_id == "huge" {
+                20 << 20
+            } else {
+                10
+            };
+            ctx.heartbeat(Some(v1::Payload {
+                content_type: String::new(),
+                data: vec![b'h'; size],
+            }));
+            Ok(v1::Payload {
+                content_type: String::new(),
+                data: vec![b'x'; size],
+            })
+        })
+    });
+    let mut raw = server.client().await;
+    let mut huge = request("big", "wf", "huge");
+    huge.retry_policy = fast_retries(3);
+    submit(&mut raw, huge).await;
+    let failed = wait(&mut raw, key("wf", "huge")).await;
+    assert_eq!(
+        (status(&failed), failed.attempt),
+        (ActivityStatus::Failed, 1)
+    );
+    let error = failed.last_error.unwrap_or_default();
+    assert_eq!(error.r#type, "PayloadTooLarge");
+    assert!(error.message.contains("was not sent"), "{}", error.message);
+    submit(&mut raw, request("big", "wf", "small")).await;
+    let done = wait(&mut raw, key("wf", "small")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    assert_eq!(
+        server
+            .admin()
+            .await
+            .list_workers(v1::ListWorkersRequest::default())
+            .await
+            .expect("workers")
+            .into_inner()
+            .workers
+            .len(),
+        1,
+        "the same session ran both"
+    );
+}
+
+/// A type's own concurrency limit holds within the worker's: of four `slow` ones
+/// a worker of four slots takes at once, never two run at the same time.
+#[tokio::test]
+async fn a_type_concurrency_limit_holds() {
+    let server = TestServer::start().await;
+    let running = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let (now, peak) = (running.clone(), most.clone());
+    let _worker = server.worker(move |w| {
+        w.max_concurrency(4)
+            .type_concurrency("slow", 1)
+            .activity("slow", move |_, _| {
+                let (now, peak) = (now.clone(), peak.clone());
+                async move {
+                    let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(n, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    Ok(v1::Payload::default())
+                }
+            })
+    });
+    let mut client = server.client().await;
+    for i in 0..4 {
+        submit(&mut client, request("slow", "wf", &format!("s{i}"))).await;
+    }
+    for i in 0..4 {
+        let done = wait(&mut client, key("wf", &format!("s{i}"))).await;
+        assert_eq!(status(&done), ActivityStatus::Completed);
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
+}

@@ -84,6 +84,8 @@ pub struct Worker {
     reconnect_max: Duration,
     shutdown_timeout: Duration,
     on_ack: Option<AckObserver>,
+    /// Types whose handlers may run only so many at once, within `max_concurrency`.
+    type_limits: HashMap<String, Arc<tokio::sync::Semaphore>>,
 }
 
 impl Worker {
@@ -103,6 +105,7 @@ impl Worker {
             reconnect_max: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(30),
             on_ack: None,
+            type_limits: HashMap::new(),
         }
     }
 
@@ -121,6 +124,18 @@ impl Worker {
     /// How many activities run at once; the server never sends more.
     pub fn max_concurrency(mut self, n: u32) -> Self {
         self.max_concurrency = n.max(1);
+        self
+    }
+
+    /// At most `n` handlers of `activity_type` run at once (a rate-limited API, a
+    /// heavy job), within [`Worker::max_concurrency`]: a task beyond it waits in
+    /// this worker for a running one of its type to finish, holding its slot.
+    pub fn type_concurrency(mut self, activity_type: impl Into<String>, n: u32) -> Self {
+        let permits = usize::try_from(n.max(1)).unwrap_or(usize::MAX);
+        self.type_limits.insert(
+            activity_type.into(),
+            Arc::new(tokio::sync::Semaphore::new(permits)),
+        );
         self
     }
 

@@ -120,6 +120,7 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         .unwrap_or(Duration::from_secs(5));
 
     let mut session = Loop::new(worker, out_tx, capacity);
+    session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
     session.serve(&mut inbound, interval, shutdown).await
 }
 
@@ -143,6 +144,9 @@ struct Loop<'a> {
     /// The server said no task is on its way any more (Drain), or did not answer
     /// our Goodbye in time.
     drained: bool,
+    /// The largest payload the server takes (0: it did not say); a larger one would
+    /// end the session, so it is never sent.
+    max_payload: usize,
 }
 
 /// While stopping, a task that still arrives is handed back after this delay, as a
@@ -168,6 +172,7 @@ impl<'a> Loop<'a> {
             cancel: CancellationToken::new(),
             stopping: false,
             drained: false,
+            max_payload: 0,
             results: mpsc::channel(capacity),
             heartbeats: mpsc::channel(256),
         }
@@ -230,7 +235,11 @@ impl<'a> Loop<'a> {
                         latest.insert((beat.workflow_id.clone(), beat.activity_id.clone(), beat.attempt), beat);
                         next = self.heartbeats.1.try_recv().ok();
                     }
-                    for beat in latest.into_values() {
+                    for mut beat in latest.into_values() {
+                        if let Some(d) = &beat.details && too_large(d.data.len(), self.max_payload) {
+                            tracing::warn!(activity_id = %beat.activity_id, bytes = d.data.len(), limit = self.max_payload, "heartbeat details over the server's limit: sent without them");
+                            beat.details = None;
+                        }
                         self.send(worker_message::Message::Heartbeat(beat)).await;
                     }
                 }
@@ -367,7 +376,14 @@ impl<'a> Loop<'a> {
         );
         let results = self.results.0.clone();
         let input = task.input.unwrap_or_default();
+        let max_payload = self.max_payload;
+        let limit = self.worker.type_limits.get(&task.activity_type).cloned();
         tokio::spawn(async move {
+            // A type with its own concurrency limit waits for a permit here.
+            let _permit = match &limit {
+                Some(limit) => limit.clone().acquire_owned().await.ok(),
+                None => None,
+            };
             let outcome = match handler {
                 Some(handler) => {
                     // A second task, so a panicking handler still yields a result.
@@ -382,8 +398,17 @@ impl<'a> Loop<'a> {
                 )),
             };
             let outcome = match outcome {
+                Ok(output) if too_large(output.data.len(), max_payload) => ActivityError::terminal(
+                    "PayloadTooLarge",
+                    format!(
+                        "the output is {} bytes, over the server's limit of {max_payload} bytes \
+                         (--max-payload-bytes); it was not sent",
+                        output.data.len()
+                    ),
+                )
+                .into_outcome(),
                 Ok(output) => activity_result::Outcome::Output(output),
-                Err(e) => e.into_outcome(),
+                Err(e) => within_limit(e.into_outcome(), max_payload),
             };
             let _ = results
                 .send(v1::ActivityResult {
@@ -394,6 +419,28 @@ impl<'a> Loop<'a> {
                 })
                 .await;
         });
+    }
+}
+
+/// Whether `bytes` is over the server's payload limit (0: unknown, nothing is).
+fn too_large(bytes: usize, limit: usize) -> bool {
+    limit > 0 && bytes > limit
+}
+
+/// An error's details dropped, and said so, when over the server's limit.
+fn within_limit(outcome: activity_result::Outcome, limit: usize) -> activity_result::Outcome {
+    match outcome {
+        activity_result::Outcome::Error(mut e)
+            if e.details
+                .as_ref()
+                .is_some_and(|d| too_large(d.data.len(), limit)) =>
+        {
+            e.details = None;
+            e.message
+                .push_str(" (its details were over the server's payload limit and were left out)");
+            activity_result::Outcome::Error(e)
+        }
+        other => other,
     }
 }
 

@@ -361,6 +361,27 @@ impl ActivityService for ActivityApi {
         })
         .await
     }
+
+    async fn get_server_info(
+        &self,
+        request: Request<v1::GetServerInfoRequest>,
+    ) -> Result<Response<v1::ServerInfo>, Status> {
+        super::auth::authenticated(&request)?;
+        Ok(Response::new(server_info(&self.core.config)))
+    }
+}
+
+/// What `GetServerInfo` answers: this build and this server's settings.
+fn server_info(config: &crate::Config) -> v1::ServerInfo {
+    v1::ServerInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        protocol_versions: spool_proto::PROTOCOL_VERSIONS.to_vec(),
+        max_payload_bytes: config.max_payload_bytes as u64,
+        max_worker_concurrency: config.limits.max_worker_concurrency,
+        heartbeat_interval: Some(spool_proto::duration::to_proto(config.heartbeat_interval)),
+        max_batch_size: u32::try_from(crate::limits::MAX_BATCH).unwrap_or(u32::MAX),
+        max_wait: Some(spool_proto::duration::to_proto(config.limits.max_wait)),
+    }
 }
 
 /// The answer to a `List` page: the store cut the page by stored bytes; this cuts

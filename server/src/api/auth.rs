@@ -79,6 +79,17 @@ pub fn authorize<T>(request: &Request<T>, needed: Role, namespace: &str) -> Resu
     authorize_principal(request.extensions().get::<Principal>(), needed, namespace)
 }
 
+/// Checks only that the caller of `request` was authenticated (any role, any
+/// namespace): for what every caller may know, such as the server's limits.
+pub fn authenticated<T>(request: &Request<T>) -> Result<(), Error> {
+    match request.extensions().get::<Principal>() {
+        Some(_) => Ok(()),
+        None => Err(Error::Unauthenticated(
+            "no credentials were checked for this call",
+        )),
+    }
+}
+
 /// Checks that the caller of `request` may act as `needed` in every namespace
 /// (calls about the whole node, such as a drain).
 pub fn authorize_everywhere<T>(request: &Request<T>, needed: Role) -> Result<(), Error> {

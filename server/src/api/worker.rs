@@ -147,6 +147,7 @@ impl WorkerService for WorkerApi {
         let registration = validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
         authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
         let heartbeat_interval = self.core.config.heartbeat_interval;
+        let max_payload_bytes = self.core.config.max_payload_bytes;
         let granted = registration.max_concurrency;
         let (worker_id, tx, rx, evict) =
             self.core
@@ -157,6 +158,7 @@ impl WorkerService for WorkerApi {
                         heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
                         protocol_version: 1,
                         max_concurrency: granted,
+                        max_payload_bytes: max_payload_bytes as u64,
                     })
                 });
         tracing::info!(%worker_id, "worker connected");
