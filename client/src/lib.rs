@@ -138,15 +138,64 @@ impl Error {
     }
 }
 
+/// How calls that may safely be sent again are retried when the server (or the
+/// way to it) is UNAVAILABLE: a node draining or restarting, a store failure that
+/// may pass, a connection lost. Only reads and submits are retried; a submit is
+/// idempotent by key, and the client fills in empty ids before the first try so a
+/// retry names the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Tries in all, the first included (1: never retry).
+    pub attempts: u32,
+    /// The wait before the first retry; each next one doubles, up to `max_delay`,
+    /// each spread to between half and all of it.
+    pub initial_delay: Duration,
+    /// The longest wait between tries.
+    pub max_delay: Duration,
+}
+
+impl Default for Retry {
+    /// 5 tries, from 100 ms up to 2 s apart.
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            initial_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
 /// Settings for a connection; [`Builder::connect`] makes it.
 #[derive(Debug, Clone)]
 pub struct Builder {
     server: String,
     token: Option<String>,
     tls: ClientTls,
+    retry: Retry,
+    timeout: Option<Duration>,
+    connect_timeout: Duration,
 }
 
 impl Builder {
+    /// How UNAVAILABLE is retried (default: [`Retry::default`]).
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The longest one call may take (sent to the server as its deadline), but a
+    /// `wait`, which has its own. Default: none (the server's `--request-timeout`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The longest `connect` (and a reconnect) may take (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     /// The bearer token, for a server started with tokens.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
@@ -170,7 +219,8 @@ impl Builder {
             None => None,
         };
         let endpoint = spool_proto::endpoint::endpoint(&self.server, &self.tls)
-            .map_err(|e| Error::InvalidEndpoint(e.to_string()))?;
+            .map_err(|e| Error::InvalidEndpoint(e.to_string()))?
+            .connect_timeout(self.connect_timeout);
         let channel = endpoint.connect().await.map_err(|e| {
             let mut reason = e.to_string();
             let mut source = std::error::Error::source(&e);
@@ -187,6 +237,8 @@ impl Builder {
             channel,
             token,
             server: self.server,
+            retry: self.retry,
+            timeout: self.timeout,
         })
     }
 }
@@ -198,6 +250,8 @@ pub struct Client {
     token: Option<MetadataValue<Ascii>>,
     /// The endpoint as given, for errors.
     server: String,
+    retry: Retry,
+    timeout: Option<Duration>,
 }
 
 impl Client {
@@ -208,10 +262,22 @@ impl Client {
             server: server.into(),
             token: None,
             tls: ClientTls::default(),
+            retry: Retry::default(),
+            timeout: None,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 
     fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = self.untimed(message);
+        if let Some(timeout) = self.timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    }
+
+    /// A request without the call timeout (a `wait` has its own).
+    fn untimed<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         if let Some(token) = &self.token {
             request
@@ -219,6 +285,31 @@ impl Client {
                 .insert("authorization", token.clone());
         }
         request
+    }
+
+    /// Runs `call` (one gRPC call, made afresh each try), retrying UNAVAILABLE as
+    /// [`Retry`] says; for calls that may safely be sent again.
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut delay = self.retry.initial_delay;
+        let mut tried = 1;
+        loop {
+            match call().await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable && tried < self.retry.attempts =>
+                {
+                    let spread = delay.mul_f64(0.5 + rand_half());
+                    tokio::time::sleep(spread).await;
+                    delay = delay.saturating_mul(2).min(self.retry.max_delay);
+                    tried += 1;
+                }
+                Err(status) => return Err(self.failed(status)),
+            }
+        }
     }
 
     /// A failed call as an [`Error`].
@@ -238,37 +329,44 @@ impl Client {
 
     /// Submits one activity; `created` is false when its key already existed with
     /// the same type (the stored activity is returned).
-    pub async fn submit(&self, request: v1::SubmitRequest) -> Result<v1::SubmitResponse, Error> {
-        Ok(self
-            .activities()
-            .submit(self.request(request))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+    pub async fn submit(
+        &self,
+        mut request: v1::SubmitRequest,
+    ) -> Result<v1::SubmitResponse, Error> {
+        fill_ids(&mut request.workflow_id, &mut request.activity_id);
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(request.clone());
+            async move { service.submit(request).await }
+        })
+        .await
     }
 
     /// Submits activities all or nothing, in one commit.
     pub async fn submit_batch(
         &self,
-        request: v1::SubmitBatchRequest,
+        mut request: v1::SubmitBatchRequest,
     ) -> Result<v1::SubmitBatchResponse, Error> {
-        Ok(self
-            .activities()
-            .submit_batch(self.request(request))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+        for activity in &mut request.activities {
+            fill_ids(&mut activity.workflow_id, &mut activity.activity_id);
+        }
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(request.clone());
+            async move { service.submit_batch(request).await }
+        })
+        .await
     }
 
     /// The activity now.
     pub async fn get(&self, key: v1::ActivityKey) -> Result<v1::Activity, Error> {
         let request = v1::GetRequest { key: Some(key) };
-        Ok(self
-            .activities()
-            .get(self.request(request))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(request.clone());
+            async move { service.get(request).await }
+        })
+        .await
     }
 
     /// Waits until the activity is finished, or `timeout` passes (then answers its
@@ -285,11 +383,12 @@ impl Client {
                 timeout: timeout.map(duration::to_proto),
             };
             let activity = self
-                .activities()
-                .wait(self.request(request))
-                .await
-                .map_err(|s| self.failed(s))?
-                .into_inner();
+                .retrying(|| {
+                    let mut service = self.activities();
+                    let request = self.untimed(request.clone());
+                    async move { service.wait(request).await }
+                })
+                .await?;
             if timeout.is_some() || activity.status >= v1::ActivityStatus::Completed as i32 {
                 return Ok(activity);
             }
@@ -327,12 +426,12 @@ impl Client {
 
     /// One page of activities; pass its `next_page_token` for the next.
     pub async fn list(&self, request: v1::ListRequest) -> Result<v1::ListResponse, Error> {
-        Ok(self
-            .activities()
-            .list(self.request(request))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(request.clone());
+            async move { service.list(request).await }
+        })
+        .await
     }
 
     /// Up to `limit` activities matching `request`, following page tokens.
@@ -373,12 +472,12 @@ impl Client {
         let request = v1::StatsRequest {
             namespace: namespace.into(),
         };
-        Ok(self
-            .activities()
-            .stats(self.request(request))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(request.clone());
+            async move { service.stats(request).await }
+        })
+        .await
     }
 
     /// The workers connected now (all namespaces when `namespace` is empty).
@@ -408,12 +507,12 @@ impl Client {
     /// What the server is (version, protocol versions) and what it accepts (payload
     /// size, batch size, worker concurrency, heartbeat interval, longest wait).
     pub async fn server_info(&self) -> Result<v1::ServerInfo, Error> {
-        Ok(self
-            .activities()
-            .get_server_info(self.request(v1::GetServerInfoRequest {}))
-            .await
-            .map_err(|s| self.failed(s))?
-            .into_inner())
+        self.retrying(|| {
+            let mut service = self.activities();
+            let request = self.request(v1::GetServerInfoRequest {});
+            async move { service.get_server_info(request).await }
+        })
+        .await
     }
 
     /// Ends a drain: the node takes workers and dispatches again.
@@ -607,6 +706,24 @@ impl<A: Activity> Handle<A> {
     pub async fn retry(&self) -> Result<v1::Activity, Error> {
         self.client.retry(self.key.clone()).await
     }
+}
+
+/// Fills empty ids with new UUIDv7s, as the server would, so that sending the
+/// request again names the same key.
+fn fill_ids(workflow_id: &mut String, activity_id: &mut String) {
+    for id in [workflow_id, activity_id] {
+        if id.is_empty() {
+            *id = uuid::Uuid::now_v7().to_string();
+        }
+    }
+}
+
+/// A number in `[0, 0.5)` that differs between calls and processes: the spread of
+/// a retry's delay, so clients that failed together do not retry together.
+fn rand_half() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    let bits = RandomState::new().hash_one(std::time::Instant::now());
+    (bits % 1_000) as f64 / 2_000.0
 }
 
 #[cfg(test)]

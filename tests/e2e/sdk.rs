@@ -383,3 +383,66 @@ async fn a_type_concurrency_limit_holds() {
     }
     assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
 }
+
+/// The client retries UNAVAILABLE (a node restarting) for the calls that may be
+/// sent again, and gives up at once when told to try only once.
+#[tokio::test]
+async fn the_client_retries_a_restarting_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let database = format!("sqlite://{}", dir.path().join("spool.db").display());
+    let serve = move |listener: tokio::net::TcpListener| {
+        let mut config = spool_server::Config::new(database.clone());
+        config.drain_timeout = Duration::from_millis(100);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(spool_server::run(
+            config,
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        (stop, task)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, task) = serve(listener);
+    let connect = |retry: spool_client::Retry| {
+        spool_client::Client::builder(address.to_string())
+            .retry(retry)
+            .connect()
+    };
+    let patient = connect(spool_client::Retry {
+        attempts: 50,
+        initial_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(100),
+    })
+    .await
+    .expect("connect");
+    let hasty = connect(spool_client::Retry {
+        attempts: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let submitted = patient.submit(request("t", "", "")).await.expect("submit");
+    let key = submitted.activity.and_then(|a| a.key).expect("key");
+    assert!(!key.workflow_id.is_empty() && !key.activity_id.is_empty());
+
+    stop.cancel();
+    let _ = task.await;
+    match hasty.get(key.clone()).await {
+        Err(spool_client::Error::Status(s)) => assert_eq!(s.code(), tonic::Code::Unavailable),
+        other => panic!("expected UNAVAILABLE, got {other:?}"),
+    }
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .expect("rebind");
+        serve(listener)
+    });
+    let got = patient.get(key).await.expect("answered after the restart");
+    assert_eq!(got.status(), ActivityStatus::Scheduled);
+    let (stop, _task) = restart.await.expect("restart");
+    stop.cancel();
+}
