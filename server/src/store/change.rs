@@ -281,28 +281,9 @@ pub(crate) fn submitted(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{RetrySpec, Timeouts};
 
     fn new(id: &str, ty: &str) -> NewActivity {
-        NewActivity {
-            key: Key {
-                namespace: "default".into(),
-                workflow_id: "wf".into(),
-                activity_id: id.into(),
-            },
-            activity_type: ty.into(),
-            input: Payload::default(),
-            next_at: 0,
-            retry: RetrySpec {
-                max_attempts: 1,
-                initial_interval_ms: 1,
-                backoff_coefficient: 1.0,
-                max_interval_ms: 1,
-                non_retryable: Vec::new(),
-            },
-            timeouts: Timeouts::default(),
-            priority: 0,
-        }
+        crate::store::new_activity_for_tests(id, ty)
     }
 
     #[test]

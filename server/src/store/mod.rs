@@ -552,13 +552,7 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
         status: ActivityStatus::Running,
         attempt: 1,
         uncounted: 0,
-        retry: RetrySpec {
-            max_attempts: 1,
-            initial_interval_ms: 1,
-            backoff_coefficient: 1.0,
-            max_interval_ms: 1,
-            non_retryable: Vec::new(),
-        },
+        retry: one_attempt_for_tests(),
         timeouts: Default::default(),
         priority: 0,
         input: Payload::default(),
@@ -572,6 +566,58 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
         lease_expires_at: None,
         worker_id: Some(worker_id.to_owned()),
         expires_at: None,
+    }
+}
+
+/// A retry policy of one attempt, for unit tests.
+#[cfg(test)]
+pub(crate) fn one_attempt_for_tests() -> RetrySpec {
+    RetrySpec {
+        max_attempts: 1,
+        initial_interval_ms: 1,
+        backoff_coefficient: 1.0,
+        max_interval_ms: 1,
+        non_retryable: Vec::new(),
+    }
+}
+
+/// A new activity `wf/activity_id` of type `activity_type`, due at once, for unit
+/// tests of what stores it.
+#[cfg(test)]
+pub(crate) fn new_activity_for_tests(activity_id: &str, activity_type: &str) -> NewActivity {
+    NewActivity {
+        key: Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: activity_id.into(),
+        },
+        activity_type: activity_type.into(),
+        input: Payload::default(),
+        next_at: 0,
+        retry: one_attempt_for_tests(),
+        timeouts: Timeouts::default(),
+        priority: 0,
+    }
+}
+
+impl Claim {
+    /// How many more rows the claim may take once it took `taken`: `None` when it
+    /// is full. Both dialects try the types in order, each up to this.
+    pub fn left_after(&self, taken: usize) -> Option<i64> {
+        let left = i64::from(self.limit) - i64::try_from(taken).unwrap_or(i64::MAX);
+        (left > 0).then_some(left)
+    }
+}
+
+impl ListQuery {
+    /// Where the page starts, as the dialects bind it: rows after `after_id` oldest
+    /// first; newest first, rows below it (below every row when it is 0).
+    pub fn cursor(&self) -> i64 {
+        if self.newest_first && self.after_id <= 0 {
+            i64::MAX
+        } else {
+            self.after_id
+        }
     }
 }
 

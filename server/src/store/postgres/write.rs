@@ -294,10 +294,9 @@ async fn claim_rows(
 ) -> Result<Vec<ActivityRow>, Error> {
     let mut claimed = Vec::new();
     for activity_type in &claim.activity_types {
-        let left = i64::from(claim.limit) - claimed.len() as i64;
-        if left <= 0 {
+        let Some(left) = claim.left_after(claimed.len()) else {
             break;
-        }
+        };
         let rows = sqlx::query(sql::CLAIM)
             .bind(now)
             .bind(&*claim.worker_id)

@@ -131,16 +131,12 @@ impl Store for SqliteStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
         // Sizes first, so the page is cut by bytes before any payload is read.
         let status = query.status.map(|s| s as i64);
-        let (sizes_sql, rows_sql, after) = if query.newest_first {
-            let before = if query.after_id > 0 {
-                query.after_id
-            } else {
-                i64::MAX
-            };
-            (sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST, before)
+        let (sizes_sql, rows_sql) = if query.newest_first {
+            (sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST)
         } else {
-            (sql::LIST_SIZES, sql::LIST, query.after_id)
+            (sql::LIST_SIZES, sql::LIST)
         };
+        let after = query.cursor();
         let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
             .bind(&query.namespace)
             .bind(after)

@@ -283,10 +283,9 @@ fn claim_rows(
 ) -> Result<Vec<ActivityRow>, Error> {
     let mut claimed = Vec::new();
     for activity_type in &claim.activity_types {
-        let left = i64::from(claim.limit) - claimed.len() as i64;
-        if left <= 0 {
+        let Some(left) = claim.left_after(claimed.len()) else {
             break;
-        }
+        };
         let mut q = conn
             .query(sql::CLAIM)
             .map_err(sqlite)?
@@ -489,7 +488,6 @@ fn wrong_class(i: usize, wanted: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Payload, RetrySpec, Timeouts};
 
     /// A migrated database file in `dir`, and a writing connection to it.
     async fn fresh(dir: &tempfile::TempDir) -> (std::path::PathBuf, Connection) {
@@ -537,21 +535,7 @@ mod tests {
             workflow_id: "wf".into(),
             activity_id: "a".into(),
         };
-        let new = NewActivity {
-            key: key.clone(),
-            activity_type: "t".into(),
-            input: Payload::default(),
-            next_at: 0,
-            retry: RetrySpec {
-                max_attempts: 1,
-                initial_interval_ms: 1,
-                backoff_coefficient: 1.0,
-                max_interval_ms: 1,
-                non_retryable: Vec::new(),
-            },
-            timeouts: Timeouts::default(),
-            priority: 0,
-        };
+        let new = crate::store::new_activity_for_tests("a", "t");
         run_batch(&mut conn, &[Op::Submit(vec![new])], 0).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             select_one(&mut conn, &key, sql::SELECT_BY_KEY)
