@@ -636,8 +636,25 @@ impl<A: Activity> Submit<'_, A> {
         self
     }
 
+    /// A header stored with the activity and delivered to every attempt (keys:
+    /// lowercase ASCII letters, digits, `-`, `_`, `.`).
+    pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.request.headers.insert(key.into(), value.into());
+        self
+    }
+
+    /// The W3C trace context to run the activity in (its `traceparent` header), to
+    /// continue the caller's trace. Without it, `send` starts a new trace.
+    pub fn traceparent(self, traceparent: impl Into<String>) -> Self {
+        self.header(TRACEPARENT, traceparent)
+    }
+
     /// Submits it; the handle waits for, inspects and manages it.
-    pub async fn send(self) -> Result<Handle<A>, Error> {
+    pub async fn send(mut self) -> Result<Handle<A>, Error> {
+        self.request
+            .headers
+            .entry(TRACEPARENT.to_owned())
+            .or_insert_with(new_traceparent);
         let response = self.client.submit(self.request).await?;
         let key = response.activity.and_then(|a| a.key).unwrap_or_default();
         Ok(Handle {
@@ -655,12 +672,33 @@ impl<A: Activity> Submit<'_, A> {
 }
 
 /// A submitted typed activity.
-#[derive(Debug, Clone)]
 pub struct Handle<A> {
     client: Client,
     key: v1::ActivityKey,
     created: bool,
     activity: std::marker::PhantomData<fn() -> A>,
+}
+
+// By hand: derived impls would ask `A`, a marker type, to be `Clone` and `Debug`.
+impl<A> Clone for Handle<A> {
+    fn clone(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            key: self.key.clone(),
+            created: self.created,
+            activity: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<A: Activity> std::fmt::Debug for Handle<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("activity_type", &A::NAME)
+            .field("key", &self.key)
+            .field("created", &self.created)
+            .finish()
+    }
 }
 
 impl<A: Activity> Handle<A> {
@@ -706,6 +744,16 @@ impl<A: Activity> Handle<A> {
     pub async fn retry(&self) -> Result<v1::Activity, Error> {
         self.client.retry(self.key.clone()).await
     }
+}
+
+/// The W3C trace context header.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// A new W3C `traceparent`: version 00, a random trace id and parent id, sampled.
+pub fn new_traceparent() -> String {
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let parent_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    format!("00-{trace_id}-{parent_id}-01")
 }
 
 /// Fills empty ids with new UUIDv7s, as the server would, so that sending the

@@ -256,6 +256,7 @@ mod tests {
             },
             timeouts: Timeouts::default(),
             priority: 0,
+            headers: Default::default(),
         };
         committer
             .commit(vec![store::Op::Submit(vec![new])])

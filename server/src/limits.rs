@@ -37,6 +37,13 @@ pub const MAX_HELLO_TYPES: usize = 1_000;
 pub const MAX_WORKER_CONCURRENCY: u32 = 10_000;
 pub const DEFAULT_WORKER_CONCURRENCY: u32 = 1_000;
 
+/// The most headers one activity may carry.
+pub const MAX_HEADERS: usize = 64;
+/// The longest header key, in bytes (lowercase ASCII letters, digits, `-_.`).
+pub const MAX_HEADER_KEY_BYTES: usize = 128;
+/// The most bytes of all of an activity's header keys and values together.
+pub const MAX_HEADERS_BYTES: usize = 16 * 1024;
+
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub fn truncate(mut s: String, max: usize) -> String {
     let mut end = max.min(s.len());

@@ -26,6 +26,7 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         heartbeat_details: row.heartbeat_details,
         max_attempts: row.retry.max_attempts,
         counted_attempts: row.attempt.saturating_sub(row.uncounted),
+        headers: row.headers.into_iter().collect(),
     }
 }
 
@@ -48,5 +49,6 @@ pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
         counted_attempts: row.attempt.saturating_sub(row.uncounted).saturating_sub(1),
         last_heartbeat_details: row.heartbeat_details,
         started_at: row.started_at.map(time::to_proto),
+        headers: row.headers.into_iter().collect(),
     }
 }

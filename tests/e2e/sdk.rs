@@ -446,3 +446,85 @@ async fn the_client_retries_a_restarting_server() {
     let (stop, _task) = restart.await.expect("restart");
     stop.cancel();
 }
+
+/// Headers travel from the submit to every attempt and back in `Get`; the typed
+/// client starts a W3C trace when the caller gives none, and keeps one it is given;
+/// a malformed header is refused at the edge.
+#[tokio::test]
+async fn headers_and_traceparent_reach_the_handler() {
+    let server = TestServer::start().await;
+    /// Per attempt: its tenant header, its traceparent, and the trace id in it.
+    type Seen = Vec<(String, Option<String>, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let log = seen.clone();
+    let _worker = server.worker(move |w| {
+        w.register::<Add, _, _>(move |ctx, Operands { a, b }| {
+            let log = log.clone();
+            async move {
+                let info = ctx.info();
+                log.lock().expect("lock").push((
+                    info.headers.get("tenant").cloned().unwrap_or_default(),
+                    info.traceparent().map(str::to_owned),
+                    info.trace_id().map(str::to_owned),
+                ));
+                Ok::<_, ActivityError>(a + b)
+            }
+        })
+    });
+    let client = spool_client::Client::builder(server.endpoint.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let handle = client
+        .activity::<Add>(&Operands { a: 1, b: 1 })
+        .expect("encode")
+        .header("tenant", "acme")
+        .traceparent(given)
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(handle.wait().await.expect("done"), 2);
+    let stored = handle.get().await.expect("get");
+    assert_eq!(
+        stored.headers.get("tenant").map(String::as_str),
+        Some("acme")
+    );
+    client
+        .activity::<Add>(&Operands { a: 2, b: 2 })
+        .expect("encode")
+        .execute()
+        .await
+        .expect("done");
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(
+        seen[0],
+        (
+            "acme".to_owned(),
+            Some(given.to_owned()),
+            Some("0af7651916cd43dd8448eb211c80319c".to_owned())
+        )
+    );
+    let (_, started, trace_id) = &seen[1];
+    assert!(
+        started
+            .as_deref()
+            .is_some_and(|t| t.starts_with("00-") && t.len() == 55),
+        "a new trace: {started:?}"
+    );
+    assert!(trace_id.is_some());
+
+    let refused = client
+        .activity::<Add>(&Operands { a: 0, b: 0 })
+        .expect("encode")
+        .header("Bad Key", "x")
+        .send()
+        .await;
+    match refused {
+        Err(spool_client::Error::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::InvalidArgument);
+            assert!(s.message().contains("header key"), "{}", s.message());
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}

@@ -41,6 +41,8 @@ pub struct ActivityInfo {
     /// How long the server waits for a heartbeat before it fails this attempt, if
     /// the submitter set one.
     pub heartbeat_timeout: Option<Duration>,
+    /// The headers the activity was submitted with (a `traceparent`, a tenant).
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 impl ActivityInfo {
@@ -48,6 +50,21 @@ impl ActivityInfo {
     /// (retryably or not), the activity is FAILED for good.
     pub fn is_last_attempt(&self) -> bool {
         self.max_attempts > 0 && self.counted_attempts.saturating_add(1) >= self.max_attempts
+    }
+
+    /// The W3C trace context the activity was submitted in (its `traceparent`
+    /// header), to continue the trace in what this attempt calls or submits.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.headers.get("traceparent").map(String::as_str)
+    }
+
+    /// The trace id of [`ActivityInfo::traceparent`], when it is a valid one.
+    pub fn trace_id(&self) -> Option<&str> {
+        let traceparent = self.traceparent()?;
+        let mut parts = traceparent.split('-');
+        let (_version, trace_id) = (parts.next()?, parts.next()?);
+        (trace_id.len() == 32 && trace_id.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then_some(trace_id)
     }
 }
 

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Status, metadata::MetadataValue};
+use tracing::Instrument;
 
 use crate::{
     ActivityContext, ActivityError, ActivityInfo, CancelReason, Error, Worker,
@@ -367,7 +368,19 @@ impl<'a> Loop<'a> {
             heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref())
                 .ok()
                 .flatten(),
+            headers: task.headers.into_iter().collect(),
         });
+        // One span per attempt: what the handler logs carries the activity's
+        // identity and its trace.
+        let span = tracing::info_span!(
+            "activity",
+            namespace = %info.namespace,
+            workflow_id = %info.workflow_id,
+            activity_id = %info.activity_id,
+            activity_type = %info.activity_type,
+            attempt = info.attempt,
+            trace_id = info.trace_id().unwrap_or_default(),
+        );
         let ctx = ActivityContext::new(
             info,
             cancel,
@@ -387,7 +400,7 @@ impl<'a> Loop<'a> {
             let outcome = match handler {
                 Some(handler) => {
                     // A second task, so a panicking handler still yields a result.
-                    match tokio::spawn(handler(ctx, input)).await {
+                    match tokio::spawn(handler(ctx, input).instrument(span.clone())).await {
                         Ok(outcome) => outcome,
                         Err(e) => Err(ActivityError::retryable("Panic", e.to_string())),
                     }
@@ -410,6 +423,9 @@ impl<'a> Loop<'a> {
                 Ok(output) => activity_result::Outcome::Output(output),
                 Err(e) => within_limit(e.into_outcome(), max_payload),
             };
+            if let activity_result::Outcome::Error(e) = &outcome {
+                span.in_scope(|| tracing::info!(error_type = %e.r#type, "attempt failed"));
+            }
             let _ = results
                 .send(v1::ActivityResult {
                     workflow_id: task.workflow_id,

@@ -71,6 +71,7 @@ impl ActivityEnvironment {
                 started_at: Some(SystemTime::now()),
                 deadline: None,
                 heartbeat_timeout: None,
+                headers: Default::default(),
             },
             last_heartbeat: None,
             cancel: Arc::default(),

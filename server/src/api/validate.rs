@@ -273,7 +273,50 @@ pub fn submit(
         retry,
         timeouts,
         priority: request.priority,
+        headers: headers(request.headers)?,
     })
+}
+
+/// A submit's headers: at most [`crate::limits::MAX_HEADERS`], keys of lowercase ASCII
+/// letters, digits, `-`, `_` and `.` (as HTTP and W3C trace context spell them),
+/// values of text without control characters, all together within
+/// [`crate::limits::MAX_HEADERS_BYTES`].
+pub fn headers(
+    headers: std::collections::HashMap<String, String>,
+) -> Result<crate::store::Headers, Error> {
+    if headers.len() > crate::limits::MAX_HEADERS {
+        return Err(invalid(format!(
+            "headers has {} entries; the limit is {}",
+            headers.len(),
+            crate::limits::MAX_HEADERS
+        )));
+    }
+    let total: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > crate::limits::MAX_HEADERS_BYTES {
+        return Err(invalid(format!(
+            "headers are {total} bytes together; the limit is {}",
+            crate::limits::MAX_HEADERS_BYTES
+        )));
+    }
+    for (key, value) in &headers {
+        let valid_key = !key.is_empty()
+            && key.len() <= crate::limits::MAX_HEADER_KEY_BYTES
+            && key.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+            });
+        if !valid_key {
+            return Err(invalid(format!(
+                "header key {key:?} must be 1 to {} lowercase ASCII letters, digits, '-', '_' or '.'",
+                crate::limits::MAX_HEADER_KEY_BYTES
+            )));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(invalid(format!(
+                "header {key:?} has a control character in its value"
+            )));
+        }
+    }
+    Ok(headers.into_iter().collect())
 }
 
 /// A worker's `Hello`; its `max_concurrency` is granted up to `max_concurrency`.
@@ -490,11 +533,36 @@ mod tests {
         Some(prost_types::Duration { seconds, nanos })
     }
 
+    /// Header keys are lowercase tokens, values text without control characters,
+    /// and their number and size are bounded.
+    #[test]
+    fn headers_are_bounded_and_well_formed() {
+        let one = |k: &str, v: &str| headers([(k.to_owned(), v.to_owned())].into());
+        assert!(
+            one(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+            )
+            .is_ok()
+        );
+        assert!(one("x-tenant.id_2", "acme corp").is_ok());
+        for bad_key in ["", "Tenant", "a b", "ü", &"k".repeat(129)] {
+            assert!(one(bad_key, "v").is_err(), "{bad_key:?}");
+        }
+        assert!(one("k", "line\nbreak").is_err());
+        let many: std::collections::HashMap<String, String> =
+            (0..65).map(|i| (format!("k{i}"), String::new())).collect();
+        assert!(headers(many).is_err(), "more than 64");
+        let big = [("k".to_owned(), "v".repeat(16 * 1024))].into();
+        assert!(headers(big).is_err(), "over 16 KiB together");
+    }
+
     /// A submit resolves to exactly what it asked for, defaults filled in.
     #[test]
     fn a_submit_resolves_to_what_it_asked_for() {
         let config = Config::new("sqlite://x.db");
         let request = v1::SubmitRequest {
+            headers: [("tenant".to_owned(), "acme".to_owned())].into(),
             namespace: "orders".into(),
             workflow_id: "wf-1".into(),
             activity_id: "act-1".into(),

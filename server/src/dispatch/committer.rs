@@ -720,6 +720,7 @@ mod tests {
             },
             timeouts: Timeouts::default(),
             priority: 0,
+            headers: Default::default(),
         }
     }
 

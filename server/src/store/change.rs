@@ -238,6 +238,7 @@ pub(crate) fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRo
         lease_expires_at: None,
         worker_id: None,
         expires_at: expires_at(now, new.timeouts.schedule_to_close_ms),
+        headers: new.headers.clone(),
     }
 }
 

@@ -156,6 +156,7 @@ fn new(id: &str, ty: &str) -> NewActivity {
         },
         timeouts: Timeouts::default(),
         priority: 0,
+        headers: Default::default(),
     }
 }
 
@@ -1133,6 +1134,20 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
                     start_to_close_timeout: d.2,
                     schedule_to_close_timeout: d.3,
                     priority,
+                    // Every other one carries headers, a W3C traceparent among them.
+                    headers: if priority % 2 == 0 {
+                        [
+                            ("tenant".to_owned(), format!("t{priority}")),
+                            (
+                                "traceparent".to_owned(),
+                                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+                                    .to_owned(),
+                            ),
+                        ]
+                        .into()
+                    } else {
+                        Default::default()
+                    },
                 }
             },
         );
@@ -1219,6 +1234,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             row.priority,
             row.expires_at,
             row.status,
+            &row.headers,
         );
         let sent = (
             &new.key,
@@ -1230,6 +1246,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             new.priority,
             change::expires_at(T0, new.timeouts.schedule_to_close_ms),
             ActivityStatus::Scheduled,
+            &asked.headers.clone().into_iter().collect::<Headers>(),
         );
         assert_eq!(read_back, sent, "case {case}: {shown}");
         stored += 1;

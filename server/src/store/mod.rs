@@ -22,7 +22,7 @@ macro_rules! columns {
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, output_type, output, error_kind, error_type, error_message, error_details_type, \
          error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
-         finished_at, lease_expires_at, worker_id, expires_at"
+         finished_at, lease_expires_at, worker_id, expires_at, headers"
     };
 }
 
@@ -52,7 +52,7 @@ macro_rules! light_columns {
             " AS heartbeat_type, ",
             $null_blob,
             " AS heartbeat_details, created_at, next_at, started_at, finished_at, \
-             lease_expires_at, worker_id, expires_at"
+             lease_expires_at, worker_id, expires_at, headers"
         )
     };
 }
@@ -223,7 +223,12 @@ pub struct NewActivity {
     pub retry: RetrySpec,
     pub timeouts: Timeouts,
     pub priority: i32,
+    /// Delivered with every attempt; validated at the edge.
+    pub headers: Headers,
 }
+
+/// An activity's headers, in key order.
+pub type Headers = std::collections::BTreeMap<String, String>;
 
 /// An activity as stored.
 #[derive(Debug, Clone)]
@@ -250,6 +255,7 @@ pub struct ActivityRow {
     /// When schedule-to-close fails the activity: submit (or re-drive) time plus
     /// `schedule_to_close_ms`.
     pub expires_at: Option<UnixMillis>,
+    pub headers: Headers,
 }
 
 impl ActivityRow {
@@ -566,6 +572,7 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
         lease_expires_at: None,
         worker_id: Some(worker_id.to_owned()),
         expires_at: None,
+        headers: Headers::new(),
     }
 }
 
@@ -597,6 +604,7 @@ pub(crate) fn new_activity_for_tests(activity_id: &str, activity_type: &str) -> 
         retry: one_attempt_for_tests(),
         timeouts: Timeouts::default(),
         priority: 0,
+        headers: Headers::new(),
     }
 }
 

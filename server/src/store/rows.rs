@@ -14,6 +14,15 @@ use spool_proto::time::UnixMillis;
 
 use super::{ActivityError, ActivityRow, ActivityStatus, Error, Key, Payload, RetrySpec, Timeouts};
 
+/// Headers as stored: a JSON object, or NULL for none.
+pub(super) fn encode_headers(headers: &super::Headers) -> Option<String> {
+    if headers.is_empty() {
+        None
+    } else {
+        serde_json::to_string(headers).ok()
+    }
+}
+
 pub(super) fn encode_list(items: &[String]) -> Option<String> {
     if items.is_empty() {
         None
@@ -140,6 +149,7 @@ mod col {
     pub const LEASE_EXPIRES_AT: usize = 32;
     pub const WORKER_ID: usize = 33;
     pub const EXPIRES_AT: usize = 34;
+    pub const HEADERS: usize = 35;
 }
 
 /// A result row read by column position: what every dialect's rows offer the one
@@ -267,6 +277,12 @@ pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
         lease_expires_at: row.opt_int(col::LEASE_EXPIRES_AT)?,
         worker_id: row.opt_text(col::WORKER_ID)?,
         expires_at: row.opt_int(col::EXPIRES_AT)?,
+        headers: match row.opt_text(col::HEADERS)? {
+            Some(json) => {
+                serde_json::from_str(&json).map_err(|e| Error::Corrupt(format!("headers: {e}")))?
+            }
+            None => super::Headers::new(),
+        },
     })
 }
 

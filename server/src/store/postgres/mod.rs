@@ -44,13 +44,27 @@ pub use notify::CHANNEL;
 use spool_proto::time::UnixMillis;
 
 fn migrator() -> Migrator {
-    Migrator::with_migrations(vec![Migration::new(
-        1,
-        "activities".into(),
-        MigrationType::Simple,
-        sqlx::SqlSafeStr::into_sql_str(include_str!("../migrations/postgres/0001_activities.sql")),
-        false,
-    )])
+    let migration = |version, name: &str, sql: &'static str| {
+        Migration::new(
+            version,
+            name.to_owned().into(),
+            MigrationType::Simple,
+            sqlx::SqlSafeStr::into_sql_str(sql),
+            false,
+        )
+    };
+    Migrator::with_migrations(vec![
+        migration(
+            1,
+            "activities",
+            include_str!("../migrations/postgres/0001_activities.sql"),
+        ),
+        migration(
+            2,
+            "headers",
+            include_str!("../migrations/postgres/0002_headers.sql"),
+        ),
+    ])
 }
 
 /// How long a statement, a wait for a lock, or an open transaction left idle may

@@ -70,13 +70,15 @@ pub const SUBMIT: Savepoint = Savepoint {
 pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
-     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at) \
-     SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex \
+     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
+     headers) \
+     SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex, \
+            hd \
      FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
                  $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
                  $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
-                 $18::BIGINT[]) \
-       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex) \
+                 $18::BIGINT[], $19::TEXT[]) \
+       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
      RETURNING id, namespace, workflow_id, activity_id";
 

@@ -273,6 +273,11 @@ async fn insert(
         .bind(opt(&|n| {
             change::expires_at(now, n.timeouts.schedule_to_close_ms)
         }))
+        .bind(
+            all.iter()
+                .map(|n| rows::encode_headers(&n.headers))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
     let mut ids = HashMap::with_capacity(inserted.len());

@@ -56,6 +56,11 @@ fn migrator() -> Migrator {
             "integer_times",
             include_str!("../migrations/sqlite/0002_integer_times.sql"),
         ),
+        migration(
+            3,
+            "headers",
+            include_str!("../migrations/sqlite/0003_headers.sql"),
+        ),
     ])
 }
 

@@ -28,8 +28,10 @@ macro_rules! light {
 pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
-     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at) \
-     VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
+     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
+     headers) \
+     VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
+             ?19) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id";
 
 pub const SELECT_BY_KEY: &str = concat!(

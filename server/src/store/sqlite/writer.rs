@@ -268,7 +268,8 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
         .bind(&new.input.data)
         .bind(&now)
         .bind(&new.next_at)
-        .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms));
+        .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms))
+        .bind(&rows::encode_headers(&new.headers));
     Ok(if q.step().map_err(sqlite)? {
         Some(q.int(0))
     } else {
