@@ -379,7 +379,7 @@ impl<'a> Loop<'a> {
             activity_id = %info.activity_id,
             activity_type = %info.activity_type,
             attempt = info.attempt,
-            trace_id = info.trace_id().unwrap_or_default(),
+            trace_id = %info.trace_id().unwrap_or_default(),
         );
         let ctx = ActivityContext::new(
             info,

@@ -114,6 +114,7 @@ impl Registry {
         let mut undelivered = Vec::new();
         for row in rows {
             let attempt = Arc::new(Attempt::from_row(&row));
+            let span = attempt_span(&row, &worker.id);
             let task = crate::wire::task(row, &attempt);
             if let Err(e) = worker
                 .outbound
@@ -133,13 +134,14 @@ impl Registry {
             }
             let now = Instant::now();
             let now_wall = attempt.started_at;
+            span.in_scope(|| tracing::debug!("dispatched"));
             worker.inflight.insert(
                 attempt_key(
                     &attempt.key.workflow_id,
                     &attempt.key.activity_id,
                     attempt.attempt,
                 ),
-                Inflight::new(attempt, now, now_wall),
+                Inflight::new(attempt, now, now_wall, span),
             );
         }
         let group = worker.group.clone();
@@ -148,4 +150,25 @@ impl Registry {
         }
         undelivered
     }
+}
+
+/// The span of one attempt on this server, from dispatch until its worker answers
+/// or is gone: what the server logs about the attempt carries its identity, its
+/// worker and the trace it runs in (the `traceparent` header's trace id).
+fn attempt_span(row: &ActivityRow, worker_id: &str) -> tracing::Span {
+    let trace_id = row
+        .headers
+        .get("traceparent")
+        .and_then(|t| t.split('-').nth(1))
+        .unwrap_or_default();
+    tracing::info_span!(
+        "attempt",
+        namespace = %row.key.namespace,
+        workflow_id = %row.key.workflow_id,
+        activity_id = %row.key.activity_id,
+        activity_type = %row.activity_type,
+        attempt = row.attempt,
+        worker_id = %worker_id,
+        trace_id = %trace_id,
+    )
 }

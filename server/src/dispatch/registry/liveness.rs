@@ -7,7 +7,7 @@ use std::time::Duration;
 use spool_proto::v1;
 use tokio::time::Instant;
 
-use super::{Registry, SilencePaused, Sweep, attempt_key, send_cancel};
+use super::{Registry, SilencePaused, Sweep, attempt_key};
 use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
@@ -65,7 +65,7 @@ impl Registry {
                 sweep.lost_workers.push(worker.id.clone());
                 continue;
             }
-            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
+            for inflight in worker.inflight.values_mut() {
                 if inflight.cancel_sent {
                     continue;
                 }
@@ -85,13 +85,10 @@ impl Registry {
                     sweep.running.push((attempt.id, attempt.attempt));
                     continue;
                 };
-                inflight.cancel_sent = true;
-                send_cancel(
+                inflight.stop(
                     &worker.outbound,
-                    workflow_id,
-                    activity_id,
-                    attempt.attempt,
-                    (v1::CancelKind::TimedOut, &timed_out.message),
+                    v1::CancelKind::TimedOut,
+                    &timed_out.message,
                 );
                 sweep.timed_out.push(timed_out);
             }

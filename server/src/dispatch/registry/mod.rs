@@ -107,17 +107,21 @@ struct Inflight {
     deadlines: Deadlines,
     /// Details reported since the last flush to the store; latest wins.
     unflushed: Option<Option<Payload>>,
+    /// The attempt's span (see `claims::attempt_span`): entered for what is logged
+    /// about it, closed when this entry goes.
+    span: tracing::Span,
 }
 
 impl Inflight {
     /// An attempt dispatched at `now` (monotonic) and `now_wall`.
-    fn new(attempt: Arc<Attempt>, now: Instant, now_wall: UnixMillis) -> Self {
+    fn new(attempt: Arc<Attempt>, now: Instant, now_wall: UnixMillis, span: tracing::Span) -> Self {
         Self {
             deadlines: Deadlines::at_dispatch(&attempt, now, now_wall),
             attempt,
             cancel_sent: false,
             last_heartbeat: now,
             unflushed: None,
+            span,
         }
     }
 }
@@ -319,18 +323,12 @@ impl Registry {
         let ended: HashSet<&(i64, u32)> = attempts.iter().collect();
         let mut inner = self.lock();
         for worker in inner.workers.values_mut() {
-            for ((workflow_id, activity_id, number), inflight) in worker.inflight.iter_mut() {
-                if inflight.cancel_sent || !ended.contains(&(inflight.attempt.id, *number)) {
+            for inflight in worker.inflight.values_mut() {
+                let attempt = (inflight.attempt.id, inflight.attempt.attempt);
+                if inflight.cancel_sent || !ended.contains(&attempt) {
                     continue;
                 }
-                inflight.cancel_sent = true;
-                send_cancel(
-                    &worker.outbound,
-                    workflow_id,
-                    activity_id,
-                    *number,
-                    (v1::CancelKind::EndedElsewhere, reason),
-                );
+                inflight.stop(&worker.outbound, v1::CancelKind::EndedElsewhere, reason);
             }
         }
         drop(inner);
@@ -371,18 +369,11 @@ impl Registry {
     pub fn end_all(&self, reason: &str) -> Vec<Arc<Attempt>> {
         let mut ended = Vec::new();
         for worker in self.lock().workers.values_mut() {
-            for ((workflow_id, activity_id, _), inflight) in worker.inflight.iter_mut() {
+            for inflight in worker.inflight.values_mut() {
                 if inflight.cancel_sent {
                     continue;
                 }
-                inflight.cancel_sent = true;
-                send_cancel(
-                    &worker.outbound,
-                    workflow_id,
-                    activity_id,
-                    inflight.attempt.attempt,
-                    (v1::CancelKind::Drain, reason),
-                );
+                inflight.stop(&worker.outbound, v1::CancelKind::Drain, reason);
                 ended.push(inflight.attempt.clone());
             }
         }
@@ -461,6 +452,12 @@ impl Registry {
         drop(inner);
         self.wake.notify_one();
         self.answered.notify_waiters();
+        inflight.span.in_scope(|| {
+            tracing::debug!(
+                after_the_server_ended_it = inflight.cancel_sent,
+                "the worker answered"
+            )
+        });
         if inflight.cancel_sent {
             Answer::Ended
         } else {
@@ -486,14 +483,7 @@ impl Registry {
         if inflight.cancel_sent {
             return;
         }
-        inflight.cancel_sent = true;
-        send_cancel(
-            &worker.outbound,
-            &key.workflow_id,
-            &key.activity_id,
-            attempt,
-            (v1::CancelKind::Requested, reason),
-        );
+        inflight.stop(&worker.outbound, v1::CancelKind::Requested, reason);
         drop(inner);
         // The attempt no longer counts as running: a drain may be waiting on that.
         self.answered.notify_waiters();
@@ -564,24 +554,28 @@ impl Drop for SilencePaused<'_> {
     }
 }
 
-/// Tells a worker to stop one attempt. Full cannot happen (one cancel per held
-/// attempt is budgeted); closed means the session is ending and will not count the
-/// attempt anyway.
-fn send_cancel(
-    outbound: &mpsc::Sender<Outgoing>,
-    workflow_id: &str,
-    activity_id: &str,
-    attempt: u32,
-    (kind, reason): (v1::CancelKind, &str),
-) {
-    let cancel = v1::CancelActivity {
-        workflow_id: workflow_id.to_owned(),
-        activity_id: activity_id.to_owned(),
-        attempt,
-        reason: reason.to_owned(),
-        kind: kind as i32,
-    };
-    let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+impl Inflight {
+    /// The server ends this attempt: its worker is told to stop, once, and why. Full
+    /// cannot happen (one cancel per held attempt is budgeted); closed means the
+    /// session is ending and will not count the attempt anyway.
+    fn stop(&mut self, outbound: &mpsc::Sender<Outgoing>, kind: v1::CancelKind, reason: &str) {
+        self.cancel_sent = true;
+        self.span.in_scope(|| {
+            tracing::info!(
+                kind = kind.as_str_name(),
+                reason,
+                "attempt ended by the server"
+            )
+        });
+        let cancel = v1::CancelActivity {
+            workflow_id: self.attempt.key.workflow_id.clone(),
+            activity_id: self.attempt.key.activity_id.clone(),
+            attempt: self.attempt.attempt,
+            reason: reason.to_owned(),
+            kind: kind as i32,
+        };
+        let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+    }
 }
 
 /// The wall time an `Instant` of the past corresponds to, for display.
@@ -844,5 +838,66 @@ mod tests {
         // Another bare heartbeat: nothing new to write.
         assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
         assert!(registry.sweep(now, quiet).heartbeats.is_empty());
+    }
+
+    /// What the server logs about an attempt is inside that attempt's span: its
+    /// identity, its worker, and the trace id of its `traceparent` header.
+    #[test]
+    fn an_attempts_events_carry_its_span_and_trace() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let registry = Registry::default();
+            let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+            registry.mark_all_due();
+            let claim = registry.plan_claims(0).remove(0);
+            let mut row = row(1, "a", &id);
+            row.headers.insert(
+                "traceparent".into(),
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+            );
+            assert!(registry.assign(&claim, vec![row]).is_empty());
+            let key = Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "a".into(),
+            };
+            registry.cancel_running(&id, &key, 1, "no longer needed");
+        });
+        let log = String::from_utf8_lossy(&captured.0.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_owned();
+        let ended = log
+            .lines()
+            .find(|l| l.contains("attempt ended by the server"))
+            .unwrap_or_else(|| panic!("no event: {log}"));
+        for field in [
+            "workflow_id=wf",
+            "activity_id=a",
+            "attempt=1",
+            "trace_id=0af7651916cd43dd8448eb211c80319c",
+            "kind=\"CANCEL_KIND_REQUESTED\"",
+        ] {
+            assert!(ended.contains(field), "{field} missing from {ended}");
+        }
+        assert!(log.contains("dispatched"), "{log}");
     }
 }
