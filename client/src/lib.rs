@@ -467,6 +467,40 @@ impl Client {
         }
     }
 
+    /// Every activity matching `request`, page after page as the stream is read
+    /// (one page ahead at most): the whole list without holding it in memory. An
+    /// error ends the stream after it is yielded.
+    pub fn list_stream(
+        &self,
+        mut request: v1::ListRequest,
+    ) -> impl tokio_stream::Stream<Item = Result<v1::Activity, Error>> + Send + 'static {
+        let client = self.clone();
+        let page = usize::try_from(request.page_size.max(1)).unwrap_or(100);
+        let (tx, rx) = tokio::sync::mpsc::channel(page);
+        tokio::spawn(async move {
+            loop {
+                match client.list(request.clone()).await {
+                    Ok(response) => {
+                        for activity in response.activities {
+                            if tx.send(Ok(activity)).await.is_err() {
+                                return; // the reader dropped the stream
+                            }
+                        }
+                        if response.next_page_token.is_empty() {
+                            return;
+                        }
+                        request.page_token = response.next_page_token;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+
     /// Activities by status in a namespace, and the workers connected to it.
     pub async fn stats(&self, namespace: impl Into<String>) -> Result<v1::StatsResponse, Error> {
         let request = v1::StatsRequest {
@@ -541,6 +575,42 @@ impl Client {
 }
 
 impl Client {
+    /// Submits one activity of `A` per input, all or nothing, in one commit (new
+    /// ids, the server's defaults); a handle for each, in order.
+    pub async fn submit_all<A: Activity>(
+        &self,
+        inputs: &[A::Input],
+    ) -> Result<Vec<Handle<A>>, Error> {
+        let activities = inputs
+            .iter()
+            .map(|input| {
+                let input = spool_proto::activity::encode(input).map_err(|e| Error::Encode {
+                    activity: A::NAME,
+                    reason: e.to_string(),
+                })?;
+                Ok(v1::SubmitRequest {
+                    activity_type: A::NAME.to_owned(),
+                    input: Some(input),
+                    headers: [(TRACEPARENT.to_owned(), new_traceparent())].into(),
+                    ..Default::default()
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let response = self
+            .submit_batch(v1::SubmitBatchRequest { activities })
+            .await?;
+        Ok(response
+            .results
+            .into_iter()
+            .map(|r| Handle {
+                client: self.clone(),
+                key: r.activity.and_then(|a| a.key).unwrap_or_default(),
+                created: r.created,
+                activity: std::marker::PhantomData,
+            })
+            .collect())
+    }
+
     /// A submit of the typed activity `A` with `input`, to set options on and send:
     /// `client.activity::<Greet>(&input)?.workflow_id("order-7").execute().await`.
     pub fn activity<A: Activity>(&self, input: &A::Input) -> Result<Submit<'_, A>, Error> {

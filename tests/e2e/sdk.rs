@@ -528,3 +528,39 @@ async fn headers_and_traceparent_reach_the_handler() {
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
 }
+
+/// A typed batch is one commit with a handle per input; the list stream pages
+/// through everything, newest first when asked.
+#[tokio::test]
+async fn a_typed_batch_and_the_list_stream() {
+    use tokio_stream::StreamExt;
+    let server = TestServer::start().await;
+    let _worker = server.worker(|w| {
+        w.register::<Add, _, _>(
+            |_ctx, Operands { a, b }| async move { Ok::<_, ActivityError>(a + b) },
+        )
+    });
+    let client = spool_client::Client::builder(server.endpoint.clone())
+        .connect()
+        .await
+        .expect("connect");
+    let inputs: Vec<Operands> = (0..25).map(|i| Operands { a: i, b: i }).collect();
+    let handles = client.submit_all::<Add>(&inputs).await.expect("batch");
+    assert_eq!(handles.len(), 25);
+    for (i, handle) in handles.iter().enumerate() {
+        assert!(handle.created());
+        assert_eq!(handle.wait().await.expect("done"), 2 * i as i64);
+    }
+    let listed: Vec<v1::Activity> = client
+        .list_stream(v1::ListRequest {
+            page_size: 7,
+            newest_first: true,
+            ..Default::default()
+        })
+        .collect::<Result<_, _>>()
+        .await
+        .expect("listed");
+    assert_eq!(listed.len(), 25, "four pages of seven, the last short");
+    let last = handles.last().map(|h| h.key().clone());
+    assert_eq!(listed[0].key, last, "newest first");
+}
