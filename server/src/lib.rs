@@ -11,6 +11,8 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 pub mod wire;
 
