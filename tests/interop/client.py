@@ -68,8 +68,15 @@ def main():
 
     fast = common.RetryPolicy(max_attempts=3, initial_interval=duration_pb2.Duration(nanos=10_000_000), backoff_coefficient=1.0)
 
-    # Submit before any worker: it waits, attempt 0.
-    r = client.Submit(act.SubmitRequest(activity_type="py.echo", workflow_id="py", activity_id="a1", input=payload({"n": 1})))
+    # What the server is and accepts.
+    info = client.GetServerInfo(act.GetServerInfoRequest())
+    check(info.version and list(info.protocol_versions) == [1] and info.max_payload_bytes > 0 and info.max_batch_size > 0, f"server info: {info}")
+
+    # Submit before any worker: it waits, attempt 0. Headers travel with it.
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    headers = {"traceparent": traceparent, "tenant": "py"}
+    r = client.Submit(act.SubmitRequest(activity_type="py.echo", workflow_id="py", activity_id="a1", input=payload({"n": 1}), headers=headers))
+    check(dict(r.activity.headers) == headers, f"headers stored: {r.activity.headers}")
     check(r.created and r.activity.status == common.ACTIVITY_STATUS_SCHEDULED and r.activity.attempt == 0, f"submit: {r}")
     again = client.Submit(act.SubmitRequest(activity_type="py.echo", workflow_id="py", activity_id="a1"))
     check(not again.created, "idempotent submit")
@@ -90,6 +97,8 @@ def main():
     stream = worker.Session(requests())
     first = next(stream)
     check(first.WhichOneof("message") == "welcome" and first.welcome.worker_id, f"welcome: {first}")
+    check(first.welcome.max_payload_bytes == info.max_payload_bytes, f"welcome limits: {first}")
+    tasks = []
     inbox = queue.Queue()
 
     def read():
@@ -113,10 +122,14 @@ def main():
                 seen_acks.append(m.ack)
             elif kind == "task":
                 t = m.task
+                tasks.append(t)
                 res = wrk.ActivityResult(workflow_id=t.workflow_id, activity_id=t.activity_id, attempt=t.attempt)
                 if t.activity_type == "py.echo":
                     res.output.CopyFrom(payload({"echo": json.loads(t.input.data or b"null"), "attempt": t.attempt}))
                 else:
+                    # Progress first: the next attempt is handed the last details.
+                    beat = wrk.Heartbeat(workflow_id=t.workflow_id, activity_id=t.activity_id, attempt=t.attempt, details=payload({"progress": t.attempt}))
+                    outbox.put(wrk.WorkerMessage(heartbeat=beat))
                     res.error.CopyFrom(common.ActivityError(kind=common.ERROR_KIND_RETRYABLE, type="PyError", message=f"attempt {t.attempt}"))
                 outbox.put(wrk.WorkerMessage(result=res))
             check(time.time() < deadline, "timed out")
@@ -125,12 +138,17 @@ def main():
     check(seen_acks[-1].accepted, "ack accepted")
     got = client.Get(act.GetRequest(key=key("py", "a1")))
     check(got.status == common.ACTIVITY_STATUS_COMPLETED and json.loads(got.output.data) == {"echo": {"n": 1}, "attempt": 1}, f"completed: {got}")
+    a1 = [t for t in tasks if t.activity_id == "a1"][0]
+    check(dict(a1.headers) == headers and a1.max_attempts == 10 and a1.counted_attempts == 0 and not a1.HasField("last_heartbeat_details"), f"task fields: {a1}")
 
     # Retries then the dead letter.
     client.Submit(act.SubmitRequest(activity_type="py.fail", workflow_id="py", activity_id="f1", retry_policy=fast))
     serve_until(lambda: sum(1 for a in seen_acks if a.activity_id == "f1") == 3)
     failed = client.Wait(act.WaitRequest(key=key("py", "f1"), timeout=duration_pb2.Duration(seconds=5)))
     check(failed.status == common.ACTIVITY_STATUS_FAILED and failed.attempt == 3 and failed.last_error.type == "PyError", f"dead letter: {failed}")
+    f1 = [t for t in tasks if t.activity_id == "f1"]
+    check([t.counted_attempts for t in f1] == [0, 1, 2] and all(t.max_attempts == 3 for t in f1), f"budget: {f1}")
+    check([json.loads(t.last_heartbeat_details.data) if t.HasField("last_heartbeat_details") else None for t in f1] == [None, {"progress": 1}, {"progress": 2}], f"resume from the last details: {f1}")
 
     # A stale attempt is refused.
     outbox.put(wrk.WorkerMessage(result=wrk.ActivityResult(workflow_id="py", activity_id="a1", attempt=9, output=payload(0))))
@@ -143,6 +161,7 @@ def main():
     check(client.Get(act.GetRequest(key=key("py", "f1"))).attempt == 6, "re-drive ran three more attempts")
     client.Submit(act.SubmitRequest(activity_type="py.unserved", workflow_id="py", activity_id="c1"))
     cancelled = client.Cancel(act.CancelRequest(key=key("py", "c1"), reason="py"))
+    check(wrk.CANCEL_KIND_REQUESTED == 1, "cancel kinds are generated")
     check(cancelled.status == common.ACTIVITY_STATUS_CANCELLED, "cancel")
     check(code_of(lambda: client.Cancel(act.CancelRequest(key=key("py", "c1")))) == grpc.StatusCode.FAILED_PRECONDITION, "cancel twice")
     batch = act.SubmitBatchRequest(activities=[act.SubmitRequest(activity_type="py.unserved", workflow_id="pyb", activity_id=f"b{i}") for i in range(5)])
