@@ -37,6 +37,8 @@
 
 mod context;
 mod error;
+#[cfg(feature = "otel")]
+pub mod otel;
 mod session;
 pub mod testing;
 

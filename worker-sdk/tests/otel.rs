@@ -1,0 +1,106 @@
+//! With the `otel` feature, an attempt's span joins the trace its activity was
+//! submitted in and reaches an OTLP collector (`cargo test -p spool-worker
+//! --features otel`).
+
+#![cfg(feature = "otel")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+    trace_service_server::{TraceService, TraceServiceServer},
+};
+use spool_worker::{Activity, ActivityError, Worker};
+use tokio_util::sync::CancellationToken;
+
+/// Spans received, as (name, trace id in hex).
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<(String, String)>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    let trace_id: String =
+                        span.trace_id.iter().map(|b| format!("{b:02x}")).collect();
+                    spans.push((span.name, trace_id));
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+struct Echo;
+
+impl Activity for Echo {
+    const NAME: &'static str = "echo";
+    type Input = String;
+    type Output = String;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attempts_span_joins_the_submitters_trace_and_is_exported() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collector.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let otel = spool_worker::otel::install("spool-test-worker", &format!("http://{address}"))
+        .expect("install");
+
+    let server = spool_server::testing::TestServer::start().await.unwrap();
+    let stop = CancellationToken::new();
+    let worker = Worker::new(server.endpoint()).register::<Echo, _, _>(|_ctx, s| async move {
+        tracing::info!("echoing");
+        Ok::<_, ActivityError>(s)
+    });
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let client = spool_client::Client::builder(server.endpoint())
+        .connect()
+        .await
+        .unwrap();
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let out = client
+        .activity::<Echo>(&"hi".to_owned())
+        .unwrap()
+        .traceparent(format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .execute()
+        .await
+        .unwrap();
+    assert_eq!(out, "hi");
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    // Dropping the guard flushes the batch to the collector.
+    tokio::task::spawn_blocking(move || drop(otel))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let spans = collector.0.lock().unwrap().clone();
+        if spans
+            .iter()
+            .any(|(name, id)| name == "activity" && id == trace_id)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no activity span in the submitter's trace: {spans:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
