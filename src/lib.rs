@@ -6,7 +6,10 @@
 pub mod activity;
 pub mod duration;
 pub mod endpoint;
+#[cfg(feature = "otel")]
+pub mod otel;
 pub mod time;
+pub mod trace;
 
 /// The generated `spool.v1` messages, clients and servers.
 pub mod v1 {

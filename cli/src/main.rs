@@ -446,6 +446,11 @@ struct ServeArgs {
     tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
+    /// Export the server's spans over OTLP/gRPC to this collector (for example
+    /// http://127.0.0.1:4317); logs still go to stderr.
+    #[cfg(feature = "otel")]
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 /// What one client may take of the server (see docs/SECURITY.md).
@@ -525,6 +530,16 @@ fn init_logging(format: &str, default_level: &str) {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Kept for the life of the server: dropping it flushes the last spans.
+    #[cfg(feature = "otel")]
+    let _otel = match &args.otlp_endpoint {
+        Some(endpoint) => Some(spool_proto::otel::install("spool-server", endpoint)?),
+        None => {
+            init_logging(&args.log_format, "info");
+            None
+        }
+    };
+    #[cfg(not(feature = "otel"))]
     init_logging(&args.log_format, "info");
     let mut config = Config::new(args.database);
     config.drain_timeout = args.drain_timeout;

@@ -591,7 +591,7 @@ impl Client {
                 Ok(v1::SubmitRequest {
                     activity_type: A::NAME.to_owned(),
                     input: Some(input),
-                    headers: [(TRACEPARENT.to_owned(), new_traceparent())].into(),
+                    headers: [(TRACEPARENT.to_owned(), caller_traceparent())].into(),
                     ..Default::default()
                 })
             })
@@ -714,7 +714,8 @@ impl<A: Activity> Submit<'_, A> {
     }
 
     /// The W3C trace context to run the activity in (its `traceparent` header), to
-    /// continue the caller's trace. Without it, `send` starts a new trace.
+    /// continue the caller's trace. Without it, `send` continues the current span's
+    /// trace (with the `otel` feature) or starts a new one.
     pub fn traceparent(self, traceparent: impl Into<String>) -> Self {
         self.header(TRACEPARENT, traceparent)
     }
@@ -724,7 +725,7 @@ impl<A: Activity> Submit<'_, A> {
         self.request
             .headers
             .entry(TRACEPARENT.to_owned())
-            .or_insert_with(new_traceparent);
+            .or_insert_with(caller_traceparent);
         let response = self.client.submit(self.request).await?;
         let key = response.activity.and_then(|a| a.key).unwrap_or_default();
         Ok(Handle {
@@ -824,6 +825,12 @@ pub fn new_traceparent() -> String {
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let parent_id = &uuid::Uuid::new_v4().simple().to_string()[..16];
     format!("00-{trace_id}-{parent_id}-01")
+}
+
+/// The trace a submit runs in when the caller names none: the current span's, when
+/// it is in an OpenTelemetry trace (the `otel` feature); otherwise a new one.
+fn caller_traceparent() -> String {
+    spool_proto::trace::current_traceparent().unwrap_or_else(new_traceparent)
 }
 
 /// Fills empty ids with new UUIDv7s, as the server would, so that sending the

@@ -37,8 +37,6 @@
 
 mod context;
 mod error;
-#[cfg(feature = "otel")]
-pub mod otel;
 mod session;
 pub mod testing;
 
@@ -46,6 +44,10 @@ use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Durat
 
 pub use context::{ActivityContext, ActivityInfo, CancelReason};
 pub use error::{ActivityError, Error};
+/// OpenTelemetry (the `otel` feature): [`otel::install`] exports this process's
+/// spans over OTLP; each attempt's span joins its activity's trace.
+#[cfg(feature = "otel")]
+pub use spool_proto::otel;
 pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1::Payload};
 use tokio_util::sync::CancellationToken;
 

@@ -381,8 +381,7 @@ impl<'a> Loop<'a> {
             attempt = info.attempt,
             trace_id = %info.trace_id().unwrap_or_default(),
         );
-        #[cfg(feature = "otel")]
-        crate::otel::join_trace(&span, &info.headers);
+        spool_proto::trace::join_trace(&span, &info.headers);
         let ctx = ActivityContext::new(
             info,
             cancel,

@@ -1,6 +1,7 @@
-//! With the `otel` feature, an attempt's span joins the trace its activity was
-//! submitted in and reaches an OTLP collector (`cargo test -p spool-worker
-//! --features otel`).
+//! With the `otel` feature, a submit made inside a span carries that trace, the
+//! server's and the worker's spans of the attempt join it, and all reach an OTLP
+//! collector (`cargo test -p spool-worker --features otel`; the feature reaches the
+//! client and the in-process server through `spool-proto`).
 
 #![cfg(feature = "otel")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +17,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use spool_worker::{Activity, ActivityError, Worker};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Spans received, as (name, trace id in hex).
 #[derive(Clone, Default)]
@@ -50,7 +52,7 @@ impl Activity for Echo {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_attempts_span_joins_the_submitters_trace_and_is_exported() {
+async fn the_callers_trace_reaches_the_server_and_the_worker_and_is_exported() {
     let collector = Collector::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -73,15 +75,29 @@ async fn an_attempts_span_joins_the_submitters_trace_and_is_exported() {
         .connect()
         .await
         .unwrap();
-    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    // A traceparent given by hand is kept.
+    let given = "4bf92f3577b34da6a3ce929d0e0e4736";
     let out = client
         .activity::<Echo>(&"hi".to_owned())
         .unwrap()
-        .traceparent(format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .traceparent(format!("00-{given}-00f067aa0ba902b7-01"))
         .execute()
         .await
         .unwrap();
     assert_eq!(out, "hi");
+    // Without one, the submit continues the caller's current span.
+    let root = tracing::info_span!("checkout");
+    let from_span = client
+        .activity::<Echo>(&"again".to_owned())
+        .unwrap()
+        .send()
+        .instrument(root.clone())
+        .await
+        .unwrap();
+    let headers = from_span.get().await.unwrap().headers;
+    let traceparent = headers.get("traceparent").cloned().unwrap_or_default();
+    assert_eq!(from_span.wait().await.unwrap(), "again");
+    drop(root);
     stop.cancel();
     running.await.unwrap().unwrap();
     // Dropping the guard flushes the batch to the collector.
@@ -89,18 +105,26 @@ async fn an_attempts_span_joins_the_submitters_trace_and_is_exported() {
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let root_trace = loop {
         let spans = collector.0.lock().unwrap().clone();
-        if spans
-            .iter()
-            .any(|(name, id)| name == "activity" && id == trace_id)
+        let root = spans.iter().find(|(name, _)| name == "checkout").cloned();
+        let joined = |name: &str, trace: &str| spans.iter().any(|(n, t)| n == name && t == trace);
+        if let Some((_, root_trace)) = root
+            && joined("activity", given)
+            && joined("attempt", given)
+            && joined("activity", &root_trace)
+            && joined("attempt", &root_trace)
         {
-            break;
+            break root_trace;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no activity span in the submitter's trace: {spans:?}"
+            "the worker's and the server's spans did not join both traces: {spans:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    assert!(
+        traceparent.contains(&root_trace),
+        "the submit carried the caller's trace: {traceparent} vs {root_trace}"
+    );
 }

@@ -161,7 +161,7 @@ fn attempt_span(row: &ActivityRow, worker_id: &str) -> tracing::Span {
         .get("traceparent")
         .and_then(|t| t.split('-').nth(1))
         .unwrap_or_default();
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "attempt",
         namespace = %row.key.namespace,
         workflow_id = %row.key.workflow_id,
@@ -170,5 +170,7 @@ fn attempt_span(row: &ActivityRow, worker_id: &str) -> tracing::Span {
         attempt = row.attempt,
         worker_id = %worker_id,
         trace_id = %trace_id,
-    )
+    );
+    spool_proto::trace::join_trace(&span, &row.headers);
+    span
 }

@@ -1,6 +1,5 @@
-//! OpenTelemetry, with the `otel` feature: each attempt's span joins the trace its
-//! activity was submitted in (the W3C `traceparent` header), and [`install`]
-//! exports this process's spans over OTLP/gRPC.
+//! OpenTelemetry, with the `otel` feature: what [`crate::trace`] does when it is on,
+//! and [`install`], which exports this process's `tracing` spans over OTLP/gRPC.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,11 +9,19 @@ use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::Sd
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
 
-/// Makes `span` a child of the trace context in `headers`, if they carry one.
+/// See [`crate::trace::join_trace`].
 pub(crate) fn join_trace(span: &tracing::Span, headers: &BTreeMap<String, String>) {
     let carrier: HashMap<String, String> = headers.clone().into_iter().collect();
     let parent = TraceContextPropagator::new().extract(&carrier);
     let _ = span.set_parent(parent);
+}
+
+/// See [`crate::trace::current_traceparent`].
+pub(crate) fn current_traceparent() -> Option<String> {
+    let context = tracing::Span::current().context();
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&context, &mut carrier);
+    carrier.remove("traceparent")
 }
 
 /// Why OTLP export could not be set up.
@@ -55,7 +62,7 @@ pub fn install(service_name: &str, endpoint: &str) -> Result<Otel, OtelError> {
                 .build(),
         )
         .build();
-    let tracer = provider.tracer("spool-worker");
+    let tracer = provider.tracer("spool");
     tracing_subscriber::registry()
         .with(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with(tracing_opentelemetry::layer().with_tracer(tracer))
