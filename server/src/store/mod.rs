@@ -532,6 +532,18 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// One embedded migration (`sql` from `migrations/<dialect>/`), numbered the same
+/// in both dialects.
+fn migration(version: i64, name: &str, sql: &'static str) -> sqlx::migrate::Migration {
+    sqlx::migrate::Migration::new(
+        version,
+        name.to_owned().into(),
+        sqlx::migrate::MigrationType::Simple,
+        sqlx::SqlSafeStr::into_sql_str(sql),
+        false,
+    )
+}
+
 /// Opens the store a database URL names, running migrations.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, Error> {
     if url.starts_with("sqlite:") {

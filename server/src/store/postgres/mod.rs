@@ -25,7 +25,7 @@ use std::{str::FromStr, sync::Arc};
 
 use sqlx::{
     Row,
-    migrate::{Migration, MigrationType, Migrator},
+    migrate::Migrator,
     postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow},
 };
 use tokio::sync::mpsc;
@@ -44,15 +44,7 @@ pub use notify::CHANNEL;
 use spool_proto::time::UnixMillis;
 
 fn migrator() -> Migrator {
-    let migration = |version, name: &str, sql: &'static str| {
-        Migration::new(
-            version,
-            name.to_owned().into(),
-            MigrationType::Simple,
-            sqlx::SqlSafeStr::into_sql_str(sql),
-            false,
-        )
-    };
+    use super::migration;
     Migrator::with_migrations(vec![
         migration(
             1,

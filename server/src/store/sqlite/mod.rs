@@ -27,7 +27,7 @@ mod writer;
 use spool_proto::time::UnixMillis;
 use sqlx::{
     Connection, Row, SqliteConnection,
-    migrate::{Migration, MigrationType, Migrator},
+    migrate::Migrator,
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
         SqliteSynchronous,
@@ -36,15 +36,7 @@ use sqlx::{
 use writer::Writer;
 
 fn migrator() -> Migrator {
-    let migration = |version, name: &str, sql: &'static str| {
-        Migration::new(
-            version,
-            name.to_owned().into(),
-            MigrationType::Simple,
-            sqlx::SqlSafeStr::into_sql_str(sql),
-            false,
-        )
-    };
+    use super::migration;
     Migrator::with_migrations(vec![
         migration(
             1,
