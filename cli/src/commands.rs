@@ -213,12 +213,16 @@ impl Commands {
                     status_label(a.status),
                     a.attempt.to_string(),
                     a.created_at.as_ref().map(format_time).unwrap_or_default(),
+                    a.last_error.as_ref().map(short_error).unwrap_or_default(),
                 ]
             })
             .collect();
         print!(
             "{}",
-            table(&["KEY", "TYPE", "STATUS", "ATTEMPT", "CREATED"], &rows)
+            table(
+                &["KEY", "TYPE", "STATUS", "ATTEMPT", "CREATED", "LAST_ERROR"],
+                &rows
+            )
         );
         if !next.is_empty() {
             eprintln!("more match: add --page-token {next} for the next page, or --all");
@@ -550,6 +554,18 @@ fn activity_text(a: &v1::Activity) -> String {
     );
     line("worker_id", a.worker_id.clone());
     out
+}
+
+/// An error on one line of a table: its type and the start of its message.
+fn short_error(e: &v1::ActivityError) -> String {
+    const MAX: usize = 60;
+    let message: String = e.message.lines().next().unwrap_or_default().to_owned();
+    let cut = if message.chars().count() > MAX {
+        format!("{}…", message.chars().take(MAX).collect::<String>())
+    } else {
+        message
+    };
+    format!("{}: {cut}", e.r#type)
 }
 
 /// The attempt number, and how many of the attempts count against the budget: a

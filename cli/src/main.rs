@@ -129,6 +129,12 @@ enum Command {
     Drain(DrainArgs),
     /// End a drain: the node takes workers and dispatches again.
     Resume(ClientOnly),
+    /// Print a shell completion script: `spool completions bash >
+    /// /etc/bash_completion.d/spool` (or zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Measure throughput and latency (starts a server unless --server is given).
     Bench(Box<BenchArgs>),
     /// Load under random faults, then check nothing was lost or done twice.
@@ -161,7 +167,7 @@ struct ClientOnly {
 #[derive(clap::Args)]
 struct NamespaceArgs {
     /// The namespace (default: "default"; for `workers`, every namespace).
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
     #[command(flatten)]
     client: ClientArgs,
@@ -188,7 +194,7 @@ struct CancelArgs {
 #[derive(clap::Args)]
 struct LsArgs {
     /// The namespace (default: "default").
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
     /// Only this status: scheduled, running, completed, failed or cancelled.
     #[arg(long, value_parser = commands::parse_status)]
@@ -342,7 +348,8 @@ struct KeyArgs {
     key: String,
     /// The activity id, when KEY is the workflow id alone.
     activity_id: Option<String>,
-    /// The namespace, when KEY does not name one (default: "default").
+    /// The namespace, when KEY does not name one (default: SPOOL_NAMESPACE, else
+    /// "default").
     #[arg(long)]
     namespace: Option<String>,
     #[command(flatten)]
@@ -351,11 +358,18 @@ struct KeyArgs {
 
 impl KeyArgs {
     fn key(&self) -> Result<v1::ActivityKey, commands::Error> {
-        commands::parse_key(
+        let mut key = commands::parse_key(
             &self.key,
             self.activity_id.as_deref(),
             self.namespace.as_deref(),
-        )
+        )?;
+        // The environment's namespace only where neither the key nor a flag names one.
+        if key.namespace.is_empty()
+            && let Ok(namespace) = std::env::var("SPOOL_NAMESPACE")
+        {
+            key.namespace = namespace;
+        }
+        Ok(key)
     }
 }
 
@@ -373,7 +387,7 @@ struct SubmitArgs {
     #[arg(long, default_value = "")]
     activity_id: String,
     /// The namespace (default: "default").
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
     /// Run no earlier than this from now (e.g. 30s, 5m).
     #[arg(long, value_parser = duration)]
@@ -728,9 +742,11 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         async move { Commands::connect(target?).await }
     };
     match command {
-        Command::Serve(_) | Command::Bench(_) | Command::Soak(_) | Command::SoakWorker { .. } => {
-            Ok(commands::exit::OK)
-        }
+        Command::Serve(_)
+        | Command::Bench(_)
+        | Command::Soak(_)
+        | Command::SoakWorker { .. }
+        | Command::Completions { .. } => Ok(commands::exit::OK),
         Command::Submit(a) => {
             let request = v1::SubmitRequest {
                 namespace: a.namespace,
@@ -817,6 +833,11 @@ async fn run(cli: Cli) -> i32 {
     };
     match cli.command {
         Command::Serve(args) => serve(*args).await.map_or_else(failed, |()| 0),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "spool", &mut std::io::stdout());
+            0
+        }
         Command::Bench(mut args) => {
             args.client = args.client.or(&cli.client);
             bench(*args).await.map_or_else(failed, |()| 0)

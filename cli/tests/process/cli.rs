@@ -144,6 +144,11 @@ async fn the_client_subcommands_work_and_fail_clearly() {
         Some(3),
         "a CANCELLED activity exits 3"
     );
+    let listed = stdout(&spool(&env, &["ls", "--status", "cancelled"]).await);
+    assert!(
+        listed.contains("LAST_ERROR") && listed.contains("Cancelled: cancelled by request"),
+        "ls shows the last error: {listed}"
+    );
 
     let workers = json(&spool(&env, &["--json", "workers"]).await);
     assert_eq!(workers["workers"][0]["identity"], "in-process");
@@ -258,6 +263,37 @@ async fn exit_codes_pasted_keys_addresses_and_resume() {
         stderr(&conflict)
     );
 
+    // SPOOL_NAMESPACE: where neither the key nor a flag names one.
+    let in_namespace = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"));
+        command
+            .args(args)
+            .args(["--server", &env.url()])
+            .env("SPOOL_NAMESPACE", "team-a");
+        async move { command.output().await.expect("run spool") }
+    };
+    let out = in_namespace(&[
+        "submit",
+        "greet",
+        "--workflow-id",
+        "nw",
+        "--activity-id",
+        "na",
+    ])
+    .await;
+    assert_eq!(
+        stdout(&out).trim(),
+        "submitted team-a/nw/na",
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(in_namespace(&["get", "nw/na"]).await.status.code(), Some(0));
+    assert_eq!(spool(&env, &["get", "nw/na"]).await.status.code(), Some(5));
+    assert_eq!(
+        spool(&env, &["get", "team-a/nw/na"]).await.status.code(),
+        Some(0)
+    );
+
     // host:port means plaintext http://.
     let bare = env.url().trim_start_matches("http://").to_owned();
     let plain = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
@@ -327,6 +363,8 @@ async fn help_describes_every_flag_and_serve_shows_only_its_own() {
         assert!(out.status.success());
         stdout(&out)
     };
+    let completions = help(&["completions", "bash"]).await;
+    assert!(completions.contains("_spool"), "{completions}");
     let serve = help(&["serve", "--help"]).await;
     assert!(serve.contains("--listen") && serve.contains("--database"));
     assert!(serve.contains("postgres://"), "{serve}");
@@ -347,6 +385,7 @@ async fn help_describes_every_flag_and_serve_shows_only_its_own() {
         &["workers", "--help"],
         &["drain", "--help"],
         &["resume", "--help"],
+        &["completions", "--help"],
         &["bench", "--help"],
         &["soak", "--help"],
     ] {
