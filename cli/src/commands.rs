@@ -165,10 +165,84 @@ impl Commands {
         Ok(exit_for(&done))
     }
 
-    pub async fn get(&self, key: v1::ActivityKey) -> Result<i32, Error> {
-        let activity = self.client.get(key).await?;
-        self.print_activity(&activity);
+    pub async fn get(&self, key: v1::ActivityKey, history: bool) -> Result<i32, Error> {
+        if !history {
+            let activity = self.client.get(key).await?;
+            self.print_activity(&activity);
+            return Ok(exit::OK);
+        }
+        let activity = self.client.get_with_history(key).await?;
+        if self.json {
+            let mut value = activity_json(&activity);
+            value["history"] = activity.history.iter().map(attempt_json).collect();
+            print_json(&value);
+        } else {
+            print!("{}", activity_text(&activity));
+            println!();
+            print!("{}", history_text(&activity.history));
+        }
         Ok(exit::OK)
+    }
+
+    /// Re-drives or cancels every activity `request` lists; with `dry_run`, only
+    /// says which. The keys are read first, then acted on one by one: an activity
+    /// that changed in between is reported, not forced.
+    pub async fn bulk(
+        &self,
+        request: v1::ListRequest,
+        action: Bulk,
+        dry_run: bool,
+    ) -> Result<i32, Error> {
+        use tokio_stream::StreamExt as _;
+        let mut keys = Vec::new();
+        let mut listed = std::pin::pin!(self.client.list_stream(request));
+        while let Some(activity) = listed.next().await {
+            if let Some(key) = activity?.key {
+                keys.push(key);
+            }
+        }
+        let verb = match &action {
+            Bulk::Retry => "re-drive",
+            Bulk::Cancel { .. } => "cancel",
+        };
+        if dry_run {
+            for key in &keys {
+                println!("{}", key_text(Some(key)));
+            }
+            eprintln!("would {verb} {} activities (--dry-run)", keys.len());
+            return Ok(exit::OK);
+        }
+        let mut failures = Vec::new();
+        for key in &keys {
+            let done = match &action {
+                Bulk::Retry => self.client.retry(key.clone()).await,
+                Bulk::Cancel { reason } => self.client.cancel(key.clone(), reason.clone()).await,
+            };
+            if let Err(e) = done {
+                failures.push((key_text(Some(key)), e.to_string()));
+            }
+        }
+        if self.json {
+            print_json(&serde_json::json!({
+                "matched": keys.len(),
+                "done": keys.len() - failures.len(),
+                "failed": failures.iter().map(|(k, e)| serde_json::json!({"key": k, "error": e})).collect::<Vec<_>>(),
+            }));
+        } else {
+            for (key, error) in &failures {
+                println!("{key}: {error}");
+            }
+            println!(
+                "{verb}: {} of {} done",
+                keys.len() - failures.len(),
+                keys.len()
+            );
+        }
+        Ok(if failures.is_empty() {
+            exit::OK
+        } else {
+            exit::ERROR
+        })
     }
 
     pub async fn wait(
@@ -554,6 +628,67 @@ fn activity_text(a: &v1::Activity) -> String {
     );
     line("worker_id", a.worker_id.clone());
     out
+}
+
+fn attempt_json(a: &v1::AttemptRecord) -> serde_json::Value {
+    serde_json::json!({
+        "attempt": a.attempt,
+        "outcome": a.outcome,
+        "started_at": a.started_at.as_ref().map(format_time),
+        "ended_at": a.ended_at.as_ref().map(format_time),
+        "worker_id": a.worker_id,
+        "identity": a.identity,
+        "node": a.node,
+        "error": a.error.as_ref().map(|e| serde_json::json!({
+            "kind": error_kind_label(e.kind), "type": e.r#type, "message": e.message,
+            "details": e.details.as_ref().map(payload_json),
+        })),
+    })
+}
+
+/// The attempt history as a table, oldest first.
+fn history_text(history: &[v1::AttemptRecord]) -> String {
+    if history.is_empty() {
+        return "no attempt has ended yet\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = history
+        .iter()
+        .map(|a| {
+            let took = match (&a.started_at, &a.ended_at) {
+                (Some(s), Some(e)) => {
+                    let ms =
+                        (e.seconds - s.seconds) * 1000 + i64::from(e.nanos - s.nanos) / 1_000_000;
+                    format!("{:.3}s", ms as f64 / 1000.0)
+                }
+                _ => String::new(),
+            };
+            vec![
+                a.attempt.to_string(),
+                a.outcome.clone(),
+                a.started_at.as_ref().map(format_time).unwrap_or_default(),
+                took,
+                format!("{}@{}", a.identity, a.node),
+                a.error.as_ref().map(short_error).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ATTEMPT",
+            "OUTCOME",
+            "STARTED",
+            "TOOK",
+            "WORKER@NODE",
+            "ERROR",
+        ],
+        &rows,
+    )
+}
+
+/// What `bulk` does to each activity.
+pub enum Bulk {
+    Retry,
+    Cancel { reason: String },
 }
 
 /// An error on one line of a table: its type and the start of its message.

@@ -109,15 +109,18 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Submit an activity.
     Submit(SubmitArgs),
-    /// Show an activity.
-    Get(KeyArgs),
+    /// Show an activity (with --history, each attempt: who ran it, when, how it
+    /// ended).
+    Get(GetArgs),
     /// Wait until an activity is finished (exit 3 if it FAILED or was CANCELLED, 4
     /// if --timeout passed first).
     Wait(WaitArgs),
-    /// Cancel a scheduled or running activity.
+    /// Cancel a scheduled or running activity, or with --all every one matching
+    /// --type and --status.
     Cancel(CancelArgs),
-    /// Run a FAILED or CANCELLED activity again, with a fresh attempt budget.
-    Retry(KeyArgs),
+    /// Run a FAILED or CANCELLED activity again, with a fresh attempt budget; with
+    /// --all, every one matching --type and --status (default: failed).
+    Retry(Selection),
     /// List activities, newest first.
     Ls(LsArgs),
     /// Count activities by status, and say whether the node is draining.
@@ -185,7 +188,7 @@ struct WaitArgs {
 #[derive(clap::Args)]
 struct CancelArgs {
     #[command(flatten)]
-    key: KeyArgs,
+    selection: Selection,
     /// Why, shown as the activity's last error.
     #[arg(long, default_value = "")]
     reason: String,
@@ -358,11 +361,19 @@ struct KeyArgs {
 
 impl KeyArgs {
     fn key(&self) -> Result<v1::ActivityKey, commands::Error> {
-        let mut key = commands::parse_key(
+        Self::resolve(
             &self.key,
             self.activity_id.as_deref(),
             self.namespace.as_deref(),
-        )?;
+        )
+    }
+
+    fn resolve(
+        key: &str,
+        activity_id: Option<&str>,
+        namespace: Option<&str>,
+    ) -> Result<v1::ActivityKey, commands::Error> {
+        let mut key = commands::parse_key(key, activity_id, namespace)?;
         // The environment's namespace only where neither the key nor a flag names one.
         if key.namespace.is_empty()
             && let Ok(namespace) = std::env::var("SPOOL_NAMESPACE")
@@ -370,6 +381,104 @@ impl KeyArgs {
             key.namespace = namespace;
         }
         Ok(key)
+    }
+}
+
+#[derive(clap::Args)]
+struct GetArgs {
+    #[command(flatten)]
+    key: KeyArgs,
+    /// Also show each ended attempt: outcome, times, worker and node, error.
+    #[arg(long)]
+    history: bool,
+}
+
+/// One activity by key, or with --all every activity matching the filters.
+#[derive(clap::Args)]
+struct Selection {
+    /// The activity, as for `get`; leave it out and pass --all to act on every
+    /// activity matching --type and --status.
+    #[arg(value_name = "KEY", required_unless_present = "all")]
+    key: Option<String>,
+    /// The activity id, when KEY is the workflow id alone.
+    activity_id: Option<String>,
+    /// The namespace (default: SPOOL_NAMESPACE, else "default").
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Act on every activity matching --type and --status, not on one key.
+    #[arg(long, conflicts_with = "key")]
+    all: bool,
+    /// With --all: only this activity type.
+    #[arg(long = "type", requires = "all")]
+    activity_type: Option<String>,
+    /// With --all: only this status (retry: failed by default; cancel: scheduled
+    /// and running).
+    #[arg(long, requires = "all", value_parser = commands::parse_status)]
+    status: Option<v1::ActivityStatus>,
+    /// With --all: list the activities it would act on, and change nothing.
+    #[arg(long, requires = "all")]
+    dry_run: bool,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+impl Selection {
+    fn key(&self) -> Result<v1::ActivityKey, commands::Error> {
+        KeyArgs::resolve(
+            self.key.as_deref().unwrap_or_default(),
+            self.activity_id.as_deref(),
+            self.namespace.as_deref(),
+        )
+    }
+
+    /// The lists --all acts on: one per status.
+    fn lists(&self, default_statuses: &[v1::ActivityStatus]) -> Vec<v1::ListRequest> {
+        let namespace = self
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("SPOOL_NAMESPACE").ok())
+            .unwrap_or_default();
+        let statuses = match self.status {
+            Some(s) => vec![s],
+            None => default_statuses.to_vec(),
+        };
+        statuses
+            .into_iter()
+            .map(|status| v1::ListRequest {
+                namespace: namespace.clone(),
+                status: status as i32,
+                activity_type: self.activity_type.clone().unwrap_or_default(),
+                page_size: 500,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// Runs `action` on the key, or on every match with --all.
+    async fn run(
+        &self,
+        cli: Commands,
+        action: commands::Bulk,
+        default_statuses: &[v1::ActivityStatus],
+    ) -> Result<i32, commands::Error> {
+        if !self.all {
+            let key = self.key()?;
+            return match action {
+                commands::Bulk::Retry => cli.retry(key).await,
+                commands::Bulk::Cancel { reason } => cli.cancel(key, reason).await,
+            };
+        }
+        let mut code = commands::exit::OK;
+        for list in self.lists(default_statuses) {
+            let reason = match &action {
+                commands::Bulk::Retry => commands::Bulk::Retry,
+                commands::Bulk::Cancel { reason } => commands::Bulk::Cancel {
+                    reason: reason.clone(),
+                },
+            };
+            code = code.max(cli.bulk(list, reason, self.dry_run).await?);
+        }
+        Ok(code)
     }
 }
 
@@ -443,6 +552,21 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, env = "SPOOL_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// The most (namespace, activity type) pairs labelled in metrics; later ones
+    /// are counted as `_other`.
+    #[arg(long, env = "SPOOL_METRICS_MAX_TYPES", default_value_t = spool_server::metrics::DEFAULT_MAX_TYPES)]
+    metrics_max_types: usize,
+    /// Serve the web dashboard at http://ADDR/ (off unless set). It takes the same
+    /// tokens as the API.
+    #[arg(long, env = "SPOOL_UI_LISTEN")]
+    ui_listen: Option<SocketAddr>,
+    /// The dashboard shows everything and changes nothing, whatever the token.
+    #[arg(long, env = "SPOOL_UI_READ_ONLY")]
+    ui_read_only: bool,
+    /// This server's name in attempt histories and worker lists (default: the
+    /// host name).
+    #[arg(long, env = "SPOOL_NODE_NAME")]
+    node_name: Option<String>,
     /// How long finished activities are kept.
     #[arg(long, env = "SPOOL_RETENTION", default_value = "7d", value_parser = duration)]
     retention: Duration,
@@ -564,6 +688,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.max_payload_bytes = args.max_payload_bytes;
     config.retention = args.retention;
     config.limits = args.limits.into_limits();
+    config.ui_listen = args.ui_listen;
+    config.ui_read_only = args.ui_read_only;
+    if let Some(name) = args.node_name.filter(|n| !n.is_empty()) {
+        config.node_name = name;
+    }
     config.tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(spool_server::config::Tls {
             cert,
@@ -587,7 +716,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(listen = %args.listen, "tokens and payloads cross the network in clear text: set --tls-cert and --tls-key");
     }
     if let Some(addr) = args.metrics_listen {
-        spool_server::metrics::serve(addr)
+        spool_server::metrics::serve(addr, args.metrics_max_types)
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         tracing::info!(%addr, "metrics at http://{addr}/metrics");
     }
@@ -765,16 +894,25 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
             let wait = a.wait.then_some(a.timeout);
             connect(&a.client).await?.submit(request, wait).await
         }
-        Command::Get(key) => connect(&key.client).await?.get(key.key()?).await,
+        Command::Get(g) => {
+            let key = g.key.key()?;
+            connect(&g.key.client).await?.get(key, g.history).await
+        }
         Command::Wait(w) => {
             let key = w.key.key()?;
             connect(&w.key.client).await?.wait(key, w.timeout).await
         }
         Command::Cancel(c) => {
-            let key = c.key.key()?;
-            connect(&c.key.client).await?.cancel(key, c.reason).await
+            let running = [v1::ActivityStatus::Scheduled, v1::ActivityStatus::Running];
+            let action = commands::Bulk::Cancel { reason: c.reason };
+            let cli = connect(&c.selection.client).await?;
+            c.selection.run(cli, action, &running).await
         }
-        Command::Retry(key) => connect(&key.client).await?.retry(key.key()?).await,
+        Command::Retry(r) => {
+            let cli = connect(&r.client).await?;
+            r.run(cli, commands::Bulk::Retry, &[v1::ActivityStatus::Failed])
+                .await
+        }
         Command::Ls(ls) => {
             let request = v1::ListRequest {
                 namespace: ls.namespace,

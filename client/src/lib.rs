@@ -360,7 +360,24 @@ impl Client {
 
     /// The activity now.
     pub async fn get(&self, key: v1::ActivityKey) -> Result<v1::Activity, Error> {
-        let request = v1::GetRequest { key: Some(key) };
+        self.get_activity(key, false).await
+    }
+
+    /// The activity with its attempt history (`Activity.history`, oldest first):
+    /// who ran each attempt, where, when, and how it ended.
+    pub async fn get_with_history(&self, key: v1::ActivityKey) -> Result<v1::Activity, Error> {
+        self.get_activity(key, true).await
+    }
+
+    async fn get_activity(
+        &self,
+        key: v1::ActivityKey,
+        include_history: bool,
+    ) -> Result<v1::Activity, Error> {
+        let request = v1::GetRequest {
+            key: Some(key),
+            include_history,
+        };
         self.retrying(|| {
             let mut service = self.activities();
             let request = self.request(request.clone());

@@ -110,6 +110,22 @@ pub struct Config {
     /// `None`: plaintext.
     pub tls: Option<Tls>,
     pub limits: Limits,
+    /// This server's name in attempt histories and worker lists (`--node-name`).
+    pub node_name: String,
+    /// The web dashboard's address (`--ui-listen`); `None`: no dashboard.
+    pub ui_listen: Option<std::net::SocketAddr>,
+    /// The dashboard changes nothing, whatever the token (`--ui-read-only`).
+    pub ui_read_only: bool,
+}
+
+/// The host's name, the default `--node-name`.
+pub fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "spool".to_owned())
 }
 
 /// A setting the server cannot run with; names the flag.
@@ -137,6 +153,9 @@ impl Config {
             retry_defaults: RetryDefaults::default(),
             tls: None,
             limits: Limits::default(),
+            node_name: host_name(),
+            ui_listen: None,
+            ui_read_only: false,
         }
     }
 

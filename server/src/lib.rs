@@ -14,6 +14,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod transport;
+pub mod ui;
 pub mod wire;
 
 pub use config::Config;

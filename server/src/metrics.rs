@@ -1,6 +1,18 @@
 //! Prometheus metrics, served at `/metrics` on `--metrics-listen` when set.
 //!
-//! Names (all prefixed `spool_`): counters `submitted_total`, `dispatched_total`,
+//! Per type (labels `namespace` and `activity_type`): gauges `backlog{state}` (due
+//! now, or delayed), `running` and `dead_letters` (refreshed every few seconds from
+//! the store), histograms `pickup_seconds` (due to dispatched) and `run_seconds`
+//! (an attempt's start to its end), and the counter `outcomes_total{outcome}` (how
+//! attempts ended: completed, retried, failed, timed_out, lost, cancelled, snoozed,
+//! released; and dead_lettered, counted once more when an activity becomes FAILED).
+//! Label cardinality is bounded: the first `--metrics-max-types` (namespace, type)
+//! pairs seen get their own labels, later ones are counted as `_other`/`_other`.
+//! `worker_slots{namespace,group,state}` (used/free slots of the sessions serving
+//! one set of types, `group` their types joined by `+`, bounded the same way), and
+//! `build_info{version}`.
+//!
+//! Node-wide: counters `submitted_total`, `dispatched_total`,
 //! `finished_total{transition}` (completed, retried, snoozed, failed, released),
 //! `results_refused_total`, `cancelled_total`, `workers_lost_total`,
 //! `timeouts_total{kind}`, `commit_batches_total`, `commit_ops_total`,
@@ -11,19 +23,245 @@
 //!
 //! Without `--metrics-listen` no recorder is installed and every update is a no-op.
 
-use std::net::SocketAddr;
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    sync::{
+        Mutex, OnceLock,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+};
 
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
-/// Installs the process-wide recorder and starts the HTTP listener. Call once, from
-/// the binary, inside the runtime.
-pub fn serve(addr: SocketAddr) -> Result<(), metrics_exporter_prometheus::BuildError> {
+use crate::store::{AttemptOutcome, TypeCounts};
+
+/// The default of `--metrics-max-types`.
+pub const DEFAULT_MAX_TYPES: usize = 100;
+
+/// What stands for the (namespace, type) pairs past the cap.
+const OTHER: &str = "_other";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static MAX_TYPES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_TYPES);
+static LABELLED: OnceLock<Mutex<HashSet<(String, String)>>> = OnceLock::new();
+
+/// Installs the process-wide recorder and starts the HTTP listener, with at most
+/// `max_types` (namespace, type) label pairs. Call once, from the binary, inside
+/// the runtime.
+pub fn serve(
+    addr: SocketAddr,
+    max_types: usize,
+) -> Result<(), metrics_exporter_prometheus::BuildError> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets(&[
             0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
         ])?
-        .install()
+        // Pickup waits and run times span milliseconds to hours.
+        .set_buckets_for_metric(
+            Matcher::Full("spool_pickup_seconds".to_owned()),
+            &[
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1800.0, 3600.0,
+            ],
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("spool_run_seconds".to_owned()),
+            &[
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1800.0, 3600.0,
+            ],
+        )?
+        .install()?;
+    MAX_TYPES.store(max_types, Ordering::Relaxed);
+    ENABLED.store(true, Ordering::Relaxed);
+    describe();
+    metrics::gauge!("spool_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    Ok(())
+}
+
+/// Whether a recorder is installed: the store is only read for gauges then.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!("spool_build_info", "The server's version (always 1).");
+    describe_gauge!(
+        "spool_backlog",
+        "SCHEDULED activities by namespace and type: state=due (claimable now) or delayed (a delay or a retry backoff)."
+    );
+    describe_gauge!("spool_running", "RUNNING activities by namespace and type.");
+    describe_gauge!(
+        "spool_dead_letters",
+        "FAILED activities kept (until retention), by namespace and type."
+    );
+    describe_histogram!(
+        "spool_pickup_seconds",
+        Unit::Seconds,
+        "From when an attempt was due to when it was dispatched to a worker."
+    );
+    describe_histogram!(
+        "spool_run_seconds",
+        Unit::Seconds,
+        "From an attempt's dispatch to its end (result, timeout, loss, cancel)."
+    );
+    describe_counter!(
+        "spool_outcomes_total",
+        "How attempts ended (completed, retried, failed, timed_out, lost, cancelled, snoozed, released), and dead_lettered: activities that became FAILED."
+    );
+    describe_gauge!(
+        "spool_worker_slots",
+        "Slots of connected worker sessions, state=used or free, by namespace and group (the types a session serves, joined by +)."
+    );
+    describe_counter!("spool_submitted_total", "Activities stored by submits.");
+    describe_counter!("spool_dispatched_total", "Attempts sent to workers.");
+    describe_counter!(
+        "spool_finished_total",
+        "Results written, by transition (completed, retried, snoozed, failed, released)."
+    );
+    describe_counter!(
+        "spool_results_refused_total",
+        "Results that came too late or twice: their attempt had already ended."
+    );
+    describe_counter!("spool_cancelled_total", "Activities cancelled.");
+    describe_counter!(
+        "spool_workers_lost_total",
+        "Worker sessions that ended without answering their attempts."
+    );
+    describe_counter!(
+        "spool_timeouts_total",
+        "Attempts ended by a timeout, by kind."
+    );
+    describe_counter!("spool_commit_batches_total", "Write transactions.");
+    describe_counter!("spool_commit_ops_total", "Writes, in all transactions.");
+    describe_counter!(
+        "spool_commit_failures_total",
+        "Write transactions that failed."
+    );
+    describe_histogram!(
+        "spool_commit_seconds",
+        Unit::Seconds,
+        "How long one write transaction took."
+    );
+    describe_counter!(
+        "spool_rows_unreadable_total",
+        "Stored rows a read left out because they cannot be decoded."
+    );
+    describe_counter!(
+        "spool_connections_refused_total",
+        "Connections and streams refused by a limit, by reason."
+    );
+    describe_gauge!(
+        "spool_workers_connected",
+        "Worker sessions connected to this node."
+    );
+    describe_gauge!(
+        "spool_attempts_running",
+        "Attempts running on this node's workers."
+    );
+    describe_gauge!("spool_connections_open", "Open client connections.");
+}
+
+/// The labels of `(namespace, activity_type)`: themselves while under the cap,
+/// `_other` past it, so a caller inventing types cannot grow the scrape for ever.
+fn labels(namespace: &str, activity_type: &str) -> (String, String) {
+    let labelled = LABELLED.get_or_init(Default::default);
+    let mut set = labelled.lock().unwrap_or_else(|e| e.into_inner());
+    let pair = (namespace.to_owned(), activity_type.to_owned());
+    if set.contains(&pair) || set.len() < MAX_TYPES.load(Ordering::Relaxed) {
+        set.insert(pair.clone());
+        pair
+    } else {
+        (OTHER.to_owned(), OTHER.to_owned())
+    }
+}
+
+/// An attempt of this type was dispatched `waited` seconds after it was due.
+pub fn picked_up(namespace: &str, activity_type: &str, waited: f64) {
+    if !enabled() {
+        return;
+    }
+    let (ns, ty) = labels(namespace, activity_type);
+    metrics::histogram!("spool_pickup_seconds", "namespace" => ns, "activity_type" => ty)
+        .record(waited.max(0.0));
+}
+
+/// An attempt of this type ran for `ran` seconds and ended so; `dead_lettered` when
+/// the activity became FAILED with it.
+pub fn attempt_ended(
+    namespace: &str,
+    activity_type: &str,
+    outcome: AttemptOutcome,
+    ran: Option<f64>,
+    dead_lettered: bool,
+) {
+    if outcome == AttemptOutcome::Completed {
+        recent::completed(namespace, activity_type);
+    }
+    if !enabled() {
+        return;
+    }
+    let (ns, ty) = labels(namespace, activity_type);
+    if let Some(ran) = ran {
+        metrics::histogram!("spool_run_seconds", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .record(ran.max(0.0));
+    }
+    if dead_lettered {
+        metrics::counter!("spool_outcomes_total", "namespace" => ns.clone(), "activity_type" => ty.clone(), "outcome" => "dead_lettered")
+            .increment(1);
+    }
+    metrics::counter!("spool_outcomes_total", "namespace" => ns, "activity_type" => ty, "outcome" => outcome.name())
+        .increment(1);
+}
+
+/// Sets the per-type gauges from a fresh count. Pairs counted before but absent now
+/// drop to zero rather than keeping their last value.
+pub fn type_counts(counts: &[TypeCounts], seen: &mut HashSet<(String, String)>) {
+    let mut totals: std::collections::HashMap<(String, String), [u64; 4]> = Default::default();
+    for c in counts {
+        let t = totals
+            .entry(labels(&c.namespace, &c.activity_type))
+            .or_default();
+        t[0] += c.due;
+        t[1] += c.delayed;
+        t[2] += c.running;
+        t[3] += c.failed;
+    }
+    for pair in seen.iter() {
+        totals.entry(pair.clone()).or_default();
+    }
+    for ((ns, ty), [due, delayed, running, failed]) in totals {
+        metrics::gauge!("spool_backlog", "namespace" => ns.clone(), "activity_type" => ty.clone(), "state" => "due")
+            .set(due as f64);
+        metrics::gauge!("spool_backlog", "namespace" => ns.clone(), "activity_type" => ty.clone(), "state" => "delayed")
+            .set(delayed as f64);
+        metrics::gauge!("spool_running", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .set(running as f64);
+        metrics::gauge!("spool_dead_letters", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .set(failed as f64);
+        seen.insert((ns, ty));
+    }
+}
+
+/// Used and free slots of a worker group (`namespace`, its types).
+pub fn worker_slots(groups: &[(String, String, u64, u64)], seen: &mut HashSet<(String, String)>) {
+    let mut totals: std::collections::HashMap<(String, String), (u64, u64)> = Default::default();
+    for (namespace, group, used, free) in groups {
+        let t = totals.entry(labels(namespace, group)).or_default();
+        t.0 += used;
+        t.1 += free;
+    }
+    for pair in seen.iter() {
+        totals.entry(pair.clone()).or_default();
+    }
+    for ((ns, group), (used, free)) in totals {
+        metrics::gauge!("spool_worker_slots", "namespace" => ns.clone(), "group" => group.clone(), "state" => "used")
+            .set(used as f64);
+        metrics::gauge!("spool_worker_slots", "namespace" => ns.clone(), "group" => group.clone(), "state" => "free")
+            .set(free as f64);
+        seen.insert((ns, group));
+    }
 }
 
 pub fn submitted(n: u64) {
@@ -82,4 +320,134 @@ pub fn connection_opened() {
 
 pub fn connection_closed() {
     metrics::gauge!("spool_connections_open").decrement(1.0);
+}
+
+/// Completions per minute of each type over the last few minutes, on this node:
+/// what the dashboard's overview draws. Kept whether or not metrics are served;
+/// bounded like the labels (past the cap, new types are not tracked).
+pub mod recent {
+    use std::{
+        collections::HashMap,
+        sync::{Mutex, OnceLock},
+    };
+
+    /// How many minutes are kept, the current one included.
+    pub const MINUTES: usize = 10;
+
+    #[derive(Default)]
+    struct Ring {
+        /// The minute (since the epoch) of `counts[0]`'s slot rotation.
+        minute: i64,
+        counts: [u64; MINUTES],
+    }
+
+    impl Ring {
+        /// Moves the ring to `minute`, zeroing the minutes skipped.
+        fn advance(&mut self, minute: i64) {
+            let gap = minute.saturating_sub(self.minute);
+            if gap <= 0 {
+                return;
+            }
+            for i in 1..=gap.min(MINUTES as i64) {
+                let slot = (self.minute + i).rem_euclid(MINUTES as i64) as usize;
+                self.counts[slot] = 0;
+            }
+            self.minute = minute;
+        }
+
+        /// Oldest first, ending with `minute`.
+        fn series(&self, minute: i64) -> [u64; MINUTES] {
+            let mut out = [0; MINUTES];
+            for (i, value) in out.iter_mut().enumerate() {
+                let m = minute - (MINUTES as i64 - 1) + i as i64;
+                if m <= self.minute && m > self.minute - MINUTES as i64 {
+                    *value = self.counts[m.rem_euclid(MINUTES as i64) as usize];
+                }
+            }
+            out
+        }
+    }
+
+    type Rings = HashMap<String, HashMap<String, Ring>>;
+    static RINGS: OnceLock<Mutex<Rings>> = OnceLock::new();
+
+    fn minute_now() -> i64 {
+        spool_proto::time::now_millis().div_euclid(60_000)
+    }
+
+    pub(super) fn completed(namespace: &str, activity_type: &str) {
+        let minute = minute_now();
+        let mut rings = RINGS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let tracked: usize = rings.values().map(HashMap::len).sum();
+        let of_namespace = match rings.get_mut(namespace) {
+            Some(types) => types,
+            None if tracked < super::MAX_TYPES.load(std::sync::atomic::Ordering::Relaxed) => {
+                rings.entry(namespace.to_owned()).or_default()
+            }
+            None => return,
+        };
+        let ring = match of_namespace.get_mut(activity_type) {
+            Some(ring) => ring,
+            None if tracked < super::MAX_TYPES.load(std::sync::atomic::Ordering::Relaxed) => {
+                of_namespace
+                    .entry(activity_type.to_owned())
+                    .or_insert(Ring {
+                        minute,
+                        counts: [0; MINUTES],
+                    })
+            }
+            None => return,
+        };
+        ring.advance(minute);
+        ring.counts[minute.rem_euclid(MINUTES as i64) as usize] += 1;
+    }
+
+    /// Each type of `namespace` with completions in the last [`MINUTES`] minutes,
+    /// oldest minute first.
+    pub fn completions(namespace: &str) -> Vec<(String, [u64; MINUTES])> {
+        let minute = minute_now();
+        let rings = RINGS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, [u64; MINUTES])> = rings
+            .get(namespace)
+            .map(|types| {
+                types
+                    .iter()
+                    .map(|(ty, ring)| (ty.clone(), ring.series(minute)))
+                    .filter(|(_, series)| series.iter().any(|n| *n > 0))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_ring_keeps_the_last_minutes_and_forgets_older_ones() {
+            let mut ring = Ring {
+                minute: 100,
+                counts: [0; MINUTES],
+            };
+            ring.counts[0] = 3; // minute 100
+            ring.advance(101);
+            ring.counts[1] = 2; // minute 101
+            let series = ring.series(101);
+            assert_eq!(series[MINUTES - 1], 2);
+            assert_eq!(series[MINUTES - 2], 3);
+            ring.advance(110);
+            assert_eq!(ring.series(110)[MINUTES - 1], 0, "minute 110 starts empty");
+            assert_eq!(ring.series(110)[0], 2, "minute 101 is the oldest kept");
+            ring.advance(125);
+            assert_eq!(ring.series(125), [0; MINUTES], "all forgotten");
+        }
+    }
 }

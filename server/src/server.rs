@@ -61,6 +61,9 @@ pub enum Error {
     /// NOT_SERVING and stopped so that its supervisor restarts it.
     #[error("{task} stopped: {why}; the node stops so that it can be restarted")]
     TaskDied { task: &'static str, why: String },
+    /// The dashboard's address cannot be bound.
+    #[error("cannot listen on {0} (--ui-listen): {1}")]
+    UiListen(std::net::SocketAddr, std::io::Error),
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains and stops cleanly.
@@ -120,7 +123,7 @@ async fn serve(
     // another node makes from now on goes unheard.
     let remote = store.subscribe().await?;
 
-    let registry = Arc::new(Registry::default());
+    let registry = Arc::new(Registry::new(&config.node_name));
     let pending = Arc::new(Pending::default());
     // Tasks the node cannot live without report here if they end before the
     // shutdown asked them to.
@@ -159,6 +162,27 @@ async fn serve(
     // Both ways: no request larger than this is read, and no answer larger is sent
     // (List pages are cut far below it; Get and Wait answer one activity).
     let max_message = config.max_message_bytes();
+    if let Some(addr) = config.ui_listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::UiListen(addr, e))?;
+        let ui = crate::ui::Ui::new(
+            ActivityApi::new(core.clone(), root.clone()),
+            AdminApi::new(core.clone(), drainer.clone()),
+            auth.clone(),
+            core.clone(),
+        );
+        tracing::info!(%addr, read_only = config.ui_read_only, "dashboard at http://{addr}/");
+        let shutdown = root.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::ui::serve(listener, ui, shutdown).await {
+                tracing::error!(error = %e, "the dashboard stopped");
+            }
+        });
+    }
+    if crate::metrics::enabled() {
+        tokio::spawn(observe(core.clone(), root.clone()));
+    }
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
@@ -363,6 +387,29 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
         );
     }
     Ok(())
+}
+
+/// How often the per-type gauges are read from the store.
+const OBSERVE_EVERY: Duration = Duration::from_secs(5);
+
+/// Keeps the per-type gauges (backlog, running, dead letters) and the worker slots
+/// current while metrics are served. A failed read only skips a refresh.
+async fn observe(core: Arc<crate::dispatch::Core>, shutdown: CancellationToken) {
+    let mut types = std::collections::HashSet::new();
+    let mut groups = std::collections::HashSet::new();
+    let mut ticker = tokio::time::interval(OBSERVE_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match core.store.type_counts(core.store.now()).await {
+            Ok(counts) => crate::metrics::type_counts(&counts, &mut types),
+            Err(e) => tracing::warn!(error = %e, "cannot count activities by type for metrics"),
+        }
+        crate::metrics::worker_slots(&core.registry.slots(), &mut groups);
+    }
 }
 
 /// Deletes finished rows older than the retention period, a bounded batch at a time.

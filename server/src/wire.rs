@@ -3,7 +3,7 @@
 
 use spool_proto::{time, v1};
 
-use crate::store::{ActivityRow, Attempt};
+use crate::store::{ActivityRow, Attempt, AttemptRecord};
 
 pub fn activity(row: ActivityRow) -> v1::Activity {
     v1::Activity {
@@ -27,6 +27,21 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         max_attempts: row.retry.max_attempts,
         counted_attempts: row.attempt.saturating_sub(row.uncounted),
         headers: row.headers.into_iter().collect(),
+        history: Vec::new(),
+    }
+}
+
+/// An attempt record as the wire shows it.
+pub fn attempt_record(a: AttemptRecord) -> v1::AttemptRecord {
+    v1::AttemptRecord {
+        attempt: a.attempt,
+        worker_id: a.worker_id.unwrap_or_default(),
+        identity: a.identity.unwrap_or_default(),
+        node: a.node.unwrap_or_default(),
+        started_at: a.started_at.map(time::to_proto),
+        ended_at: a.ended_at.map(time::to_proto),
+        outcome: a.outcome,
+        error: a.error,
     }
 }
 

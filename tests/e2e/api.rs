@@ -159,6 +159,7 @@ async fn a_batch_is_one_commit_and_all_or_nothing() {
     let missing = client
         .get(v1::GetRequest {
             key: Some(key("wf", "new-1")),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -305,6 +306,7 @@ async fn bad_input_is_refused_with_a_clear_status() {
     let err = client
         .get(v1::GetRequest {
             key: Some(key("wf", "missing")),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -312,11 +314,12 @@ async fn bad_input_is_refused_with_a_clear_status() {
     let err = client
         .get(v1::GetRequest {
             key: Some(key("", "a")),
+            ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let err = client.get(v1::GetRequest { key: None }).await.unwrap_err();
+    let err = client.get(v1::GetRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = client
         .wait(v1::WaitRequest {
@@ -357,6 +360,7 @@ async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
     let missing = client
         .get(v1::GetRequest {
             key: Some(key("wf", "big")),
+            ..Default::default()
         })
         .await
         .unwrap_err();

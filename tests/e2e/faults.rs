@@ -68,6 +68,12 @@ impl Store for Faulty {
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
         self.inner.stats(namespace).await
     }
+    async fn history(&self, id: i64) -> Result<Vec<store::AttemptRecord>, store::Error> {
+        self.inner.history(id).await
+    }
+    async fn type_counts(&self, now: i64) -> Result<Vec<store::TypeCounts>, store::Error> {
+        self.inner.type_counts(now).await
+    }
     async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
         self.inner.running(after, limit).await
     }

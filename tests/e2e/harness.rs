@@ -300,7 +300,10 @@ pub async fn get(
     key: v1::ActivityKey,
 ) -> v1::Activity {
     client
-        .get(v1::GetRequest { key: Some(key) })
+        .get(v1::GetRequest {
+            key: Some(key),
+            ..Default::default()
+        })
         .await
         .expect("get")
         .into_inner()

@@ -335,6 +335,7 @@ async fn namespaces_do_not_mix() {
     let err = client
         .get(v1::GetRequest {
             key: Some(key("wf", "a")),
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -1,5 +1,6 @@
 // The outside services tests may need (PostgreSQL, libfaketime, the Python
-// interop's network): which of them can be had here, and where PostgreSQL is.
+// interop's network, headless Chromium): which of them can be had here, and where
+// PostgreSQL is.
 //
 // The build scripts of the packages whose tests need them call `emit`: each service
 // that can be had becomes a cfg (always under CI=true, where it must be, so the
@@ -30,6 +31,7 @@ pub fn emit() {
         ),
         ("spool_test_faketime", file_exists(FAKETIME)),
         ("spool_test_interop", env_set("SPOOL_TEST_INTEROP")),
+        ("spool_test_browser", file_exists(CHROMEDRIVER)),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         if ci || available {
@@ -37,6 +39,9 @@ pub fn emit() {
         }
     }
 }
+
+/// ChromeDriver as Debian's `chromium-driver` package installs it (with Chromium).
+pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// libfaketime as Debian's `faketime` package installs it.
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";

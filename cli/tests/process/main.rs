@@ -10,6 +10,7 @@ mod clock;
 #[path = "../../../tests/support/fixtures.rs"]
 mod fixtures;
 mod metrics;
+mod observe;
 #[path = "../../../tests/support/pki.rs"]
 mod pki;
 mod support;
@@ -148,7 +149,10 @@ async fn kill_9_during_submits_keeps_every_acknowledged_one() {
     let mut client = server.client().await;
     for id in &acknowledged {
         client
-            .get(v1::GetRequest { key: Some(key(id)) })
+            .get(v1::GetRequest {
+                key: Some(key(id)),
+                ..Default::default()
+            })
             .await
             .unwrap_or_else(|e| panic!("acknowledged {id} is gone: {e}"));
     }

@@ -315,6 +315,60 @@ pub fn in_process_worker(server: &ServerProcess, activity_type: &str) -> DropGua
     stop.drop_guard()
 }
 
+/// An SDK worker in this process (identity `observed`) for the types the
+/// dashboard and metrics tests need: `flaky` fails its first two attempts
+/// (retryable) and completes the third; `poison` fails its first attempt for good
+/// (a dead letter) and completes once re-driven; `echo` answers its input.
+pub fn observed_worker(server: &ServerProcess) -> DropGuard {
+    let stop = CancellationToken::new();
+    let worker = Worker::new(server.url.clone())
+        .identity("observed")
+        .activity("flaky", |ctx, _| async move {
+            let attempt = ctx.info().attempt;
+            if attempt < 3 {
+                return Err(spool_worker::ActivityError::retryable(
+                    "Flaky",
+                    format!("attempt {attempt} fails"),
+                ));
+            }
+            spool_worker::json(&serde_json::json!({ "attempt": attempt }))
+        })
+        .activity("poison", |ctx, _| async move {
+            let attempt = ctx.info().attempt;
+            if attempt == 1 {
+                return Err(spool_worker::ActivityError::terminal(
+                    "Poison",
+                    "the first attempt always fails",
+                ));
+            }
+            spool_worker::json(&serde_json::json!({ "attempt": attempt }))
+        })
+        .activity("echo", |_, input| async move { Ok(input) });
+    tokio::spawn(worker.run(stop.clone()));
+    stop.drop_guard()
+}
+
+/// A submit of `activity_type` retried after 10 ms, at most `max_attempts` times.
+pub fn quick_retry_request(
+    activity_type: &str,
+    activity_id: &str,
+    max_attempts: u32,
+) -> v1::SubmitRequest {
+    v1::SubmitRequest {
+        activity_type: activity_type.into(),
+        workflow_id: "p".into(),
+        activity_id: activity_id.into(),
+        input: spool_worker::json(&serde_json::json!({ "id": activity_id })).ok(),
+        retry_policy: Some(v1::RetryPolicy {
+            max_attempts,
+            initial_interval: Some(spool_proto::duration::to_proto(Duration::from_millis(10))),
+            backoff_coefficient: 1.0,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 pub fn now_ms() -> i64 {
     spool_proto::time::now_millis()
 }
@@ -354,6 +408,7 @@ pub async fn get(client: &mut ActivityServiceClient<Channel>, activity_id: &str)
     client
         .get(v1::GetRequest {
             key: Some(key(activity_id)),
+            ..Default::default()
         })
         .await
         .expect("get")

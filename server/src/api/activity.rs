@@ -162,9 +162,19 @@ impl ActivityService for ActivityApi {
     ) -> Result<Response<v1::Activity>, Status> {
         within(self.core.config.limits.request_timeout, async {
             let key = validate::key(request.get_ref().key.as_ref())?;
-            authorize(&request, Role::Client, &key.namespace)?;
+            authorize(&request, Role::Viewer, &key.namespace)?;
             let row = self.get_row(&key).await?;
-            Ok(Response::new(crate::wire::activity(row)))
+            let history = if request.get_ref().include_history {
+                self.core.store.history(row.id).await.map_err(Error::from)?
+            } else {
+                Vec::new()
+            };
+            let mut activity = crate::wire::activity(row);
+            activity.history = history
+                .into_iter()
+                .map(crate::wire::attempt_record)
+                .collect();
+            Ok(Response::new(activity))
         })
         .await
     }
@@ -174,7 +184,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::WaitRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
-        authorize(&request, Role::Client, &key.namespace)?;
+        authorize(&request, Role::Viewer, &key.namespace)?;
         let request = request.into_inner();
         // No timeout, or one past --max-wait, parks for --max-wait: then the caller
         // gets the current state and may wait again.
@@ -278,7 +288,7 @@ impl ActivityService for ActivityApi {
     ) -> Result<Response<v1::ListResponse>, Status> {
         within(self.core.config.limits.request_timeout, async {
             let namespace = validate::namespace(&request.get_ref().namespace)?;
-            authorize(&request, Role::Client, &namespace)?;
+            authorize(&request, Role::Viewer, &namespace)?;
             let request = request.into_inner();
             let status = match ActivityStatus::try_from(request.status) {
                 Ok(ActivityStatus::Unspecified) => None,
@@ -341,7 +351,7 @@ impl ActivityService for ActivityApi {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         within(self.core.config.limits.request_timeout, async {
             let namespace = validate::namespace(&request.get_ref().namespace)?;
-            authorize(&request, Role::Client, &namespace)?;
+            authorize(&request, Role::Viewer, &namespace)?;
             let counts = self
                 .core
                 .store

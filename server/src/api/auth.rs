@@ -16,9 +16,11 @@
 //! ]}
 //! ```
 //!
-//! Roles: `client` may use `ActivityService`; `worker` may open `WorkerService`
-//! sessions; `admin` may do both and use `AdminService`. Without `namespaces` (or
-//! with `"*"` in them) a token covers every namespace.
+//! Roles: `viewer` may read (`Get`, `Wait`, `List`, `Stats`, the dashboard's
+//! pages) and change nothing; `client` may use all of `ActivityService`; `worker`
+//! may open `WorkerService` sessions; `admin` may do all of that and use
+//! `AdminService`. Without `namespaces` (or with `"*"` in them) a token covers
+//! every namespace.
 
 use std::{collections::HashSet, path::Path, sync::Arc};
 
@@ -30,6 +32,8 @@ use super::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Reads only.
+    Viewer,
     Client,
     Worker,
     Admin,
@@ -37,11 +41,12 @@ pub enum Role {
 
 impl Role {
     fn allows(self, needed: Role) -> bool {
-        self == Role::Admin || self == needed
+        self == Role::Admin || self == needed || (self == Role::Client && needed == Role::Viewer)
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
+            Role::Viewer => "viewer",
             Role::Client => "client",
             Role::Worker => "worker",
             Role::Admin => "admin",
@@ -71,6 +76,24 @@ impl Principal {
     /// Names the token (not its secret) for limits and logs.
     pub fn caller(&self) -> &Arc<str> {
         &self.caller
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Whether this principal may act as `needed` (in some namespace).
+    pub fn may(&self, needed: Role) -> bool {
+        self.role.allows(needed)
+    }
+
+    /// The namespaces it covers, sorted; `None`: every one.
+    pub fn namespaces(&self) -> Option<Vec<String>> {
+        self.namespaces.as_ref().map(|n| {
+            let mut list: Vec<String> = n.iter().cloned().collect();
+            list.sort();
+            list
+        })
     }
 }
 
@@ -222,24 +245,16 @@ fn load(path: &Path) -> Result<Vec<(String, Principal)>, TokensFileError> {
         .collect()
 }
 
-impl Interceptor for Auth {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+impl Auth {
+    /// Who presents `bearer` (the token of an `authorization: Bearer` header).
+    pub fn principal(&self, bearer: Option<&str>) -> Result<Principal, Error> {
         let Some(tokens) = &self.tokens else {
-            request
-                .extensions_mut()
-                .insert(Principal::everything("anonymous"));
-            return Ok(request);
+            return Ok(Principal::everything("anonymous"));
         };
-        let presented = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let Some(presented) = presented else {
+        let Some(presented) = bearer else {
             return Err(Error::Unauthenticated(
                 "a bearer token is required: send 'authorization: Bearer <token>' (spool --token / SPOOL_TOKEN)",
-            )
-            .into());
+            ));
         };
         // Compare with every token, without an early exit, so timing does not tell
         // which one (or which prefix) matched.
@@ -249,13 +264,20 @@ impl Interceptor for Auth {
                 found = Some(principal.clone());
             }
         }
-        match found {
-            Some(principal) => {
-                request.extensions_mut().insert(principal);
-                Ok(request)
-            }
-            None => Err(Error::Unauthenticated("the bearer token is not valid").into()),
-        }
+        found.ok_or(Error::Unauthenticated("the bearer token is not valid"))
+    }
+}
+
+impl Interceptor for Auth {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let bearer = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let principal = self.principal(bearer)?;
+        request.extensions_mut().insert(principal);
+        Ok(request)
     }
 }
 

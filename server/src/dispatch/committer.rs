@@ -448,6 +448,13 @@ impl Loop {
                 }
                 (Op::Claim(claim), Outcome::Claimed(rows)) => {
                     crate::metrics::dispatched(rows.len() as u64);
+                    for row in rows.iter() {
+                        crate::metrics::picked_up(
+                            &row.key.namespace,
+                            &row.activity_type,
+                            seconds(now.saturating_sub(row.next_at)),
+                        );
+                    }
                     let released = self.registry.assign(claim, std::mem::take(rows));
                     self.carry.extend(released);
                 }
@@ -460,6 +467,13 @@ impl Loop {
                     Outcome::Finished { accepted: true },
                 ) => {
                     crate::metrics::finished(transition_name(transition));
+                    crate::metrics::attempt_ended(
+                        &attempt.key.namespace,
+                        &attempt.activity_type,
+                        store::AttemptOutcome::of(transition),
+                        Some(seconds(now.saturating_sub(attempt.started_at))),
+                        matches!(transition, Transition::Fail { .. }),
+                    );
                     match transition {
                         Transition::Complete { .. } | Transition::Fail { .. } => {
                             self.finished(&attempt.key)
@@ -482,6 +496,15 @@ impl Loop {
                 }
                 (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
                     crate::metrics::cancelled();
+                    crate::metrics::attempt_ended(
+                        &row.key.namespace,
+                        &row.activity_type,
+                        store::AttemptOutcome::Cancelled,
+                        (*prior == ActivityStatus::Running)
+                            .then(|| row.started_at.map(|t| seconds(now.saturating_sub(t))))
+                            .flatten(),
+                        false,
+                    );
                     self.finished(&row.key);
                     if *prior == ActivityStatus::Running
                         && let Some(worker_id) = &row.worker_id
@@ -567,6 +590,10 @@ impl Loop {
                 .insert(at, Some((namespace.into(), activity_type.into())));
         }
     }
+}
+
+fn seconds(millis: i64) -> f64 {
+    millis as f64 / 1000.0
 }
 
 fn transition_name(transition: &Transition) -> &'static str {
@@ -682,6 +709,15 @@ mod tests {
         }
         async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
             self.inner.stats(namespace).await
+        }
+        async fn history(&self, id: i64) -> Result<Vec<store::AttemptRecord>, store::Error> {
+            self.inner.history(id).await
+        }
+        async fn type_counts(
+            &self,
+            now: UnixMillis,
+        ) -> Result<Vec<store::TypeCounts>, store::Error> {
+            self.inner.type_counts(now).await
         }
         async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
             self.inner.running(after, limit).await

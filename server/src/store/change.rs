@@ -25,8 +25,10 @@ use super::{
 
 /// The values an ending writes. Each dialect binds them, in this order, to its one
 /// `SET` clause: `status`, `next_at` (kept when `None`), `finished_at`,
-/// `uncounted` (added), `lease_expires_at = NULL`, the output, and the five error
-/// columns (kept when `error` is `None`).
+/// `uncounted` (added), `lease_expires_at = NULL`, the output, the five error
+/// columns (kept when `error` is `None`), then `attempt_outcome` and
+/// `attempt_ended_at`, which the store's `attempt_ended` trigger copies into the
+/// attempt's history record when the row leaves RUNNING.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Ending<'a> {
     pub status: ActivityStatus,
@@ -41,11 +43,87 @@ pub(crate) struct Ending<'a> {
     /// The last error; `None` keeps the one stored (a completion or a snooze does not
     /// erase why an earlier attempt failed).
     pub error: Option<&'a ActivityError>,
+    /// How the attempt ended, as its history record and metrics name it.
+    pub outcome: AttemptOutcome,
+    /// When the attempt ended.
+    pub ended_at: UnixMillis,
+}
+
+/// How one attempt ended. `dead_lettered` is not one: it is what happens to the
+/// activity when an attempt ends `Failed`, `TimedOut` or `Lost` with no attempts left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptOutcome {
+    Completed,
+    /// Failed; another attempt follows.
+    Retried,
+    /// Failed for good (terminal error, or no attempts left).
+    Failed,
+    TimedOut,
+    /// Its worker went away.
+    Lost,
+    Cancelled,
+    Snoozed,
+    /// The server gave it back (a drain).
+    Released,
+}
+
+impl AttemptOutcome {
+    pub const ALL: [AttemptOutcome; 8] = [
+        AttemptOutcome::Completed,
+        AttemptOutcome::Retried,
+        AttemptOutcome::Failed,
+        AttemptOutcome::TimedOut,
+        AttemptOutcome::Lost,
+        AttemptOutcome::Cancelled,
+        AttemptOutcome::Snoozed,
+        AttemptOutcome::Released,
+    ];
+
+    /// The stored and displayed name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptOutcome::Completed => "completed",
+            AttemptOutcome::Retried => "retried",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::TimedOut => "timed_out",
+            AttemptOutcome::Lost => "lost",
+            AttemptOutcome::Cancelled => "cancelled",
+            AttemptOutcome::Snoozed => "snoozed",
+            AttemptOutcome::Released => "released",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.name() == name)
+    }
+
+    /// How an attempt that ends by `transition` ended.
+    pub fn of(transition: &Transition) -> Self {
+        match transition {
+            Transition::Complete { .. } => AttemptOutcome::Completed,
+            Transition::Retry { error, .. } => AttemptOutcome::of_error(error, true),
+            Transition::Fail { error } => AttemptOutcome::of_error(error, false),
+            Transition::Snooze { .. } => AttemptOutcome::Snoozed,
+            Transition::Release => AttemptOutcome::Released,
+        }
+    }
+
+    /// Why an attempt that ended with `error` ended: the server's own kinds (a
+    /// timeout, a lost worker) say more than whether it is retried.
+    fn of_error(error: &ActivityError, retried: bool) -> Self {
+        match ErrorKind::try_from(error.kind) {
+            Ok(ErrorKind::Timeout) => AttemptOutcome::TimedOut,
+            Ok(ErrorKind::WorkerLost) => AttemptOutcome::Lost,
+            _ if retried => AttemptOutcome::Retried,
+            _ => AttemptOutcome::Failed,
+        }
+    }
 }
 
 impl<'a> Ending<'a> {
     /// How an attempt ends by `transition`, at `now`.
     pub fn of(transition: &'a Transition, now: UnixMillis) -> Self {
+        let outcome = AttemptOutcome::of(transition);
         let rescheduled = |next_at, uncounted, error| Ending {
             status: ActivityStatus::Scheduled,
             next_at: Some(next_at),
@@ -53,15 +131,18 @@ impl<'a> Ending<'a> {
             uncounted,
             output: None,
             error,
+            outcome,
+            ended_at: now,
         };
         match transition {
             Transition::Complete { output } => Ending {
                 output: Some(output),
                 ..Ending::finished(ActivityStatus::Completed, now, None)
             },
-            Transition::Fail { error } => {
-                Ending::finished(ActivityStatus::Failed, now, Some(error))
-            }
+            Transition::Fail { error } => Ending {
+                outcome,
+                ..Ending::finished(ActivityStatus::Failed, now, Some(error))
+            },
             Transition::Retry { next_at, error } => rescheduled(*next_at, 0, Some(error)),
             Transition::Snooze { next_at } => rescheduled(*next_at, 1, None),
             Transition::Release => rescheduled(now, 1, None),
@@ -74,6 +155,12 @@ impl<'a> Ending<'a> {
         now: UnixMillis,
         error: Option<&'a ActivityError>,
     ) -> Self {
+        let outcome = match (status, error) {
+            (ActivityStatus::Cancelled, _) => AttemptOutcome::Cancelled,
+            (ActivityStatus::Completed, _) => AttemptOutcome::Completed,
+            (_, Some(error)) => AttemptOutcome::of_error(error, false),
+            (_, None) => AttemptOutcome::Failed,
+        };
         Ending {
             status,
             next_at: None,
@@ -81,6 +168,8 @@ impl<'a> Ending<'a> {
             uncounted: 0,
             output: None,
             error,
+            outcome,
+            ended_at: now,
         }
     }
 
@@ -329,6 +418,40 @@ mod tests {
             (ActivityStatus::Failed, Some(7), None)
         );
         assert!(e.error.is_some() && e.output.is_none());
+        assert_eq!(e.outcome, AttemptOutcome::TimedOut, "a timeout says so");
+        let failure = |kind: ErrorKind| ActivityError {
+            kind: kind as i32,
+            ..Default::default()
+        };
+        let outcome = |t: Transition| Ending::of(&t, 7).outcome;
+        let retried = |kind| Transition::Retry {
+            next_at: 9,
+            error: failure(kind),
+        };
+        assert_eq!(
+            outcome(retried(ErrorKind::Retryable)),
+            AttemptOutcome::Retried
+        );
+        assert_eq!(
+            outcome(retried(ErrorKind::WorkerLost)),
+            AttemptOutcome::Lost
+        );
+        let failed = Transition::Fail {
+            error: failure(ErrorKind::Terminal),
+        };
+        assert_eq!(outcome(failed), AttemptOutcome::Failed);
+        assert_eq!(
+            outcome(Transition::Snooze { next_at: 9 }),
+            AttemptOutcome::Snoozed
+        );
+        let cancelled = Ending::finished(ActivityStatus::Cancelled, 7, None);
+        assert_eq!(
+            (cancelled.outcome, cancelled.ended_at),
+            (AttemptOutcome::Cancelled, 7)
+        );
+        for o in AttemptOutcome::ALL {
+            assert_eq!(AttemptOutcome::parse(o.name()), Some(o));
+        }
     }
 
     #[test]

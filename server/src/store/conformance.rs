@@ -126,6 +126,9 @@ conformance!(
     a_reclaim_is_refused_after_renewal_and_accepted_after_expiry,
     expire_scheduled_fails_only_overdue_waiting_rows,
     record_heartbeats_is_fenced_by_attempt,
+    every_ended_attempt_is_in_the_history,
+    history_is_bounded_and_pruned_with_its_activity,
+    type_counts_split_the_backlog,
 );
 
 const T0: i64 = 1_000_000;
@@ -194,6 +197,8 @@ fn claim_for(types: &[&str], limit: u32) -> Op {
         namespace: "default".into(),
         activity_types: types.iter().map(|t| Arc::<str>::from(*t)).collect(),
         worker_id: "w1".into(),
+        identity: "host-1".into(),
+        node: "node-a".into(),
         limit,
         lease_expires_at: T0 + 30_000,
     })
@@ -1401,4 +1406,195 @@ async fn record_heartbeats_is_fenced_by_attempt(store: &dyn Store, _raw: &Raw) {
         get(store, "a").await.heartbeat_details.map(|d| d.data),
         Some(b"half".to_vec())
     );
+}
+
+async fn history(store: &dyn Store, id: &str) -> Vec<AttemptRecord> {
+    let row = get(store, id).await;
+    store
+        .history(row.id)
+        .await
+        .unwrap_or_else(|e| panic!("history: {e}"))
+}
+
+async fn every_ended_attempt_is_in_the_history(store: &dyn Store, _raw: &Raw) {
+    submit(store, new("a", "t")).await;
+    assert!(history(store, "a").await.is_empty(), "nothing ended yet");
+    for (n, at) in [(1, T0), (2, T0 + 1_000)] {
+        let row = claim(store, &["t"], 1, at).await.remove(0);
+        assert_eq!(row.attempt, n);
+        let error = crate::store::server_error(ErrorKind::Retryable, "Boom", format!("try {n}"));
+        let retry = Transition::Retry {
+            next_at: at + 1_000,
+            error,
+        };
+        assert!(finish(store, &row, retry, at + 300).await);
+    }
+    let row = claim(store, &["t"], 1, T0 + 2_000).await.remove(0);
+    // A late answer to an ended attempt writes no record.
+    let stale = Attempt {
+        attempt: 1,
+        ..Attempt::from_row(&row)
+    };
+    let late = Op::Finish {
+        attempt: Arc::new(stale),
+        transition: output("late"),
+        lease_expired_by: None,
+    };
+    assert!(matches!(
+        one(store, late, T0 + 2_100).await,
+        Outcome::Finished { accepted: false }
+    ));
+    assert!(finish(store, &row, output("done"), T0 + 2_500).await);
+    let records = history(store, "a").await;
+    let summary: Vec<_> = records
+        .iter()
+        .map(|r| {
+            (
+                r.attempt,
+                r.outcome.as_str(),
+                r.started_at,
+                r.ended_at,
+                r.error.as_ref().map(|e| e.message.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "retried", Some(T0), Some(T0 + 300), Some("try 1")),
+            (
+                2,
+                "retried",
+                Some(T0 + 1_000),
+                Some(T0 + 1_300),
+                Some("try 2")
+            ),
+            (3, "completed", Some(T0 + 2_000), Some(T0 + 2_500), None),
+        ]
+    );
+    for r in &records {
+        assert_eq!(
+            (
+                r.worker_id.as_deref(),
+                r.identity.as_deref(),
+                r.node.as_deref()
+            ),
+            (Some("w1"), Some("host-1"), Some("node-a")),
+            "who ran attempt {}",
+            r.attempt
+        );
+    }
+
+    // A cancel ends the running attempt too; a scheduled one has none to end.
+    submit(store, new("b", "t")).await;
+    claim(store, &["t"], 1, T0 + 3_000).await;
+    let cancel = Op::Cancel {
+        key: key("b"),
+        reason: "stop".into(),
+    };
+    assert!(matches!(
+        one(store, cancel, T0 + 3_100).await,
+        Outcome::Cancelled { .. }
+    ));
+    let records = history(store, "b").await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].outcome, "cancelled");
+    assert_eq!(
+        records[0].error.as_ref().map(|e| e.message.as_str()),
+        Some("stop")
+    );
+    submit(store, new("c", "t")).await;
+    let cancel = Op::Cancel {
+        key: key("c"),
+        reason: String::new(),
+    };
+    one(store, cancel, T0 + 3_200).await;
+    assert!(history(store, "c").await.is_empty());
+
+    // A lost worker and a timeout say so.
+    submit(store, new("d", "t")).await;
+    let row = claim(store, &["t"], 1, T0 + 4_000).await.remove(0);
+    let lost = crate::store::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into());
+    let retry = Transition::Retry {
+        next_at: T0 + 4_000,
+        error: lost,
+    };
+    assert!(finish(store, &row, retry, T0 + 4_100).await);
+    let row = claim(store, &["t"], 1, T0 + 4_200).await.remove(0);
+    let late = crate::store::server_error(ErrorKind::Timeout, "StartToCloseTimeout", "slow".into());
+    assert!(finish(store, &row, Transition::Fail { error: late }, T0 + 4_300).await);
+    let outcomes: Vec<String> = history(store, "d")
+        .await
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(outcomes, ["lost", "timed_out"]);
+}
+
+async fn history_is_bounded_and_pruned_with_its_activity(store: &dyn Store, _raw: &Raw) {
+    submit(store, new("a", "t")).await;
+    let attempts = HISTORY_LIMIT + 5;
+    for n in 0..attempts {
+        let at = T0 + i64::from(n) * 10;
+        let row = claim(store, &["t"], 1, at).await.remove(0);
+        assert!(finish(store, &row, Transition::Snooze { next_at: at + 10 }, at + 5).await);
+    }
+    let records = history(store, "a").await;
+    assert_eq!(
+        records.len(),
+        HISTORY_LIMIT as usize,
+        "only the newest are kept"
+    );
+    assert_eq!(records.first().map(|r| r.attempt), Some(6));
+    assert_eq!(records.last().map(|r| r.attempt), Some(attempts));
+    let id = get(store, "a").await.id;
+    let cancel = Op::Cancel {
+        key: key("a"),
+        reason: String::new(),
+    };
+    one(store, cancel, T0 + 10_000).await;
+    let prune = Op::Prune {
+        before: T0 + 20_000,
+        limit: 10,
+    };
+    assert!(matches!(
+        one(store, prune, T0 + 30_000).await,
+        Outcome::Pruned(1)
+    ));
+    let left = store
+        .history(id)
+        .await
+        .unwrap_or_else(|e| panic!("history: {e}"));
+    assert!(left.is_empty(), "pruned with its activity: {left:?}");
+}
+
+async fn type_counts_split_the_backlog(store: &dyn Store, _raw: &Raw) {
+    submit(store, new("due-1", "a")).await;
+    submit(store, new("due-2", "a")).await;
+    let mut later = new("later", "a");
+    later.next_at = T0 + 60_000;
+    submit(store, later).await;
+    submit(store, new("run", "b")).await;
+    submit(store, new("dead", "b")).await;
+    claim(store, &["b"], 2, T0).await;
+    let dead = get(store, "dead").await;
+    let error = crate::store::server_error(ErrorKind::Terminal, "Fatal", "no".into());
+    assert!(finish(store, &dead, Transition::Fail { error }, T0 + 1).await);
+    let counts = store
+        .type_counts(T0 + 10)
+        .await
+        .unwrap_or_else(|e| panic!("type_counts: {e}"));
+    let summary: Vec<_> = counts
+        .iter()
+        .map(|c| {
+            (
+                c.activity_type.as_str(),
+                c.due,
+                c.delayed,
+                c.running,
+                c.failed,
+            )
+        })
+        .collect();
+    assert_eq!(summary, [("a", 2, 1, 0, 0), ("b", 0, 0, 1, 1)]);
 }

@@ -67,6 +67,7 @@ use std::sync::Arc;
 use spool_proto::time::UnixMillis;
 pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
 
+pub use change::AttemptOutcome;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -290,6 +291,10 @@ pub struct Claim {
     /// order between claims so no type starves the others.
     pub activity_types: Vec<Arc<str>>,
     pub worker_id: Arc<str>,
+    /// The worker's `Hello.identity` and the node it is connected to, kept with
+    /// the attempt for its history.
+    pub identity: Arc<str>,
+    pub node: Arc<str>,
     pub limit: u32,
     pub lease_expires_at: UnixMillis,
 }
@@ -478,6 +483,37 @@ pub struct StatusCounts {
     pub cancelled: u64,
 }
 
+/// One ended attempt, as the store's `attempt_ended` trigger recorded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRecord {
+    pub attempt: u32,
+    pub worker_id: Option<String>,
+    pub identity: Option<String>,
+    pub node: Option<String>,
+    pub started_at: Option<UnixMillis>,
+    pub ended_at: Option<UnixMillis>,
+    /// `change::AttemptOutcome::name`.
+    pub outcome: String,
+    pub error: Option<ActivityError>,
+}
+
+/// How many attempt records an activity keeps: the newest, older ones are dropped.
+pub const HISTORY_LIMIT: u32 = 25;
+
+/// What is waiting, running and dead-lettered, per namespace and type.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeCounts {
+    pub namespace: String,
+    pub activity_type: String,
+    /// SCHEDULED and due now.
+    pub due: u64,
+    /// SCHEDULED for later (a delay or a retry's backoff).
+    pub delayed: u64,
+    pub running: u64,
+    /// FAILED: the dead letters still kept.
+    pub failed: u64,
+}
+
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Runs `ops` in order in one transaction, committed durably before it returns.
@@ -491,6 +527,13 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;
+
+    /// The ended attempts of row `id`, oldest first (at most [`HISTORY_LIMIT`]).
+    async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error>;
+
+    /// Scheduled (due and delayed), running and failed counts of every namespace
+    /// and type that has any, as of `now`; sorted by namespace, then type.
+    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error>;
 
     /// Up to `limit` RUNNING rows with an id above `after_id`, in id order, without
     /// their payloads (`light_columns!`): for reclaiming attempts whose process is

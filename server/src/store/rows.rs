@@ -286,6 +286,81 @@ pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
     })
 }
 
+/// One attempt record, from the columns of `HISTORY` in order: attempt,
+/// worker_id, worker_identity, worker_node, started_at, ended_at, outcome, then the
+/// five error columns.
+pub(super) fn decode_attempt(row: &impl Columns) -> Result<super::AttemptRecord, Error> {
+    let error = match row.opt_int(7)? {
+        Some(kind) => Some(ActivityError {
+            kind: i32::try_from(kind).unwrap_or_default(),
+            r#type: row.opt_text(8)?.unwrap_or_default(),
+            message: row.opt_text(9)?.unwrap_or_default(),
+            details: match row.opt_blob(11)? {
+                Some(data) => Some(Payload {
+                    content_type: row.opt_text(10)?.unwrap_or_default(),
+                    data,
+                }),
+                None => None,
+            },
+            next_retry_delay: None,
+        }),
+        None => None,
+    };
+    Ok(super::AttemptRecord {
+        attempt: u32_from(row.int(0)?, "attempt")?,
+        worker_id: row.opt_text(1)?,
+        identity: row.opt_text(2)?,
+        node: row.opt_text(3)?,
+        started_at: row.opt_int(4)?,
+        ended_at: row.opt_int(5)?,
+        outcome: row.text(6)?,
+        error,
+    })
+}
+
+/// Every readable attempt record of a read, oldest first.
+pub(super) fn decode_attempts(
+    rows: impl IntoIterator<Item = impl Columns>,
+) -> Vec<super::AttemptRecord> {
+    rows.into_iter()
+        .filter_map(|r| match decode_attempt(&r) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                unreadable("history", None, &e);
+                None
+            }
+        })
+        .collect()
+}
+
+/// Per-type counts from the rows of `TYPE_COUNTS`: namespace, type, status,
+/// whether a SCHEDULED row is not due yet (1) and the count.
+pub(super) fn type_counts(
+    rows: impl IntoIterator<Item = impl Columns>,
+) -> Result<Vec<super::TypeCounts>, Error> {
+    let mut out: std::collections::BTreeMap<(String, String), super::TypeCounts> =
+        std::collections::BTreeMap::new();
+    for row in rows {
+        let (namespace, activity_type) = (row.text(0)?, row.text(1)?);
+        let n = u64::try_from(row.int(4)?).unwrap_or(0);
+        let counts = out
+            .entry((namespace.clone(), activity_type.clone()))
+            .or_insert_with(|| super::TypeCounts {
+                namespace,
+                activity_type,
+                ..Default::default()
+            });
+        match (status_from(row.int(2)?), row.int(3)? != 0) {
+            (Ok(ActivityStatus::Scheduled), false) => counts.due += n,
+            (Ok(ActivityStatus::Scheduled), true) => counts.delayed += n,
+            (Ok(ActivityStatus::Running), _) => counts.running += n,
+            (Ok(ActivityStatus::Failed), _) => counts.failed += n,
+            _ => {}
+        }
+    }
+    Ok(out.into_values().collect())
+}
+
 /// Per-status counts from `(status, count)` pairs.
 pub(super) fn status_counts(
     pairs: impl IntoIterator<Item = (i64, i64)>,

@@ -57,13 +57,13 @@ impl Registry {
             }
             // An evicted worker's session is ending, a leaving worker takes no more:
             // nothing more goes to either.
-            let mut free: Vec<(u32, Arc<str>)> = group
+            let mut free: Vec<(u32, Arc<str>, Arc<str>)> = group
                 .workers
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
                 .filter(|w| !w.evict.is_cancelled() && !w.leaving)
-                .map(|w| (w.free(), w.id.clone()))
-                .filter(|(free, _)| *free > 0)
+                .map(|w| (w.free(), w.id.clone(), w.identity.clone()))
+                .filter(|(free, ..)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));
             let mut rotated = types.clone();
@@ -71,7 +71,7 @@ impl Registry {
                 let by = inner.rotation % rotated.len();
                 rotated.rotate_left(by);
             }
-            for (limit, worker_id) in free {
+            for (limit, worker_id, identity) in free {
                 if let Some(w) = inner.workers.get_mut(&worker_id) {
                     w.reserved += limit;
                 }
@@ -79,6 +79,8 @@ impl Registry {
                     namespace: namespace.clone(),
                     activity_types: rotated.clone(),
                     worker_id,
+                    identity,
+                    node: self.node.clone(),
                     limit,
                     lease_expires_at,
                 });

@@ -143,7 +143,7 @@ pub struct Sweep {
 struct Worker {
     id: Arc<str>,
     group: GroupKey,
-    identity: String,
+    identity: Arc<str>,
     max_concurrency: u32,
     /// Wall time, for display.
     connected_at: UnixMillis,
@@ -211,9 +211,19 @@ pub struct Registry {
     /// returned yet: a drain waits for these too, so what it reports completed is
     /// stored.
     committing: std::sync::atomic::AtomicUsize,
+    /// This server's name (`--node-name`), recorded with each attempt it dispatches.
+    node: Arc<str>,
 }
 
 impl Registry {
+    /// A registry of the node named `node`.
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.into(),
+            ..Self::default()
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-updated in a way
         // worse than losing the process, so keep serving with what is there.
@@ -267,7 +277,7 @@ impl Registry {
             Worker {
                 id: id.clone(),
                 group,
-                identity: reg.identity,
+                identity: reg.identity.into(),
                 max_concurrency: max,
                 connected_at: now,
                 last_seen: Instant::now(),
@@ -489,6 +499,26 @@ impl Registry {
         self.answered.notify_waiters();
     }
 
+    /// Used and free slots of each worker group: `(namespace, types joined by '+',
+    /// used, free)`.
+    pub fn slots(&self) -> Vec<(String, String, u64, u64)> {
+        let inner = self.lock();
+        let mut by_group: BTreeMap<&GroupKey, (u64, u64)> = BTreeMap::new();
+        for w in inner.workers.values() {
+            let used = w.inflight.len() as u64;
+            let slot = by_group.entry(&w.group).or_default();
+            slot.0 += used;
+            slot.1 += u64::from(w.max_concurrency).saturating_sub(used);
+        }
+        by_group
+            .into_iter()
+            .map(|((ns, types), (used, free))| {
+                let group: Vec<&str> = types.iter().map(|t| &**t).collect();
+                (ns.to_string(), group.join("+"), used, free)
+            })
+            .collect()
+    }
+
     /// Connected workers, optionally of one namespace.
     pub fn workers(&self, namespace: Option<&str>) -> Vec<v1::WorkerInfo> {
         let inner = self.lock();
@@ -498,13 +528,14 @@ impl Registry {
             .filter(|w| namespace.is_none_or(|ns| *w.group.0 == *ns))
             .map(|w| v1::WorkerInfo {
                 worker_id: w.id.to_string(),
-                identity: w.identity.clone(),
+                identity: w.identity.to_string(),
                 namespace: w.group.0.to_string(),
                 activity_types: w.group.1.iter().map(|t| t.to_string()).collect(),
                 max_concurrency: w.max_concurrency,
                 in_flight: u32::try_from(w.inflight.len()).unwrap_or(u32::MAX),
                 connected_at: Some(time::to_proto(w.connected_at)),
                 last_seen_at: Some(time::to_proto(wall_of(w.last_seen))),
+                node: self.node.to_string(),
             })
             .collect();
         out.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));

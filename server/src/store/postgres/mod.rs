@@ -31,8 +31,8 @@ use sqlx::{
 use tokio::sync::mpsc;
 
 use super::{
-    ActivityRow, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome, Remote,
-    RunningPage, StatusCounts, Store, rows,
+    ActivityRow, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome,
+    Remote, RunningPage, StatusCounts, Store, TypeCounts, rows,
 };
 
 mod notify;
@@ -55,6 +55,11 @@ fn migrator() -> Migrator {
             2,
             "headers",
             include_str!("../migrations/postgres/0002_headers.sql"),
+        ),
+        migration(
+            3,
+            "attempts",
+            include_str!("../migrations/postgres/0003_attempts.sql"),
         ),
     ])
 }
@@ -250,6 +255,22 @@ impl Store for PostgresStore {
             .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         rows::status_counts(pairs)
+    }
+
+    async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
+        let rows = sqlx::query(sql::HISTORY)
+            .bind(id)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(rows::decode_attempts(rows.iter().map(rows::Sqlx)))
+    }
+
+    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
+        let rows = sqlx::query(sql::TYPE_COUNTS)
+            .bind(now)
+            .fetch_all(&self.readers)
+            .await?;
+        rows::type_counts(rows.iter().map(rows::Sqlx))
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {

@@ -7,7 +7,7 @@
 //! network round trip, so a run of hundreds of rows must not be hundreds of
 //! statements. One row is an array of one.
 
-/// The values of endings (`change::Ending`), one array each, bound as `$1`…`$12` in
+/// The values of endings (`change::Ending`), one array each, bound as `$1`…`$14` in
 /// the order `write::Endings` binds them and named `e_*` (apart from the table's
 /// own columns); a statement's own arrays follow, named by `$extra`.
 macro_rules! endings {
@@ -15,9 +15,10 @@ macro_rules! endings {
         concat!(
             "UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], \
              $6::BYTEA[], $7::BOOL[], $8::BIGINT[], $9::TEXT[], $10::TEXT[], $11::TEXT[], \
-             $12::BYTEA[]", $(", ", $extra,)* ") AS v(e_status, e_next_at, e_finished_at, \
-             e_uncounted, e_output_type, e_output, e_set_error, e_error_kind, e_error_type, \
-             e_error_message, e_error_details_type, e_error_details"
+             $12::BYTEA[], $13::TEXT[], $14::BIGINT[]", $(", ", $extra,)* ") AS v(e_status, \
+             e_next_at, e_finished_at, e_uncounted, e_output_type, e_output, e_set_error, \
+             e_error_kind, e_error_type, e_error_message, e_error_details_type, e_error_details, \
+             e_outcome, e_ended_at"
         )
     };
 }
@@ -33,7 +34,8 @@ macro_rules! ending {
          error_message = CASE WHEN v.e_set_error THEN v.e_error_message ELSE a.error_message END, \
          error_details_type = CASE WHEN v.e_set_error THEN v.e_error_details_type \
            ELSE a.error_details_type END, \
-         error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END"
+         error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END, \
+         attempt_outcome = v.e_outcome, attempt_ended_at = v.e_ended_at"
     };
 }
 
@@ -104,11 +106,12 @@ pub const LOCK_BY_KEY: &str = concat!(
 );
 
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
-/// `$4` namespace, `$5` type. Rows another node is claiming are skipped, not waited
-/// for.
+/// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. Rows
+/// another node is claiming are skipped, not waited for.
 pub const CLAIM: &str = concat!(
     "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = $1, \
-     worker_id = $2, lease_expires_at = $3 \
+     worker_id = $2, lease_expires_at = $3, worker_identity = $7, \
+     worker_node = $8 \
      WHERE id IN (SELECT id FROM activities \
        WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
          AND (expires_at IS NULL OR expires_at > $1) \
@@ -117,39 +120,39 @@ pub const CLAIM: &str = concat!(
     columns!()
 );
 
-/// Ends attempts: attempt `$14[i]` of row `$13[i]`, if it still runs (and, where
-/// `$15[i]` is not NULL, only if its lease expired before then). Returns the ids it
+/// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
+/// `$17[i]` is not NULL, only if its lease expired before then). Returns the ids it
 /// ended. No row may appear twice.
 pub const FINISH: &str = concat!(
     "UPDATE activities AS a SET ",
     ending!(),
     " FROM ",
-    endings!("$13::BIGINT[]", "$14::BIGINT[]", "$15::BIGINT[]"),
+    endings!("$15::BIGINT[]", "$16::BIGINT[]", "$17::BIGINT[]"),
     ", f_id, f_attempt, f_guard) \
      WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
        AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
      RETURNING a.id"
 );
 
-/// Ends row `$13`, locked and found cancellable by the same transaction.
+/// Ends row `$15`, locked and found cancellable by the same transaction.
 pub const CANCEL: &str = concat!(
     "UPDATE activities AS a SET ",
     ending!(),
     " FROM ",
     endings!(),
-    ") WHERE a.id = $13 RETURNING ",
+    ") WHERE a.id = $15 RETURNING ",
     columns!()
 );
 
-/// Ends up to `$14` SCHEDULED rows whose schedule-to-close deadline passed by `$13`.
+/// Ends up to `$16` SCHEDULED rows whose schedule-to-close deadline passed by `$15`.
 pub const EXPIRE: &str = concat!(
     "UPDATE activities AS a SET ",
     ending!(),
     " FROM ",
     endings!(),
     ") WHERE a.id IN (SELECT id FROM activities \
-       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $13 \
-       LIMIT $14 FOR UPDATE SKIP LOCKED) \
+       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $15 \
+       LIMIT $16 FOR UPDATE SKIP LOCKED) \
      RETURNING a.namespace, a.workflow_id, a.activity_id"
 );
 
@@ -217,6 +220,20 @@ pub const LIST: &str = concat!(
 
 pub const STATS: &str =
     "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status";
+
+/// The attempt records of row `$1`, oldest first (columns as `rows::decode_attempt`
+/// reads them).
+pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_node, \
+       started_at, ended_at, outcome, error_kind, error_type, error_message, \
+       error_details_type, error_details \
+     FROM attempts WHERE activity_row = $1 ORDER BY attempt";
+
+/// Counts by namespace, type, status and whether a SCHEDULED row waits past `$1`
+/// (`rows::type_counts`); only the statuses a backlog is made of.
+pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
+       (CASE WHEN status = 1 AND next_at > $1 THEN 1 ELSE 0 END)::BIGINT AS later, COUNT(*) \
+     FROM activities WHERE status IN (1, 2, 4) \
+     GROUP BY namespace, activity_type, status, later";
 
 pub const RUNNING: &str = concat!(
     "SELECT ",

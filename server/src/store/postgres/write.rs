@@ -309,6 +309,8 @@ async fn claim_rows(
             .bind(&*claim.namespace)
             .bind(&**activity_type)
             .bind(left)
+            .bind(&*claim.identity)
+            .bind(&*claim.node)
             .fetch_all(&mut *conn)
             .await?;
         // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
@@ -333,6 +335,8 @@ struct Endings {
     error_message: Vec<Option<String>>,
     error_details_type: Vec<Option<String>>,
     error_details: Vec<Option<Vec<u8>>>,
+    outcome: Vec<&'static str>,
+    ended_at: Vec<i64>,
 }
 
 impl Endings {
@@ -358,9 +362,11 @@ impl Endings {
         self.error_details_type
             .push(details.map(|d| d.content_type.clone()));
         self.error_details.push(details.map(|d| d.data.clone()));
+        self.outcome.push(e.outcome.name());
+        self.ended_at.push(e.ended_at);
     }
 
-    /// Binds the arrays as `$1`…`$12`.
+    /// Binds the arrays as `$1`…`$14`.
     fn bind(self, q: PgQuery<'_>) -> PgQuery<'_> {
         q.bind(self.status)
             .bind(self.next_at)
@@ -374,6 +380,8 @@ impl Endings {
             .bind(self.error_message)
             .bind(self.error_details_type)
             .bind(self.error_details)
+            .bind(self.outcome)
+            .bind(self.ended_at)
     }
 }
 

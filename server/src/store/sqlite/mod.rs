@@ -16,8 +16,8 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityRow, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome, RunningPage, StatusCounts,
-    Store, rows,
+    ActivityRow, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome,
+    RunningPage, StatusCounts, Store, TypeCounts, rows,
 };
 
 mod raw;
@@ -52,6 +52,11 @@ fn migrator() -> Migrator {
             3,
             "headers",
             include_str!("../migrations/sqlite/0003_headers.sql"),
+        ),
+        migration(
+            4,
+            "attempts",
+            include_str!("../migrations/sqlite/0004_attempts.sql"),
         ),
     ])
 }
@@ -173,6 +178,22 @@ impl Store for SqliteStore {
             .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         rows::status_counts(pairs)
+    }
+
+    async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
+        let rows = sqlx::query(sql::HISTORY)
+            .bind(id)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(rows::decode_attempts(rows.iter().map(rows::Sqlx)))
+    }
+
+    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
+        let rows = sqlx::query(sql::TYPE_COUNTS)
+            .bind(now)
+            .fetch_all(&self.readers)
+            .await?;
+        rows::type_counts(rows.iter().map(rows::Sqlx))
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {

@@ -3,8 +3,8 @@
 //! wire enum's numbers: 1 SCHEDULED, 2 RUNNING, 3 COMPLETED, 4 FAILED, 5 CANCELLED.
 
 /// The one `SET` clause of every ending (`change::Ending`), its values bound as
-/// `?1`…`?12` in the order `writer::bind_ending` binds them; each statement's own
-/// parameters start at `?13`.
+/// `?1`…`?14` in the order `writer::bind_ending` binds them; each statement's own
+/// parameters start at `?15`.
 macro_rules! ending {
     () => {
         "status = ?1, next_at = COALESCE(?2, next_at), finished_at = ?3, \
@@ -13,7 +13,8 @@ macro_rules! ending {
          error_type = CASE WHEN ?7 THEN ?9 ELSE error_type END, \
          error_message = CASE WHEN ?7 THEN ?10 ELSE error_message END, \
          error_details_type = CASE WHEN ?7 THEN ?11 ELSE error_details_type END, \
-         error_details = CASE WHEN ?7 THEN ?12 ELSE error_details END"
+         error_details = CASE WHEN ?7 THEN ?12 ELSE error_details END, \
+         attempt_outcome = ?13, attempt_ended_at = ?14"
     };
 }
 
@@ -48,10 +49,11 @@ pub const SELECT_LIGHT_BY_KEY: &str = concat!(
 );
 
 /// Claims up to `?6` due rows of one type: `?1` now, `?2` worker, `?3` lease end,
-/// `?4` namespace, `?5` type.
+/// `?4` namespace, `?5` type, `?7` the worker's identity, `?8` the node.
 pub const CLAIM: &str = concat!(
     "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
-     worker_id = ?2, lease_expires_at = ?3 \
+     worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
+     worker_node = ?8 \
      WHERE id IN (SELECT id FROM activities \
        WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
          AND (expires_at IS NULL OR expires_at > ?1) \
@@ -60,29 +62,29 @@ pub const CLAIM: &str = concat!(
     columns!()
 );
 
-/// Ends attempt `?14` of row `?13`, if it still runs (and, with `?15`, only if its
+/// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
 /// lease expired before then).
 pub const FINISH: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
-    " WHERE id = ?13 AND attempt = ?14 AND status = 2 \
-      AND (?15 IS NULL OR lease_expires_at < ?15)"
+    " WHERE id = ?15 AND attempt = ?16 AND status = 2 \
+      AND (?17 IS NULL OR lease_expires_at < ?17)"
 );
 
-/// Ends row `?13`, which the same transaction found cancellable.
+/// Ends row `?15`, which the same transaction found cancellable.
 pub const CANCEL: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
-    " WHERE id = ?13 RETURNING ",
+    " WHERE id = ?15 RETURNING ",
     columns!()
 );
 
-/// Ends up to `?14` SCHEDULED rows whose schedule-to-close deadline passed by `?13`.
+/// Ends up to `?16` SCHEDULED rows whose schedule-to-close deadline passed by `?15`.
 pub const EXPIRE: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
     " WHERE id IN (SELECT id FROM activities \
-       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?13 LIMIT ?14) \
+       WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?15 LIMIT ?16) \
      RETURNING namespace, workflow_id, activity_id"
 );
 
@@ -145,6 +147,20 @@ pub const LIST: &str = concat!(
 
 pub const STATS: &str =
     "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status";
+
+/// The attempt records of row `?1`, oldest first (columns as `rows::decode_attempt`
+/// reads them).
+pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_node, \
+       started_at, ended_at, outcome, error_kind, error_type, error_message, \
+       error_details_type, error_details \
+     FROM attempts WHERE activity_row = ?1 ORDER BY attempt";
+
+/// Counts by namespace, type, status and whether a SCHEDULED row waits past `?1`
+/// (`rows::type_counts`); only the statuses a backlog is made of.
+pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
+       CASE WHEN status = 1 AND next_at > ?1 THEN 1 ELSE 0 END AS later, COUNT(*) \
+     FROM activities WHERE status IN (1, 2, 4) \
+     GROUP BY namespace, activity_type, status, later";
 
 pub const RUNNING: &str = concat!(
     "SELECT ",

@@ -295,7 +295,9 @@ fn claim_rows(
             .bind(&claim.lease_expires_at)
             .bind(&*claim.namespace)
             .bind(&**activity_type)
-            .bind(&left);
+            .bind(&left)
+            .bind(&*claim.identity)
+            .bind(&*claim.node);
         while q.step().map_err(sqlite)? {
             // An unreadable row stays RUNNING, undelivered, until its lease lapses;
             // it must not stop every other claim.
@@ -308,7 +310,7 @@ fn claim_rows(
     Ok(claimed)
 }
 
-/// Binds an ending's values as `?1`…`?12`, the order of `sql::ending!`.
+/// Binds an ending's values as `?1`…`?14`, the order of `sql::ending!`.
 fn bind_ending<'c>(q: Query<'c>, e: &Ending<'_>) -> Query<'c> {
     let (output_type, output) = e.output_columns();
     let error = e.error;
@@ -325,6 +327,8 @@ fn bind_ending<'c>(q: Query<'c>, e: &Ending<'_>) -> Query<'c> {
         .bind(&error.map(|e| e.message.as_str()))
         .bind(&details.map(|d| d.content_type.as_str()))
         .bind(&details.map(|d| d.data.as_slice()))
+        .bind(&e.outcome.name())
+        .bind(&e.ended_at)
 }
 
 fn cancel(
