@@ -38,6 +38,7 @@
 mod context;
 mod error;
 mod session;
+mod telemetry;
 pub mod testing;
 
 use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -263,6 +264,9 @@ impl Worker {
                 }
                 Err(e) if e.is_permanent() => return Err(e),
                 Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
+            }
+            if !shutdown.is_cancelled() {
+                telemetry::reconnected();
             }
             let jittered = jittered(delay, rand::random());
             tokio::select! {

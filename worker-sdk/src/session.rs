@@ -353,6 +353,7 @@ impl<'a> Loop<'a> {
         );
         let cancel = Arc::new(Cancel::child_of(&self.cancel));
         self.running.insert(key, cancel.clone());
+        crate::telemetry::task_received(&task.activity_type);
         let handler = self.worker.handlers.get(&task.activity_type).cloned();
         let info = Arc::new(ActivityInfo {
             namespace: task.namespace,
@@ -382,6 +383,7 @@ impl<'a> Loop<'a> {
             trace_id = %info.trace_id().unwrap_or_default(),
         );
         spool_proto::trace::join_trace(&span, &info.headers);
+        let cancelled = cancel.token.clone();
         let ctx = ActivityContext::new(
             info,
             cancel,
@@ -398,6 +400,9 @@ impl<'a> Loop<'a> {
                 Some(limit) => limit.clone().acquire_owned().await.ok(),
                 None => None,
             };
+            let activity_type = ctx.info().activity_type.clone();
+            crate::telemetry::handler_started(&activity_type, ctx.info().scheduled_at);
+            let began = std::time::Instant::now();
             let outcome = match handler {
                 Some(handler) => {
                     // A second task, so a panicking handler still yields a result.
@@ -427,6 +432,15 @@ impl<'a> Loop<'a> {
             if let activity_result::Outcome::Error(e) = &outcome {
                 span.in_scope(|| tracing::info!(error_type = %e.r#type, "attempt failed"));
             }
+            crate::telemetry::handler_ended(
+                &activity_type,
+                match &outcome {
+                    activity_result::Outcome::Output(_) => "completed",
+                    _ if cancelled.is_cancelled() => "cancelled",
+                    _ => "failed",
+                },
+                began.elapsed(),
+            );
             let _ = results
                 .send(v1::ActivityResult {
                     workflow_id: task.workflow_id,

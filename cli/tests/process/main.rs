@@ -7,6 +7,7 @@
 mod child;
 mod cli;
 mod clock;
+mod dashboard;
 #[path = "../../../tests/support/fixtures.rs"]
 mod fixtures;
 mod metrics;

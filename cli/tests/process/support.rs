@@ -48,6 +48,11 @@ impl Env {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// A path in this environment's directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
     /// Writes a file in this environment's directory.
     pub fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
         let path = self.dir.path().join(name);
@@ -130,7 +135,7 @@ impl Env {
 
 pub struct ServerProcess {
     child: Child,
-    url: String,
+    pub url: String,
 }
 
 impl ServerProcess {
@@ -320,8 +325,17 @@ pub fn in_process_worker(server: &ServerProcess, activity_type: &str) -> DropGua
 /// (retryable) and completes the third; `poison` fails its first attempt for good
 /// (a dead letter) and completes once re-driven; `echo` answers its input.
 pub fn observed_worker(server: &ServerProcess) -> DropGuard {
+    observed_worker_with_token(server, None)
+}
+
+/// [`observed_worker`] presenting `token`.
+pub fn observed_worker_with_token(server: &ServerProcess, token: Option<&str>) -> DropGuard {
     let stop = CancellationToken::new();
-    let worker = Worker::new(server.url.clone())
+    let mut worker = Worker::new(server.url.clone());
+    if let Some(token) = token {
+        worker = worker.token(token);
+    }
+    let worker = worker
         .identity("observed")
         .activity("flaky", |ctx, _| async move {
             let attempt = ctx.info().attempt;

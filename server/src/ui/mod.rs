@@ -437,6 +437,15 @@ where
 {
     let principal = caller(ui, headers)?;
     writable(ui)?;
+    if !principal.may(Role::Client) {
+        return Err(from_status(
+            Error::PermissionDenied(format!(
+                "this token's role is {}: re-driving and cancelling need client or admin",
+                principal.role().name()
+            ))
+            .into(),
+        ));
+    }
     if body.keys.len() > MAX_BULK {
         return Err(from_status(
             Error::InvalidArgument(format!(

@@ -388,14 +388,14 @@
     const ns = state.namespace, live = liveCheck();
     const bannerSlot = el("div");
     const cards = el("div", { class: "cards" }, el("p", { class: "loading muted" }, "Loading…"));
-    const tbody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
+    const tbody = el("tbody", {}, messageRow(6, "Loading…", "loading muted"));
     const root = el("section", { "data-page": "overview" },
       el("h1", {}, "Overview ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
       bannerSlot, cards,
       el("h2", {}, "Activity types"),
       tableWrap(el("table", { id: "types" },
         thead(["Type", ["Due", "num"], ["Delayed", "num"], ["Running", "num"], ["Failed", "num"],
-          ["Completed", "num"], ["Throughput /min", "num"]]), tbody)));
+          ["Completed /min (this node)", "num"]]), tbody)));
 
     state.refresh = async () => {
       const d = await api("/api/overview?" + qs({ namespace: ns }));
@@ -415,7 +415,7 @@
       const types = d.types || [];
       patch(tbody, [types, d.throughput_minutes], () => types.length
         ? types.map((t) => typeRow(t, d.throughput_minutes))
-        : [messageRow(7, "No activities in this namespace yet.")]);
+        : [messageRow(6, "No activities in this namespace yet.")]);
     };
     return root;
   }
@@ -426,7 +426,7 @@
     return el("tr", { "data-type": t.activity_type },
       el("td", {}, el("a", { href: href("activities", { type: t.activity_type }), "data-focus": "type:" + t.activity_type },
         t.activity_type)),
-      ["due", "delayed", "running", "failed", "completed"].map((k) => el("td", { class: "num" }, fmtNum(t[k]))),
+      ["due", "delayed", "running", "failed"].map((k) => el("td", { class: "num" }, fmtNum(t[k]))),
       el("td", { class: "num throughput", title: `Completions per minute over the last ${minutes || tp.length} minutes, oldest first: ${tp.join(", ")}` },
         el("span", { class: "tp-value" }, fmtNum(last)), " ", sparkline(tp)));
   }
