@@ -1529,6 +1529,40 @@ async fn every_ended_attempt_is_in_the_history(store: &dyn Store, _raw: &Raw) {
         .map(|r| r.outcome)
         .collect();
     assert_eq!(outcomes, ["lost", "timed_out"]);
+
+    // A dead letter re-driven keeps its failed attempt in the history.
+    let redrive = Op::Redrive { key: key("d") };
+    assert!(matches!(
+        one(store, redrive, T0 + 5_000).await,
+        Outcome::Redriven { .. }
+    ));
+    let row = claim(store, &["t"], 1, T0 + 5_000).await.remove(0);
+    assert!(finish(store, &row, output("ok"), T0 + 5_100).await);
+    let records = history(store, "d").await;
+    let summary: Vec<_> = records
+        .iter()
+        .map(|r| {
+            (
+                r.attempt,
+                r.outcome.as_str(),
+                r.ended_at,
+                r.error.as_ref().map(|e| e.r#type.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "lost", Some(T0 + 4_100), Some("WorkerLost")),
+            (
+                2,
+                "timed_out",
+                Some(T0 + 4_300),
+                Some("StartToCloseTimeout")
+            ),
+            (3, "completed", Some(T0 + 5_100), None),
+        ]
+    );
 }
 
 async fn history_is_bounded_and_pruned_with_its_activity(store: &dyn Store, _raw: &Raw) {

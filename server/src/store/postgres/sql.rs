@@ -35,7 +35,8 @@ macro_rules! ending {
          error_details_type = CASE WHEN v.e_set_error THEN v.e_error_details_type \
            ELSE a.error_details_type END, \
          error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END, \
-         attempt_outcome = v.e_outcome, attempt_ended_at = v.e_ended_at"
+         attempt_outcome = CASE WHEN a.status = 2 THEN v.e_outcome ELSE a.attempt_outcome END, \
+         attempt_ended_at = CASE WHEN a.status = 2 THEN v.e_ended_at ELSE a.attempt_ended_at END"
     };
 }
 
@@ -222,11 +223,23 @@ pub const STATS: &str =
     "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status";
 
 /// The attempt records of row `$1`, oldest first (columns as `rows::decode_attempt`
-/// reads them).
+/// reads them): those kept in `attempts`, then the last one, which a finished row
+/// describes itself (see the `0003_attempts` migration).
 pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_node, \
        started_at, ended_at, outcome, error_kind, error_type, error_message, \
        error_details_type, error_details \
-     FROM attempts WHERE activity_row = $1 ORDER BY attempt";
+     FROM attempts WHERE activity_row = $1 \
+     UNION ALL \
+     SELECT attempt, worker_id, worker_identity, worker_node, started_at, attempt_ended_at, \
+       attempt_outcome, CASE WHEN has THEN error_kind END, CASE WHEN has THEN error_type END, \
+       CASE WHEN has THEN error_message END, CASE WHEN has THEN error_details_type END, \
+       CASE WHEN has THEN error_details END \
+     FROM (SELECT a.*, a.attempt_outcome NOT IN ('completed', 'snoozed', 'released') AS has \
+           FROM activities a WHERE a.id = $1 AND a.status >= 3 \
+             AND a.attempt_outcome IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM attempts t \
+                             WHERE t.activity_row = $1 AND t.attempt = a.attempt)) AS last \
+     ORDER BY 1";
 
 /// Counts by namespace, type, status and whether a SCHEDULED row waits past `$1`
 /// (`rows::type_counts`); only the statuses a backlog is made of.

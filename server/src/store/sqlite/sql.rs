@@ -14,7 +14,8 @@ macro_rules! ending {
          error_message = CASE WHEN ?7 THEN ?10 ELSE error_message END, \
          error_details_type = CASE WHEN ?7 THEN ?11 ELSE error_details_type END, \
          error_details = CASE WHEN ?7 THEN ?12 ELSE error_details END, \
-         attempt_outcome = ?13, attempt_ended_at = ?14"
+         attempt_outcome = CASE WHEN status = 2 THEN ?13 ELSE attempt_outcome END, \
+         attempt_ended_at = CASE WHEN status = 2 THEN ?14 ELSE attempt_ended_at END"
     };
 }
 
@@ -149,11 +150,22 @@ pub const STATS: &str =
     "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status";
 
 /// The attempt records of row `?1`, oldest first (columns as `rows::decode_attempt`
-/// reads them).
+/// reads them): those kept in `attempts`, then the last one, which a finished row
+/// describes itself (see the `0004_attempts` migration).
 pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_node, \
        started_at, ended_at, outcome, error_kind, error_type, error_message, \
        error_details_type, error_details \
-     FROM attempts WHERE activity_row = ?1 ORDER BY attempt";
+     FROM attempts WHERE activity_row = ?1 \
+     UNION ALL \
+     SELECT attempt, worker_id, worker_identity, worker_node, started_at, attempt_ended_at, \
+       attempt_outcome, CASE WHEN has THEN error_kind END, CASE WHEN has THEN error_type END, \
+       CASE WHEN has THEN error_message END, CASE WHEN has THEN error_details_type END, \
+       CASE WHEN has THEN error_details END \
+     FROM (SELECT *, attempt_outcome NOT IN ('completed', 'snoozed', 'released') AS has \
+           FROM activities WHERE id = ?1 AND status >= 3 AND attempt_outcome IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM attempts \
+                             WHERE activity_row = ?1 AND attempts.attempt = activities.attempt)) \
+     ORDER BY 1";
 
 /// Counts by namespace, type, status and whether a SCHEDULED row waits past `?1`
 /// (`rows::type_counts`); only the statuses a backlog is made of.

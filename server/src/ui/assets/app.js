@@ -744,19 +744,19 @@
   function pageWorkers() {
     const ns = state.namespace, live = liveCheck();
     const drainState = el("p", { id: "drain-state", class: "loading muted" }, "Loading…");
-    const tbody = el("tbody", {}, messageRow(6, "Loading…", "loading muted"));
+    const tbody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
     const root = el("section", { "data-page": "workers" },
       el("h1", {}, "Workers ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
       drainState,
       tableWrap(el("table", { id: "workers" },
-        thead(["Identity", "Namespace", "Types", "Slots", "Connected", "Last seen"]), tbody)));
+        thead(["Identity", "Node", "Namespace", "Types", "Slots", "Connected", "Last seen"]), tbody)));
 
     state.refresh = async () => {
       const d = await api("/api/workers?" + qs({ namespace: ns }));
       if (!live()) return false;
       showDrainState(drainState, d.draining);
       const ws = d.workers || [];
-      patch(tbody, ws, () => ws.length ? ws.map(workerRow) : [messageRow(6, "No workers connected.")]);
+      patch(tbody, ws, () => ws.length ? ws.map(workerRow) : [messageRow(7, "No workers connected.")]);
     };
     return root;
   }
@@ -776,6 +776,7 @@
       svg("rect", { class: pct >= 100 ? "bar-fill full" : "bar-fill", width: pct.toFixed(1), height: 6, rx: 3 }));
     return el("tr", { "data-worker": w.worker_id },
       el("td", { title: w.worker_id }, w.identity || w.worker_id),
+      el("td", {}, w.node || "—"),
       el("td", {}, w.namespace),
       el("td", { class: "wrap" }, (w.activity_types || []).join(", ")),
       el("td", { class: "slots" }, el("span", { class: "num" }, `${used} / ${max}`), " ", bar),
