@@ -567,6 +567,11 @@ struct ServeArgs {
     /// host name).
     #[arg(long, env = "SPOOL_NODE_NAME")]
     node_name: Option<String>,
+    /// How long a worker whose connection dropped may reconnect and resume its
+    /// session, keeping its running attempts (default: 5s, or half the lease if
+    /// shorter; 0s: attempts are lost at once, as WORKER_LOST).
+    #[arg(long, env = "SPOOL_RESUME_GRACE", value_parser = duration)]
+    resume_grace: Option<Duration>,
     /// How long finished activities are kept.
     #[arg(long, env = "SPOOL_RETENTION", default_value = "7d", value_parser = duration)]
     retention: Duration,
@@ -690,6 +695,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.limits = args.limits.into_limits();
     config.ui_listen = args.ui_listen;
     config.ui_read_only = args.ui_read_only;
+    config.resume_grace = args.resume_grace;
     if let Some(name) = args.node_name.filter(|n| !n.is_empty()) {
         config.node_name = name;
     }

@@ -116,7 +116,14 @@ pub struct Config {
     pub ui_listen: Option<std::net::SocketAddr>,
     /// The dashboard changes nothing, whatever the token (`--ui-read-only`).
     pub ui_read_only: bool,
+    /// How long a worker whose stream dropped may resume its session, keeping its
+    /// attempts (`--resume-grace`); zero: never, its attempts are lost at once.
+    /// `None`: [`DEFAULT_RESUME_GRACE`], or half the lease if that is shorter.
+    pub resume_grace: Option<Duration>,
 }
+
+/// How long a dropped session waits for its worker by default.
+pub const DEFAULT_RESUME_GRACE: Duration = Duration::from_secs(5);
 
 /// The host's name, the default `--node-name`.
 pub fn host_name() -> String {
@@ -156,6 +163,7 @@ impl Config {
             node_name: host_name(),
             ui_listen: None,
             ui_read_only: false,
+            resume_grace: None,
         }
     }
 
@@ -174,6 +182,13 @@ impl Config {
     /// from 20 ms to 1 s.
     pub fn sweep_tick(&self) -> Duration {
         (self.heartbeat_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1))
+    }
+
+    /// How long a dropped session may be resumed: below the lease, so a session
+    /// resumed on another node finds its rows' leases still held.
+    pub fn resume_grace(&self) -> Duration {
+        self.resume_grace
+            .unwrap_or_else(|| DEFAULT_RESUME_GRACE.min(self.lease_timeout / 2))
     }
 
     /// Refuses settings the server cannot run with.
@@ -228,6 +243,16 @@ impl Config {
                     "({}) must be at least twice the liveness sweep's tick ({}, a quarter of --heartbeat-interval, at most 1s)",
                     spool_proto::duration::format(self.lease_timeout),
                     spool_proto::duration::format(self.sweep_tick())
+                ),
+            );
+        }
+        if self.resume_grace() >= self.lease_timeout {
+            return fail(
+                "--resume-grace",
+                format!(
+                    "({}) must be shorter than --lease-timeout ({}): a session is resumed while its attempts' leases hold",
+                    spool_proto::duration::format(self.resume_grace()),
+                    spool_proto::duration::format(self.lease_timeout)
                 ),
             );
         }

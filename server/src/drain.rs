@@ -233,6 +233,7 @@ mod tests {
                 identity: "test".into(),
                 activity_types: vec!["t".into()],
                 max_concurrency: 1,
+                ticket: None,
             },
             0,
             |id| {

@@ -161,6 +161,26 @@ fn describe() {
         "Attempts running on this node's workers."
     );
     describe_gauge!("spool_connections_open", "Open client connections.");
+    describe_counter!(
+        "spool_sessions_detached_total",
+        "Worker streams that dropped with their session kept for a resume (--resume-grace)."
+    );
+    describe_counter!(
+        "spool_sessions_resumed_total",
+        "Worker sessions resumed on a new stream."
+    );
+    describe_counter!(
+        "spool_attempts_reattached_total",
+        "Attempts a resumed session kept: not lost, not retried."
+    );
+    describe_counter!(
+        "spool_tasks_resent_total",
+        "Tasks sent again to a resumed worker that had not received them."
+    );
+    describe_counter!(
+        "spool_resumes_refused_total",
+        "Resumes refused, by reason (unknown_session, bad_ticket, registration_changed)."
+    );
 }
 
 /// The labels of `(namespace, activity_type)`: themselves while under the cap,
@@ -450,4 +470,23 @@ pub mod recent {
             assert_eq!(ring.series(125), [0; MINUTES], "all forgotten");
         }
     }
+}
+
+/// A worker's stream dropped and its session waits for it to resume.
+pub fn session_detached() {
+    metrics::counter!("spool_sessions_detached_total").increment(1);
+}
+
+/// A worker resumed its session: `reattached` attempts it still ran, `resent`
+/// tasks it had not received.
+pub fn session_resumed(reattached: usize, resent: usize) {
+    metrics::counter!("spool_sessions_resumed_total").increment(1);
+    metrics::counter!("spool_attempts_reattached_total").increment(reattached as u64);
+    metrics::counter!("spool_tasks_resent_total").increment(resent as u64);
+}
+
+/// A resume was refused (`reason`: unknown_session, bad_ticket,
+/// registration_changed); the worker got a new session.
+pub fn resume_refused(reason: &'static str) {
+    metrics::counter!("spool_resumes_refused_total", "reason" => reason).increment(1);
 }

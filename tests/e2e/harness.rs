@@ -327,6 +327,7 @@ pub fn hello(types: &[&str], max_concurrency: u32) -> v1::Hello {
         activity_types: types.iter().map(|t| t.to_string()).collect(),
         max_concurrency,
         protocol_version: 1,
+        ..Default::default()
     }
 }
 

@@ -17,6 +17,7 @@ mod limits;
 mod liveness;
 mod multinode;
 mod protocol;
+mod resume;
 mod sdk;
 mod supervision;
 mod tls;

@@ -91,6 +91,27 @@ pub struct Worker {
     on_ack: Option<AckObserver>,
     /// Types whose handlers may run only so many at once, within `max_concurrency`.
     type_limits: HashMap<String, Arc<tokio::sync::Semaphore>>,
+    /// HTTP/2 ping interval and timeout: how fast a dead connection is noticed.
+    keep_alive: (Duration, Duration),
+    /// Whether the worker is connected now, for [`Worker::connection`].
+    connection: Arc<tokio::sync::watch::Sender<Connection>>,
+}
+
+/// Where a worker's connection stands, as [`Worker::connection`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connection {
+    /// Not connected yet, or reconnecting after the stream dropped (running
+    /// handlers go on; their results wait for the next stream).
+    Connecting,
+    /// Serving.
+    Connected {
+        /// The server's id for this worker's session.
+        worker_id: String,
+        /// This stream resumed the one before it: its attempts were kept.
+        resumed: bool,
+    },
+    /// `run` returned.
+    Stopped,
 }
 
 impl Worker {
@@ -111,7 +132,29 @@ impl Worker {
             shutdown_timeout: Duration::from_secs(30),
             on_ack: None,
             type_limits: HashMap::new(),
+            keep_alive: (Duration::from_secs(5), Duration::from_secs(5)),
+            connection: Arc::new(tokio::sync::watch::Sender::new(Connection::Connecting)),
         }
+    }
+
+    /// How often the connection is pinged, and how long an unanswered ping may
+    /// take before the connection counts as dead and the worker reconnects
+    /// (default 5 s and 5 s): keep their sum under three of the server's heartbeat
+    /// intervals, so a black-holed connection is noticed and the session resumed
+    /// before the server gives the worker up as silent.
+    pub fn keep_alive(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.keep_alive = (interval, timeout);
+        self
+    }
+
+    /// Watches the connection: connecting, connected (and whether the session was
+    /// resumed), stopped. Take it before `run`.
+    pub fn connection(&self) -> tokio::sync::watch::Receiver<Connection> {
+        self.connection.subscribe()
+    }
+
+    pub(crate) fn set_connection(&self, state: Connection) {
+        self.connection.send_replace(state);
     }
 
     /// The namespace whose activities this worker runs (default: the default one).
@@ -252,18 +295,31 @@ impl Worker {
             return Err(Error::NoHandlers);
         }
         let mut delay = self.reconnect_min;
+        // Survives each stream: a reconnect resumes the session, handlers running on.
+        let mut carry = session::Carry::new(&self);
+        let mut tries: u32 = 0;
         while !shutdown.is_cancelled() {
-            match session::run(&self, &shutdown).await {
+            let ended = session::run(&self, &mut carry, &shutdown).await;
+            self.set_connection(Connection::Connecting);
+            match ended {
                 Ok(session::Ended { welcomed }) => {
                     if welcomed {
                         delay = self.reconnect_min;
+                        tries = 0;
                     }
                     if !shutdown.is_cancelled() {
                         tracing::info!("session ended; reconnecting");
                     }
                 }
-                Err(e) if e.is_permanent() => return Err(e),
-                Err(e) => tracing::warn!(error = %e, "session failed; reconnecting in {delay:?}"),
+                Err(e) if e.is_permanent() => {
+                    carry.stop();
+                    self.set_connection(Connection::Stopped);
+                    return Err(e);
+                }
+                Err(e) => {
+                    tries += 1;
+                    tracing::warn!(error = %e, try_number = tries, "session failed; reconnecting in {delay:?}");
+                }
             }
             if !shutdown.is_cancelled() {
                 telemetry::reconnected();
@@ -275,6 +331,8 @@ impl Worker {
             }
             delay = doubled(delay, self.reconnect_max);
         }
+        carry.stop();
+        self.set_connection(Connection::Stopped);
         tracing::info!("stopped");
         Ok(())
     }

@@ -1,5 +1,9 @@
 //! One connection's life: `Hello`, `Welcome`, then tasks in and results out until
-//! the stream ends.
+//! the stream ends; and what outlives it ([`Carry`]), so a dropped stream costs
+//! nothing: the next `Hello` resumes the session with its ticket, handlers keep
+//! running through the reconnect, and every result the server did not acknowledge
+//! is sent again (results are fenced by attempt, so a second copy is refused, never
+//! recorded twice).
 //!
 //! The loop owns the only sender of the outbound stream; handlers report through
 //! channels the loop drains, so closing the stream is dropping that one sender.
@@ -44,13 +48,85 @@ pub(crate) struct Ended {
     pub welcomed: bool,
 }
 
+/// What outlives one stream of a worker: its running handlers, results not yet
+/// acknowledged, and the ticket that resumes its session.
+pub(crate) struct Carry {
+    /// Attempts running now, with the cancellation their handler watches.
+    running: HashMap<AttemptKey, Arc<Cancel>>,
+    /// Parent of every handler's token: cancelled when the worker is done for.
+    cancel: CancellationToken,
+    /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
+    results: (
+        mpsc::Sender<v1::ActivityResult>,
+        mpsc::Receiver<v1::ActivityResult>,
+    ),
+    /// Handlers' heartbeats; full means the newest ones are dropped.
+    heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
+    /// Results sent and not yet acknowledged: sent again after a resume.
+    unacked: HashMap<AttemptKey, v1::ActivityResult>,
+    /// The session to resume, and its ticket (`Welcome.worker_id`, `resume_token`).
+    resume: Option<(String, String)>,
+}
+
+impl Carry {
+    pub(crate) fn new(worker: &Worker) -> Self {
+        let capacity = 2 * worker.max_concurrency as usize + 64;
+        Self {
+            running: HashMap::new(),
+            // Not a child of `shutdown`: a worker shutting down lets running handlers
+            // finish (up to its shutdown timeout) before it tells them to stop.
+            cancel: CancellationToken::new(),
+            results: mpsc::channel(capacity),
+            heartbeats: mpsc::channel(256),
+            unacked: HashMap::new(),
+            resume: None,
+        }
+    }
+
+    /// The attempts this worker still has, for a resuming `Hello`.
+    fn held(&self) -> Vec<v1::AttemptRef> {
+        self.running
+            .keys()
+            .chain(self.unacked.keys())
+            .map(|(workflow_id, activity_id, attempt)| v1::AttemptRef {
+                workflow_id: workflow_id.clone(),
+                activity_id: activity_id.clone(),
+                attempt: *attempt,
+            })
+            .collect()
+    }
+
+    /// The server started a new session instead of resuming ours: what ran under
+    /// the old one is no longer this worker's. Handlers are told to stop; their
+    /// results, if they still come, are refused.
+    fn forget(&mut self, why: &str) {
+        for cancel in self.running.values() {
+            cancel.cancel(CancelReason::EndedElsewhere(format!(
+                "the server did not resume this worker's session: {why}"
+            )));
+        }
+        self.unacked.clear();
+    }
+
+    /// Every handler is told to stop: the worker stops for good.
+    pub(crate) fn stop(&self) {
+        self.cancel.cancel();
+    }
+}
+
 type AttemptKey = (String, String, u32);
 
-pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result<Ended, Error> {
+pub(crate) async fn run(
+    worker: &Worker,
+    carry: &mut Carry,
+    shutdown: &CancellationToken,
+) -> Result<Ended, Error> {
+    // A black-holed connection is noticed by its pings going unanswered, well
+    // before the server counts this worker silent (three heartbeat intervals).
     let endpoint = spool_proto::endpoint::endpoint(&worker.endpoint, &worker.tls)
         .map_err(|e| Error::InvalidEndpoint(e.to_string()))?
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(worker.keep_alive.0)
+        .keep_alive_timeout(worker.keep_alive.1)
         .keep_alive_while_idle(true);
     let channel = tokio::select! {
         c = endpoint.connect() => c?,
@@ -76,15 +152,19 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         .max_encoding_message_size(usize::MAX);
 
     let capacity = 2 * worker.max_concurrency as usize + 64;
-    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity);
+    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity + carry.unacked.len());
     let mut activity_types: Vec<String> = worker.handlers.keys().cloned().collect();
     activity_types.sort();
+    let (resume_worker_id, resume_token) = carry.resume.clone().unwrap_or_default();
     let hello = worker_message::Message::Hello(v1::Hello {
         namespace: worker.namespace.clone(),
         identity: worker.identity.clone(),
         activity_types,
         max_concurrency: worker.max_concurrency,
         protocol_version: 1,
+        resume_worker_id,
+        resume_token,
+        held: carry.held(),
     });
     out_tx
         .send(WorkerMessage {
@@ -113,15 +193,41 @@ pub(crate) async fn run(worker: &Worker, shutdown: &CancellationToken) -> Result
         }
         Err(status) => return Err(Error::Rejected(status)),
     };
-    tracing::info!(worker_id = %welcome.worker_id, "connected");
+    if welcome.resumed {
+        tracing::info!(worker_id = %welcome.worker_id, running = carry.running.len(), unacknowledged = carry.unacked.len(), "reconnected: session resumed");
+    } else {
+        if carry.resume.is_some() && !(carry.running.is_empty() && carry.unacked.is_empty()) {
+            let why = if welcome.resume_refused.is_empty() {
+                "the server cannot resume sessions"
+            } else {
+                welcome.resume_refused.as_str()
+            };
+            tracing::warn!(worker_id = %welcome.worker_id, running = carry.running.len(), "connected with a new session ({why}): the attempts of the old one are lost to this worker");
+            carry.forget(why);
+        }
+        tracing::info!(worker_id = %welcome.worker_id, "connected");
+    }
+    worker.set_connection(crate::Connection::Connected {
+        worker_id: welcome.worker_id.clone(),
+        resumed: welcome.resumed,
+    });
+    carry.resume = (!welcome.resume_token.is_empty())
+        .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
     let interval = duration::from_proto(welcome.heartbeat_interval.as_ref())
         .ok()
         .flatten()
         .filter(|d| !d.is_zero())
         .unwrap_or(Duration::from_secs(5));
 
-    let mut session = Loop::new(worker, out_tx, capacity);
+    let mut session = Loop::new(worker, out_tx, carry);
     session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
+    if welcome.resumed {
+        // Results the server may not have: an ack was not seen for them.
+        let unacked: Vec<v1::ActivityResult> = session.carry.unacked.values().cloned().collect();
+        for result in unacked {
+            session.send(worker_message::Message::Result(result)).await;
+        }
+    }
     session.serve(&mut inbound, interval, shutdown).await
 }
 
@@ -129,22 +235,16 @@ struct Loop<'a> {
     worker: &'a Worker,
     /// The only sender of the outbound stream; `None` once we stopped sending.
     out: Option<mpsc::Sender<WorkerMessage>>,
-    /// Attempts running now, with the cancellation their handler watches.
-    running: HashMap<AttemptKey, Arc<Cancel>>,
-    /// Parent of every handler's token: cancelled when this session is done for.
-    cancel: CancellationToken,
-    /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
-    results: (
-        mpsc::Sender<v1::ActivityResult>,
-        mpsc::Receiver<v1::ActivityResult>,
-    ),
-    /// Handlers' heartbeats; full means the newest ones are dropped.
-    heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
+    /// What outlives this stream.
+    carry: &'a mut Carry,
     /// Taking no new work (shutdown, or the server's drain).
     stopping: bool,
     /// The server said no task is on its way any more (Drain), or did not answer
     /// our Goodbye in time.
     drained: bool,
+    /// This worker is shutting down (not a server's drain): at the end, whatever
+    /// still runs is told to stop.
+    shutting_down: bool,
     /// The largest payload the server takes (0: it did not say); a larger one would
     /// end the session, so it is never sent.
     max_payload: usize,
@@ -163,19 +263,15 @@ const GOODBYE_WAIT: Duration = Duration::from_secs(2);
 const AFTER_CANCEL: Duration = Duration::from_secs(2);
 
 impl<'a> Loop<'a> {
-    fn new(worker: &'a Worker, out: mpsc::Sender<WorkerMessage>, capacity: usize) -> Self {
+    fn new(worker: &'a Worker, out: mpsc::Sender<WorkerMessage>, carry: &'a mut Carry) -> Self {
         Self {
             worker,
             out: Some(out),
-            running: HashMap::new(),
-            // Not a child of `shutdown`: a worker shutting down lets running handlers
-            // finish (up to its shutdown timeout) before it tells them to stop.
-            cancel: CancellationToken::new(),
+            carry,
             stopping: false,
             drained: false,
+            shutting_down: false,
             max_payload: 0,
-            results: mpsc::channel(capacity),
-            heartbeats: mpsc::channel(256),
         }
     }
 
@@ -204,7 +300,8 @@ impl<'a> Loop<'a> {
         // that does not answer (an older one) is waited for this long.
         let mut goodbye_wait: Option<tokio::time::Instant> = None;
         let ended = loop {
-            if self.stopping && self.running.is_empty() && self.drained && self.out.is_some() {
+            if self.stopping && self.carry.running.is_empty() && self.drained && self.out.is_some()
+            {
                 // Everything answered: stop sending, then read until the server
                 // closes so acks still in flight are not lost.
                 self.out = None;
@@ -213,7 +310,7 @@ impl<'a> Loop<'a> {
                 message = inbound.next() => match message.transpose() {
                     Ok(Some(ServerMessage { message: Some(server_message::Message::Drain(drain)) })) => {
                         if drain.deadline.is_some() {
-                            tracing::info!(running = self.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
+                            tracing::info!(running = self.carry.running.len(), deadline = ?drain.deadline, "server draining: finishing running activities, then reconnecting");
                         }
                         self.stopping = true;
                         self.drained = true;
@@ -223,18 +320,21 @@ impl<'a> Loop<'a> {
                     Ok(None) => break Ok(Ended { welcomed: true }),
                     Err(status) => break Err(Error::Rejected(status)),
                 },
-                Some(result) = self.results.1.recv() => {
-                    self.running.remove(&(result.workflow_id.clone(), result.activity_id.clone(), result.attempt));
+                Some(result) = self.carry.results.1.recv() => {
+                    let key = (result.workflow_id.clone(), result.activity_id.clone(), result.attempt);
+                    self.carry.running.remove(&key);
+                    // Kept until acknowledged: after a resume it is sent again.
+                    self.carry.unacked.insert(key, result.clone());
                     self.send(worker_message::Message::Result(result)).await;
                 }
-                Some(heartbeat) = self.heartbeats.1.recv() => {
+                Some(heartbeat) = self.carry.heartbeats.1.recv() => {
                     // Coalesce: of the heartbeats queued now, only each attempt's
                     // latest is sent.
                     let mut latest: HashMap<AttemptKey, v1::Heartbeat> = HashMap::new();
                     let mut next = Some(heartbeat);
                     while let Some(beat) = next {
                         latest.insert((beat.workflow_id.clone(), beat.activity_id.clone(), beat.attempt), beat);
-                        next = self.heartbeats.1.try_recv().ok();
+                        next = self.carry.heartbeats.1.try_recv().ok();
                     }
                     for mut beat in latest.into_values() {
                         if let Some(d) = &beat.details && too_large(d.data.len(), self.max_payload) {
@@ -248,8 +348,9 @@ impl<'a> Loop<'a> {
                     self.send(worker_message::Message::Heartbeat(v1::Heartbeat::default())).await;
                 }
                 _ = shutdown.cancelled(), if give_up.is_none() => {
-                    tracing::info!(running = self.running.len(), "shutting down: finishing running activities");
+                    tracing::info!(running = self.carry.running.len(), "shutting down: finishing running activities");
                     self.stopping = true;
+                    self.shutting_down = true;
                     give_up = Some(later(self.worker.shutdown_timeout));
                     if !self.drained {
                         self.send(worker_message::Message::Goodbye(v1::Goodbye {})).await;
@@ -262,18 +363,21 @@ impl<'a> Loop<'a> {
                 }
                 _ = sleep_until(give_up), if give_up.is_some() => {
                     if cancelled_handlers {
-                        tracing::warn!(running = self.running.len(), "handlers did not stop; their attempts will be retried elsewhere");
+                        tracing::warn!(running = self.carry.running.len(), "handlers did not stop; their attempts will be retried elsewhere");
                         break Ok(Ended { welcomed: true });
                     }
-                    tracing::warn!(running = self.running.len(), "shutdown timeout: cancelling running activities");
-                    self.cancel.cancel();
+                    tracing::warn!(running = self.carry.running.len(), "shutdown timeout: cancelling running activities");
+                    self.carry.cancel.cancel();
                     cancelled_handlers = true;
                     give_up = Some(later(AFTER_CANCEL));
                 }
             }
         };
-        // Handlers whose results can no longer be delivered are told to stop.
-        self.cancel.cancel();
+        // A worker stopping for good tells what still runs to stop; a dropped stream
+        // leaves handlers running for the next one to resume.
+        if self.shutting_down {
+            self.carry.cancel.cancel();
+        }
         ended
     }
 
@@ -316,14 +420,20 @@ impl<'a> Loop<'a> {
             server_message::Message::Task(task) => self.start(task),
             server_message::Message::Cancel(cancel) => {
                 let reason = CancelReason::from_wire(&cancel);
-                if let Some(running) =
-                    self.running
-                        .get(&(cancel.workflow_id, cancel.activity_id, cancel.attempt))
-                {
+                if let Some(running) = self.carry.running.get(&(
+                    cancel.workflow_id,
+                    cancel.activity_id,
+                    cancel.attempt,
+                )) {
                     running.cancel(reason);
                 }
             }
             server_message::Message::Ack(ack) => {
+                self.carry.unacked.remove(&(
+                    ack.workflow_id.clone(),
+                    ack.activity_id.clone(),
+                    ack.attempt,
+                ));
                 if !ack.accepted {
                     tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
                 }
@@ -351,8 +461,8 @@ impl<'a> Loop<'a> {
             task.activity_id.clone(),
             task.attempt,
         );
-        let cancel = Arc::new(Cancel::child_of(&self.cancel));
-        self.running.insert(key, cancel.clone());
+        let cancel = Arc::new(Cancel::child_of(&self.carry.cancel));
+        self.carry.running.insert(key, cancel.clone());
         crate::telemetry::task_received(&task.activity_type);
         let handler = self.worker.handlers.get(&task.activity_type).cloned();
         let info = Arc::new(ActivityInfo {
@@ -388,9 +498,9 @@ impl<'a> Loop<'a> {
             info,
             cancel,
             task.last_heartbeat_details,
-            self.heartbeats.0.clone(),
+            self.carry.heartbeats.0.clone(),
         );
-        let results = self.results.0.clone();
+        let results = self.carry.results.0.clone();
         let input = task.input.unwrap_or_default();
         let max_payload = self.max_payload;
         let limit = self.worker.type_limits.get(&task.activity_type).cloned();
@@ -536,7 +646,8 @@ mod tests {
         let (to_worker, inbound) = mpsc::channel(64);
         let (out, from_worker) = mpsc::channel(64);
         let shutdown = CancellationToken::new();
-        let mut session = Loop::new(&worker, out, 64);
+        let mut carry = Carry::new(&worker);
+        let mut session = Loop::new(&worker, out, &mut carry);
         let mut inbound = ReceiverStream::new(inbound);
         let serve = session.serve(&mut inbound, Duration::from_secs(1), &shutdown);
         let harness = Harness {

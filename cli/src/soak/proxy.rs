@@ -1,14 +1,25 @@
 //! A TCP proxy between workers and nodes, the way a load balancer sits there: each
 //! connection goes to the next node that accepts it. `cut` resets every open
-//! connection at once (a network cut as both ends see it), and new connections
-//! are taken again right away.
+//! connection at once (a network cut as both ends see it); `down` refuses new
+//! connections until `up`; `stall` black-holes the connections open now (their
+//! bytes are held, nothing is closed: a dead NAT entry) until a cut, while new
+//! connections flow.
+//!
+//! The soak (`spool soak`) and the session-resume tests use it.
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
 use tokio_util::sync::CancellationToken;
 
 pub struct Proxy {
@@ -19,8 +30,30 @@ pub struct Proxy {
 
 struct Shared {
     backends: Vec<SocketAddr>,
-    /// Cancelled to reset every connection open now; replaced by a fresh one.
-    generation: Mutex<CancellationToken>,
+    /// What a cut cancels (every connection since the last cut), and the
+    /// connections opened since the last cut or stall.
+    generation: Mutex<(CancellationToken, Generation)>,
+    /// New connections are reset at once while set.
+    down: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Generation {
+    /// Cancelled to reset the connections (a cut resets every generation).
+    cut: CancellationToken,
+    /// The connections relay nothing once true. Shared with each connection, which
+    /// must keep it alive after a new generation replaces this one.
+    stalled: Arc<watch::Sender<bool>>,
+}
+
+impl Generation {
+    /// A generation reset when `root` is cancelled.
+    fn under(root: &CancellationToken) -> Self {
+        Self {
+            cut: root.child_token(),
+            stalled: Arc::new(watch::Sender::new(false)),
+        }
+    }
 }
 
 impl Proxy {
@@ -29,18 +62,47 @@ impl Proxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             backends,
-            generation: Mutex::new(CancellationToken::new()),
+            generation: Mutex::new({
+                let root = CancellationToken::new();
+                let first = Generation::under(&root);
+                (root, first)
+            }),
+            down: AtomicBool::new(false),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept(listener, shared.clone(), stop.clone()));
         Ok(Proxy { addr, shared, stop })
     }
 
-    /// Resets every connection open now.
+    /// Resets every connection open now, stalled ones included.
     pub fn cut(&self) {
         if let Ok(mut generation) = self.shared.generation.lock() {
-            generation.cancel();
-            *generation = CancellationToken::new();
+            generation.0.cancel();
+            let root = CancellationToken::new();
+            let next = Generation::under(&root);
+            *generation = (root, next);
+        }
+    }
+
+    /// Refuses (resets) every new connection until [`Proxy::up`].
+    #[allow(dead_code)]
+    pub fn down(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes new connections again.
+    #[allow(dead_code)]
+    pub fn up(&self) {
+        self.shared.down.store(false, Ordering::SeqCst);
+    }
+
+    /// Holds every byte of the connections open now, closing nothing; new
+    /// connections flow. A later cut resets the stalled ones too.
+    #[allow(dead_code)]
+    pub fn stall(&self) {
+        if let Ok(mut generation) = self.shared.generation.lock() {
+            generation.1.stalled.send_replace(true);
+            generation.1 = Generation::under(&generation.0);
         }
     }
 }
@@ -62,11 +124,20 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             },
             _ = stop.cancelled() => return,
         };
+        if shared.down.load(Ordering::SeqCst) {
+            let _ = inbound.set_zero_linger();
+            continue;
+        }
         let generation = match shared.generation.lock() {
-            Ok(g) => g.clone(),
+            Ok(g) => g.1.clone(),
             Err(_) => return,
         };
         let backends = shared.backends.clone();
+        let Generation {
+            cut: generation,
+            stalled: stall_sender,
+        } = generation;
+        let stalled = stall_sender.subscribe();
         let first = next;
         next = next.wrapping_add(1);
         tokio::spawn(async move {
@@ -75,7 +146,8 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             for i in 0..backends.len() {
                 let backend = backends[(first + i) % backends.len()];
                 if let Ok(outbound) = TcpStream::connect(backend).await {
-                    relay(inbound, outbound, generation).await;
+                    relay(inbound, outbound, generation, stalled).await;
+                    drop(stall_sender);
                     return;
                 }
             }
@@ -83,15 +155,45 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
     }
 }
 
-async fn relay(mut inbound: TcpStream, mut outbound: TcpStream, cut: CancellationToken) {
+async fn relay(
+    inbound: TcpStream,
+    outbound: TcpStream,
+    cut: CancellationToken,
+    stalled: watch::Receiver<bool>,
+) {
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
+    let (mut in_read, mut in_write) = inbound.into_split();
+    let (mut out_read, mut out_write) = outbound.into_split();
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-        _ = cut.cancelled() => {
-            // A zero linger turns the close into a reset on both sides.
-            let _ = inbound.set_zero_linger();
-            let _ = outbound.set_zero_linger();
+        _ = pump(&mut in_read, &mut out_write, stalled.clone()) => {}
+        _ = pump(&mut out_read, &mut in_write, stalled) => {}
+        _ = cut.cancelled() => {}
+    }
+    // A zero linger turns the close into a reset on both sides.
+    if let (Ok(a), Ok(b)) = (in_read.reunite(in_write), out_read.reunite(out_write)) {
+        let _ = a.set_zero_linger();
+        let _ = b.set_zero_linger();
+    }
+}
+
+/// Copies one direction, holding what it read while the proxy is stalled.
+async fn pump(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if stalled.wait_for(|s| !*s).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
         }
     }
 }

@@ -361,7 +361,27 @@ pub fn hello(hello: v1::Hello, max_concurrency: u32) -> Result<Registration, Err
         identity: hello.identity,
         activity_types: types,
         max_concurrency: hello.max_concurrency.clamp(1, max_concurrency.max(1)),
+        ticket: None,
     })
+}
+
+/// The most attempts a resuming `Hello` may say it holds.
+pub const MAX_HELD: usize = 100_000;
+
+/// The attempts a resuming worker says it holds, as the registry keys them.
+pub fn held(
+    held: Vec<v1::AttemptRef>,
+) -> Result<std::collections::HashSet<crate::dispatch::registry::AttemptKey>, Error> {
+    if held.len() > MAX_HELD {
+        return Err(invalid(format!(
+            "Hello.held lists {} attempts; at most {MAX_HELD}",
+            held.len()
+        )));
+    }
+    Ok(held
+        .into_iter()
+        .map(|a| (a.workflow_id, a.activity_id, a.attempt))
+        .collect())
 }
 
 /// A worker's text as it will be stored: control characters (tab and line breaks

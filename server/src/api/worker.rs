@@ -40,7 +40,7 @@ use super::{
 };
 use crate::dispatch::Core;
 use crate::{
-    dispatch::registry::{ACK_WINDOW, Answer, Outgoing},
+    dispatch::registry::{ACK_WINDOW, Answer, Outgoing, Resumption, Ticket},
     lifecycle,
     store::Attempt,
     store::{ActivityError, HeartbeatDetails, Op, Outcome, Transition},
@@ -143,24 +143,75 @@ impl WorkerService for WorkerApi {
             }
         };
         let mut inbound = request.into_inner();
-        let hello = handshake(&mut inbound).await?;
-        let registration = validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
+        let mut hello = handshake(&mut inbound).await?;
+        let resume = (!hello.resume_worker_id.is_empty()).then(|| {
+            (
+                std::mem::take(&mut hello.resume_worker_id),
+                std::mem::take(&mut hello.resume_token),
+            )
+        });
+        let held = validate::held(std::mem::take(&mut hello.held))?;
+        let mut registration =
+            validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
         authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
+        let grace = self.core.config.resume_grace();
+        let ticket = match &principal {
+            Some(p) if !grace.is_zero() => Some(Ticket::new(p.caller().clone())),
+            _ => None,
+        };
+        let secret = ticket
+            .as_ref()
+            .map(|t| t.secret.clone())
+            .unwrap_or_default();
+        registration.ticket = ticket;
         let heartbeat_interval = self.core.config.heartbeat_interval;
         let max_payload_bytes = self.core.config.max_payload_bytes;
         let granted = registration.max_concurrency;
+        let welcome = |id: &str, resumed: bool, refused: &str| {
+            server_message::Message::Welcome(v1::Welcome {
+                worker_id: id.to_owned(),
+                heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
+                protocol_version: 1,
+                max_concurrency: granted,
+                max_payload_bytes: max_payload_bytes as u64,
+                resume_token: secret.clone(),
+                resume_grace: (!secret.is_empty()).then(|| duration::to_proto(grace)),
+                resumed,
+                resume_refused: refused.to_owned(),
+            })
+        };
+        let mut refused = None;
+        if let Some((old_id, old_secret)) = resume {
+            match self.core.registry.resume_session(
+                &old_id,
+                &old_secret,
+                &registration,
+                &held,
+                |id| welcome(id, true, ""),
+            ) {
+                Ok(resumed) => {
+                    crate::metrics::session_resumed(resumed.reattached, resumed.resend.len());
+                    tracing::info!(
+                        worker_id = %old_id,
+                        reattached = resumed.reattached,
+                        resent = resumed.resend.len(),
+                        cancelled = resumed.cancels.len(),
+                        "worker resumed its session"
+                    );
+                    return Ok(self.start_session(old_id.into(), resumed, place, inbound));
+                }
+                Err(why) => {
+                    crate::metrics::resume_refused(why.reason());
+                    tracing::warn!(worker_id = %old_id, reason = why.reason(), "resume refused: {}; a new session starts", why.explain());
+                    refused = Some(why);
+                }
+            }
+        }
+        let refused = refused.map_or("", |r| r.explain());
         let (worker_id, tx, rx, evict) =
             self.core
                 .registry
-                .register(registration, now_millis(), |id| {
-                    server_message::Message::Welcome(v1::Welcome {
-                        worker_id: id.to_owned(),
-                        heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
-                        protocol_version: 1,
-                        max_concurrency: granted,
-                        max_payload_bytes: max_payload_bytes as u64,
-                    })
-                });
+                .register(registration, now_millis(), |id| welcome(id, false, refused));
         tracing::info!(%worker_id, "worker connected");
         let session = Session {
             core: self.core.clone(),
@@ -175,6 +226,61 @@ impl WorkerService for WorkerApi {
         // Dropping each `Outgoing` as it is sent returns its ack permit.
         let outbound = ReceiverStream::new(rx).map(|out| out.message);
         Ok(Response::new(Box::pin(outbound)))
+    }
+}
+
+impl WorkerApi {
+    /// Runs a resumed session on its new stream: first the tasks the worker never
+    /// got (read again from the store) and the cancels it must hear again.
+    fn start_session(
+        &self,
+        worker_id: Arc<str>,
+        resumed: Resumption,
+        place: SessionPlace,
+        inbound: Streaming<WorkerMessage>,
+    ) -> Response<SessionStream> {
+        let Resumption {
+            tx,
+            rx,
+            evict,
+            resend,
+            cancels,
+            ..
+        } = resumed;
+        for cancel in cancels {
+            let _ = tx.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+        }
+        if !resend.is_empty() {
+            let (core, tx) = (self.core.clone(), tx.clone());
+            self.tracker.spawn(async move {
+                for attempt in resend {
+                    match core.store.get(&attempt.key).await {
+                        Ok(Some(row))
+                            if row.attempt == attempt.attempt
+                                && row.status == crate::store::ActivityStatus::Running =>
+                        {
+                            let task = crate::wire::task(row, &attempt);
+                            let _ = tx.try_send(Outgoing::message(server_message::Message::Task(task)));
+                        }
+                        // Ended meanwhile: the registry hears of it from its commit.
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, activity_id = %attempt.key.activity_id, "cannot read a task to send again; its attempt ends with its timeout or lease"),
+                    }
+                }
+            });
+        }
+        let session = Session {
+            core: self.core.clone(),
+            worker_id,
+            tx,
+            window: Arc::new(Semaphore::new(ACK_WINDOW)),
+            evict,
+            _place: place,
+        };
+        self.tracker
+            .spawn(session.run(inbound, self.shutdown.clone()));
+        let outbound = ReceiverStream::new(rx).map(|out| out.message);
+        Response::new(Box::pin(outbound))
     }
 }
 
@@ -210,8 +316,14 @@ where
 
 /// How a session ended, which decides the fate of the attempts it held.
 enum End {
-    /// The worker went away (stream ended or broke): its attempts are lost.
+    /// The stream ended or broke: the worker may resume the session within the
+    /// grace; if it does not, its attempts are lost.
+    Dropped(String),
+    /// The worker was evicted as silent, or broke the protocol: its attempts are
+    /// lost now.
     Lost(String),
+    /// A resumed stream took the session over: nothing of it is this stream's.
+    Superseded,
     /// The server is shutting down: its attempts go back to SCHEDULED, uncounted.
     Shutdown,
 }
@@ -308,8 +420,10 @@ impl Session {
                 }
                 // A message kind this server does not know (a newer worker): skip it.
                 Ok(Some(WorkerMessage { message: None })) => {}
-                Ok(None) => break End::Lost("the worker closed its stream".to_owned()),
-                Err(status) => break End::Lost(format!("the stream broke: {}", status.message())),
+                Ok(None) => break End::Dropped("the worker closed its stream".to_owned()),
+                Err(status) => {
+                    break End::Dropped(format!("the stream broke: {}", status.message()));
+                }
             }
         };
         // Results already read are still committed; their acks go out only if the
@@ -320,8 +434,12 @@ impl Session {
         let _ = forwarder.await;
     }
 
-    /// Tells a worker the sweep found silent why its stream ends.
+    /// Tells a worker the sweep found silent why its stream ends (unless a resumed
+    /// stream took the session over: then this one just ends).
     fn evicted(&self) -> End {
+        if !self.core.registry.owns(&self.worker_id, &self.tx) {
+            return End::Superseded;
+        }
         let why = format!(
             "no message for 3 heartbeat intervals ({} each)",
             duration::format(self.core.config.heartbeat_interval)
@@ -415,14 +533,26 @@ impl Session {
     }
 
     async fn finish(self, end: End) {
+        let grace = self.core.config.resume_grace();
+        if let End::Dropped(why) = &end
+            && self.core.registry.detach(&self.worker_id, &self.tx, grace)
+        {
+            crate::metrics::session_detached();
+            tracing::info!(worker_id = %self.worker_id, grace = %duration::format(grace), "worker stream dropped ({why}): its attempts wait for it to resume");
+            return;
+        }
+        if matches!(end, End::Superseded) || !self.core.registry.owns(&self.worker_id, &self.tx) {
+            tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
+            return;
+        }
         let attempts = self.core.registry.unregister(&self.worker_id);
         let now = self.core.store.now();
         let ops: Vec<Op> = attempts
             .into_iter()
             .map(|attempt| {
                 let transition = match &end {
-                    End::Shutdown => lifecycle::release(&attempt, now),
-                    End::Lost(why) => lifecycle::on_failure(
+                    End::Shutdown | End::Superseded => lifecycle::release(&attempt, now),
+                    End::Lost(why) | End::Dropped(why) => lifecycle::on_failure(
                         &attempt,
                         crate::store::server_error(
                             ErrorKind::WorkerLost,
@@ -441,11 +571,11 @@ impl Session {
             })
             .collect();
         match &end {
-            End::Lost(why) => {
+            End::Lost(why) | End::Dropped(why) => {
                 crate::metrics::worker_lost();
                 tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}")
             }
-            End::Shutdown => {
+            End::Shutdown | End::Superseded => {
                 tracing::info!(worker_id = %self.worker_id, released = ops.len(), "session closed by shutdown")
             }
         }

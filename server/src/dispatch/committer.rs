@@ -798,6 +798,7 @@ mod tests {
                 identity: "test".into(),
                 activity_types: vec!["t".into()],
                 max_concurrency: 1_000,
+                ticket: None,
             },
             spool_proto::time::now_millis(),
             |id| {

@@ -143,6 +143,24 @@ fn plan(sweep: Sweep, now: UnixMillis, renew_for: Option<i64>, jitter: f64) -> P
             lease_expired_by: None,
         });
     }
+    for (worker_id, attempts) in sweep.abandoned {
+        tracing::info!(%worker_id, lost = attempts.len(), "worker did not resume its session within the grace: its attempts are lost");
+        crate::metrics::worker_lost();
+        for attempt in attempts {
+            let error = crate::store::server_error(
+                ErrorKind::WorkerLost,
+                "WorkerLost",
+                format!(
+                    "worker {worker_id} dropped its stream and did not resume within the grace"
+                ),
+            );
+            ops.push(Op::Finish {
+                transition: lifecycle::on_failure(&attempt, error, now, jitter),
+                attempt,
+                lease_expired_by: None,
+            });
+        }
+    }
     ops.push(Op::ExpireScheduled { limit: SWEEP_LIMIT });
     let mut renewed_at = None;
     if let Some(lease_ms) = renew_for
@@ -257,10 +275,11 @@ mod tests {
                 details: None,
             }],
             running: vec![(9, 1)],
+            abandoned: vec![("gone".into(), vec![attempt(4, 1, 3)])],
         };
         let Plan { ops, renewed_at } = plan(sweep, 50_000, Some(30_000), 0.5);
         assert!(matches!(ops[0], Op::RecordHeartbeats(_)), "details first");
-        let endings: Vec<(i64, &Transition)> = ops[1..4]
+        let endings: Vec<(i64, &Transition)> = ops[1..5]
             .iter()
             .map(|op| match op {
                 Op::Finish {
@@ -294,9 +313,14 @@ mod tests {
             matches!(endings[2], (3, Transition::Fail { .. })),
             "{endings:?}"
         );
-        assert!(matches!(ops[4], Op::ExpireScheduled { .. }));
-        assert_eq!(renewed_at, Some(5));
-        match &ops[5] {
+        // A worker that did not resume in time: its attempt is lost, and retried.
+        assert!(
+            matches!(endings[3], (4, Transition::Retry { error, .. }) if error.r#type == "WorkerLost"),
+            "{endings:?}"
+        );
+        assert!(matches!(ops[5], Op::ExpireScheduled { .. }));
+        assert_eq!(renewed_at, Some(6));
+        match &ops[6] {
             Op::Renew {
                 attempts,
                 lease_expires_at,

@@ -61,7 +61,7 @@ impl Registry {
                 .workers
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
-                .filter(|w| !w.evict.is_cancelled() && !w.leaving)
+                .filter(|w| !w.evict.is_cancelled() && !w.leaving && w.detached_until.is_none())
                 .map(|w| (w.free(), w.id.clone(), w.identity.clone()))
                 .filter(|(free, ..)| *free > 0)
                 .collect();

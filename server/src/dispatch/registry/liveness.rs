@@ -56,8 +56,15 @@ impl Registry {
     pub fn sweep(&self, now: Instant, silence: Duration) -> Sweep {
         let mut sweep = Sweep::default();
         let mut inner = self.lock();
+        let mut abandoned = Vec::new();
         for worker in inner.workers.values_mut() {
-            if now.saturating_duration_since(worker.last_seen) >= silence
+            // A dropped stream is not silence: its grace decides.
+            if let Some(until) = worker.detached_until {
+                if now >= until {
+                    abandoned.push(worker.id.clone());
+                    continue;
+                }
+            } else if now.saturating_duration_since(worker.last_seen) >= silence
                 && worker.silence_paused == 0
                 && !worker.evict.is_cancelled()
             {
@@ -94,6 +101,10 @@ impl Registry {
             }
         }
         drop(inner);
+        for worker_id in abandoned {
+            let attempts = self.unregister(&worker_id);
+            sweep.abandoned.push((worker_id, attempts));
+        }
         if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {
             // Fewer attempts run now: a drain may be waiting on that.
             self.answered.notify_waiters();

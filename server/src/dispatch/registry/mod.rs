@@ -26,6 +26,7 @@ mod liveness;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use spool_proto::{
@@ -73,6 +74,93 @@ pub struct Registration {
     /// Sorted, without duplicates.
     pub activity_types: Vec<Arc<str>>,
     pub max_concurrency: u32,
+    /// What resumes the session if its stream drops (`None`: it cannot be resumed).
+    pub ticket: Option<Ticket>,
+}
+
+/// A session's claim to its worker after a drop: a secret the worker was given,
+/// valid once, and the token (by its name, never its secret) that opened the
+/// session, which alone may resume it.
+#[derive(Clone)]
+pub struct Ticket {
+    pub secret: String,
+    pub caller: Arc<str>,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("caller", &self.caller)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// A fresh ticket for `caller`: 256 random bits, hex.
+    pub fn new(caller: Arc<str>) -> Self {
+        let bytes: [u8; 32] = rand::random();
+        Self {
+            secret: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            caller,
+        }
+    }
+
+    /// Whether `secret`, presented by `caller`, is this ticket; compared in
+    /// constant time.
+    fn admits(&self, secret: &str, caller: &str) -> bool {
+        let (a, b) = (self.secret.as_bytes(), secret.as_bytes());
+        let same =
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+        same && *self.caller == *caller
+    }
+}
+
+/// Why a resume was refused; the worker starts a new session instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeRefused {
+    /// No such session here: never was, its grace ran out, or it was evicted.
+    Unknown,
+    /// The secret is not the session's current one (forged, or used before), or
+    /// another token presents it.
+    Ticket,
+    /// The Hello names another namespace, other types or other slots.
+    Changed,
+}
+
+impl ResumeRefused {
+    pub fn reason(self) -> &'static str {
+        match self {
+            ResumeRefused::Unknown => "unknown_session",
+            ResumeRefused::Ticket => "bad_ticket",
+            ResumeRefused::Changed => "registration_changed",
+        }
+    }
+
+    pub fn explain(self) -> &'static str {
+        match self {
+            ResumeRefused::Unknown => {
+                "no such session to resume here (its grace ran out, it was evicted, or it never existed)"
+            }
+            ResumeRefused::Ticket => "the resume token is not this session's current one",
+            ResumeRefused::Changed => {
+                "the Hello changed the namespace, the activity types or the slots of the session"
+            }
+        }
+    }
+}
+
+/// A resumed session: its new stream, and what its worker must be told again.
+pub struct Resumption {
+    pub tx: mpsc::Sender<Outgoing>,
+    pub rx: mpsc::Receiver<Outgoing>,
+    pub evict: CancellationToken,
+    /// Attempts the session holds whose task the worker does not have (lost on the
+    /// way): to send again.
+    pub resend: Vec<Arc<Attempt>>,
+    /// Attempts the worker has that the server ended meanwhile: to tell it again.
+    pub cancels: Vec<v1::CancelActivity>,
+    /// Attempts the worker still runs, now this stream's.
+    pub reattached: usize,
 }
 
 /// Whether a worker's result answers an attempt it holds.
@@ -91,7 +179,8 @@ pub enum Answer {
 
 type GroupKey = (Arc<str>, Vec<Arc<str>>);
 
-type AttemptKey = (String, String, u32);
+/// An attempt as a worker names it: `(workflow_id, activity_id, attempt)`.
+pub type AttemptKey = (String, String, u32);
 
 fn attempt_key(workflow_id: &str, activity_id: &str, attempt: u32) -> AttemptKey {
     (workflow_id.to_owned(), activity_id.to_owned(), attempt)
@@ -101,6 +190,8 @@ struct Inflight {
     attempt: Arc<Attempt>,
     /// The server ended the attempt and told the worker to stop.
     cancel_sent: bool,
+    /// What it told the worker, to tell it again after a resume.
+    cancel: Option<v1::CancelActivity>,
     /// When the attempt last reported progress (dispatch time at first).
     last_heartbeat: Instant,
     /// When its timeouts end this attempt.
@@ -119,6 +210,7 @@ impl Inflight {
             deadlines: Deadlines::at_dispatch(&attempt, now, now_wall),
             attempt,
             cancel_sent: false,
+            cancel: None,
             last_heartbeat: now,
             unflushed: None,
             span,
@@ -138,6 +230,9 @@ pub struct Sweep {
     /// Attempts whose lease the caller should extend, `(row id, attempt)`: every
     /// attempt still running.
     pub running: Vec<(i64, u32)>,
+    /// Workers whose stream dropped and that did not resume within the grace, with
+    /// the attempts they held: lost, for the caller to write.
+    pub abandoned: Vec<(Arc<str>, Vec<Arc<Attempt>>)>,
 }
 
 struct Worker {
@@ -165,6 +260,11 @@ struct Worker {
     silence_paused: u32,
     /// The worker said Goodbye: no more claims are planned for it.
     leaving: bool,
+    /// What resumes its session after a drop.
+    ticket: Option<Ticket>,
+    /// Its stream dropped; the session may be resumed until then. No claims are
+    /// planned for it meanwhile, its attempts keep their slots and leases.
+    detached_until: Option<Instant>,
 }
 
 impl Worker {
@@ -287,6 +387,8 @@ impl Registry {
                 evict: evict.clone(),
                 silence_paused: 0,
                 leaving: false,
+                ticket: reg.ticket,
+                detached_until: None,
             },
         );
         drop(inner);
@@ -423,6 +525,126 @@ impl Registry {
     /// Whether a drain stopped dispatch (and until a resume).
     pub fn is_draining(&self) -> bool {
         self.lock().paused
+    }
+
+    /// Whether the session writing to `tx` still owns the worker (a resume hands
+    /// it to a new stream).
+    pub fn owns(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>) -> bool {
+        self.lock()
+            .workers
+            .get(worker_id)
+            .is_some_and(|w| w.outbound.same_channel(tx))
+    }
+
+    /// The stream of the session writing to `tx` dropped: keep the worker, its
+    /// attempts and their slots for `grace`, for the worker to resume. False (and
+    /// nothing kept) when the session cannot be resumed: no grace, no ticket, the
+    /// worker was leaving or evicted, or another stream owns it already.
+    pub fn detach(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>, grace: Duration) -> bool {
+        let mut inner = self.lock();
+        let Some(w) = inner.workers.get_mut(worker_id) else {
+            return false;
+        };
+        if grace.is_zero()
+            || w.ticket.is_none()
+            || w.leaving
+            || w.evict.is_cancelled()
+            || !w.outbound.same_channel(tx)
+        {
+            return false;
+        }
+        w.detached_until = Some(Instant::now() + grace);
+        true
+    }
+
+    /// Hands the session of `worker_id` to a new stream, if `secret` is its ticket,
+    /// presented by the token that opened it, with the same registration. The
+    /// stream that held it (if its drop went unnoticed) is told to end; the ticket
+    /// becomes `next`. `held` are the attempts the worker says it still has.
+    pub fn resume_session(
+        &self,
+        worker_id: &str,
+        secret: &str,
+        reg: &Registration,
+        held: &HashSet<AttemptKey>,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> Result<Resumption, ResumeRefused> {
+        let mut inner = self.lock();
+        let drain = inner.drain.clone();
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return Err(ResumeRefused::Unknown);
+        };
+        if worker.evict.is_cancelled() || worker.leaving {
+            return Err(ResumeRefused::Unknown);
+        }
+        let (Some(ticket), Some(next)) = (&worker.ticket, &reg.ticket) else {
+            return Err(ResumeRefused::Ticket);
+        };
+        if !ticket.admits(secret, &next.caller) {
+            return Err(ResumeRefused::Ticket);
+        }
+        if worker.group.0 != reg.namespace
+            || worker.group.1 != reg.activity_types
+            || worker.max_concurrency != reg.max_concurrency.max(1)
+        {
+            return Err(ResumeRefused::Changed);
+        }
+        let capacity = 2 * worker.max_concurrency as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        if let Some(drain) = drain {
+            let _ = tx.try_send(Outgoing::message(drain));
+        }
+        // The old stream, if it still reads, ends now; it no longer owns the worker.
+        worker.evict.cancel();
+        let evict = CancellationToken::new();
+        worker.evict = evict.clone();
+        worker.outbound = tx.clone();
+        worker.ticket = reg.ticket.clone();
+        worker.detached_until = None;
+        worker.last_seen = Instant::now();
+        worker.identity = reg.identity.as_str().into();
+        let mut resend = Vec::new();
+        let mut cancels = Vec::new();
+        let mut reattached = 0;
+        let mut forgotten = Vec::new();
+        for (key, inflight) in &worker.inflight {
+            let has = held.contains(key);
+            match (&inflight.cancel, has) {
+                (Some(cancel), true) => cancels.push(cancel.clone()),
+                // Ended by the server, and the worker has nothing to answer with:
+                // its slot would never be freed.
+                (Some(_), false) => forgotten.push(key.clone()),
+                (None, true) => reattached += 1,
+                (None, false) => resend.push(inflight.attempt.clone()),
+            }
+        }
+        for key in forgotten {
+            worker.inflight.remove(&key);
+        }
+        for key in held {
+            if !worker.inflight.contains_key(key) {
+                cancels.push(v1::CancelActivity {
+                    workflow_id: key.0.clone(),
+                    activity_id: key.1.clone(),
+                    attempt: key.2,
+                    reason: "the attempt ended while the worker was disconnected".to_owned(),
+                    kind: v1::CancelKind::EndedElsewhere as i32,
+                });
+            }
+        }
+        drop(inner);
+        self.wake.notify_one();
+        self.answered.notify_waiters();
+        Ok(Resumption {
+            tx,
+            rx,
+            evict,
+            resend,
+            cancels,
+            reattached,
+        })
     }
 
     /// The worker takes no more tasks (it said Goodbye).
@@ -605,6 +827,7 @@ impl Inflight {
             reason: reason.to_owned(),
             kind: kind as i32,
         };
+        self.cancel = Some(cancel.clone());
         let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
     }
 }
@@ -629,6 +852,7 @@ mod tests {
             identity: "test".into(),
             activity_types: vec!["t".into()],
             max_concurrency,
+            ticket: None,
         }
     }
 
@@ -656,6 +880,75 @@ mod tests {
             });
         }
         kinds
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_session_is_resumed_only_with_its_ticket_and_only_once() {
+        let registry = Registry::default();
+        let with_ticket = |caller: &str| Registration {
+            ticket: Some(Ticket::new(caller.into())),
+            ..registration(2)
+        };
+        let first = with_ticket("tokens[0]");
+        let secret = first
+            .ticket
+            .as_ref()
+            .map(|t| t.secret.clone())
+            .unwrap_or_default();
+        let (id, tx, _rx, _) = registry.register(first, 0, welcome);
+        let grace = Duration::from_secs(5);
+        assert!(registry.detach(&id, &tx, grace));
+        registry.mark_all_due();
+        assert!(
+            registry.plan_claims(1).is_empty(),
+            "no claims while detached"
+        );
+        let held = HashSet::new();
+        let refused = |caller: &str, secret: &str, reg: Registration| {
+            registry
+                .resume_session(
+                    &id,
+                    secret,
+                    &Registration {
+                        ticket: Some(Ticket {
+                            secret: "next".into(),
+                            caller: caller.into(),
+                        }),
+                        ..reg
+                    },
+                    &held,
+                    welcome,
+                )
+                .err()
+        };
+        assert_eq!(
+            refused("tokens[0]", "forged", registration(2)),
+            Some(ResumeRefused::Ticket)
+        );
+        assert_eq!(
+            refused("tokens[1]", &secret, registration(2)),
+            Some(ResumeRefused::Ticket),
+            "bound to the token that opened it"
+        );
+        assert_eq!(
+            refused("tokens[0]", &secret, registration(3)),
+            Some(ResumeRefused::Changed)
+        );
+        let again = with_ticket("tokens[0]");
+        let resumed = registry.resume_session(&id, &secret, &again, &held, welcome);
+        assert!(resumed.is_ok(), "the right ticket, once");
+        assert_eq!(
+            refused("tokens[0]", &secret, registration(2)),
+            Some(ResumeRefused::Ticket),
+            "the ticket is single-use"
+        );
+        assert!(!registry.owns(&id, &tx), "the old stream lost the session");
+        // Dropped again and never resumed: the sweep loses it after the grace.
+        let new_tx = resumed.map(|r| r.tx).ok();
+        assert!(new_tx.is_some_and(|tx| registry.detach(&id, &tx, grace)));
+        let sweep = registry.sweep(Instant::now() + grace, Duration::from_secs(3600));
+        assert_eq!(sweep.abandoned.len(), 1);
+        assert_eq!(registry.worker_count(), 0);
     }
 
     #[test]

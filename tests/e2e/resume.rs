@@ -1,0 +1,436 @@
+//! Sessions that survive a network blip: a worker whose connection drops resumes
+//! its session within the grace and keeps its attempts (no WORKER_LOST, no second
+//! run); past the grace they are lost as before. Through a TCP proxy in the test
+//! that cuts, refuses or black-holes the worker's connection mid-attempt.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use spool_proto::v1::{self, server_message, worker_message};
+use spool_worker::{Connection, ResultAck, Worker};
+
+use crate::harness::*;
+
+#[path = "../../cli/src/soak/proxy.rs"]
+mod proxy;
+
+/// A server with a resume grace, and a proxy in front of it.
+async fn behind_proxy(grace: Duration, heartbeat: Duration) -> (TestServer, proxy::Proxy) {
+    let server = TestServer::start_with(|c| {
+        c.resume_grace = Some(grace);
+        c.heartbeat_interval = heartbeat;
+    })
+    .await;
+    let addr = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a socket address");
+    let proxy = proxy::Proxy::start(vec![addr]).await.expect("proxy");
+    (server, proxy)
+}
+
+/// How often each attempt's handler ran, and the acks the worker saw.
+#[derive(Clone, Default)]
+struct Seen {
+    runs: Arc<Mutex<Vec<(String, u32)>>>,
+    acks: Arc<Mutex<Vec<ResultAck>>>,
+}
+
+impl Seen {
+    fn runs(&self) -> Vec<(String, u32)> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn accepted(&self, id: &str, attempt: u32) -> usize {
+        self.acks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|a| a.activity_id == id && a.attempt == attempt && a.accepted)
+            .count()
+    }
+
+    fn refused(&self, id: &str, attempt: u32) -> bool {
+        self.acks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|a| a.activity_id == id && a.attempt == attempt && !a.accepted)
+    }
+}
+
+/// A worker through `proxy` whose `slow` handler sleeps the input's `ms`, deaf
+/// to cancellation (work that cannot stop), recording each run.
+fn slow_worker(
+    proxy: &proxy::Proxy,
+    seen: &Seen,
+) -> (RunningWorker, tokio::sync::watch::Receiver<Connection>) {
+    let runs = seen.runs.clone();
+    let acks = seen.acks.clone();
+    let worker = Worker::new(format!("http://{}", proxy.addr))
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
+        .on_ack(move |ack| {
+            acks.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ack.clone())
+        })
+        .activity("slow", move |ctx, input| {
+            let runs = runs.clone();
+            async move {
+                let info = ctx.info().clone();
+                runs.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((info.activity_id.clone(), info.attempt));
+                let ms: serde_json::Value = serde_json::from_slice(&input.data).unwrap_or_default();
+                tokio::time::sleep(Duration::from_millis(ms["ms"].as_u64().unwrap_or(0))).await;
+                spool_worker::json(&serde_json::json!({ "attempt": info.attempt }))
+            }
+        });
+    let connection = worker.connection();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(stop.clone()));
+    (RunningWorker { stop, _task: task }, connection)
+}
+
+/// Stops its worker when dropped.
+struct RunningWorker {
+    stop: tokio_util::sync::CancellationToken,
+    _task: tokio::task::JoinHandle<Result<(), spool_worker::Error>>,
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn slow(activity_id: &str, ms: u64) -> v1::SubmitRequest {
+    v1::SubmitRequest {
+        input: Some(json(serde_json::json!({ "ms": ms }))),
+        retry_policy: fast_retries(5),
+        ..request("slow", "wf", activity_id)
+    }
+}
+
+async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) -> bool {
+    let state = tokio::time::timeout(
+        WAIT,
+        connection.wait_for(|c| matches!(c, Connection::Connected { .. })),
+    )
+    .await
+    .expect("connected in time")
+    .expect("the worker runs")
+    .clone();
+    matches!(state, Connection::Connected { resumed: true, .. })
+}
+
+/// A 3 s activity whose connection is cut at 1 s, and refused for 1 s more:
+/// the worker resumes its session, and attempt 1 completes, run and recorded once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_within_the_grace_costs_nothing() {
+    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    assert!(!connected(&mut connection).await, "a first session");
+    let mut client = server.client().await;
+    submit(&mut client, slow("a", 3_000)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.down();
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.up();
+    assert!(connected(&mut connection).await, "the session was resumed");
+    let done = wait(&mut client, key("wf", "a")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+    assert_eq!(seen.runs(), [("a".to_owned(), 1)], "run once");
+    eventually("the result's ack", || async {
+        (seen.accepted("a", 1) == 1).then_some(())
+    })
+    .await;
+    let history = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "a")),
+            include_history: true,
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .history;
+    assert_eq!(history.len(), 1, "one attempt: {history:?}");
+}
+
+/// The handler finishes while the worker is cut off: its result waits in the
+/// worker and is recorded after the resume, exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_produced_while_disconnected_is_recorded_once() {
+    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    connected(&mut connection).await;
+    let mut client = server.client().await;
+    submit(&mut client, slow("b", 800)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    proxy.down();
+    proxy.cut();
+    // The handler ends 800 ms in, while no connection can be made.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let meanwhile = get(&mut client, key("wf", "b")).await;
+    assert_eq!(
+        status(&meanwhile),
+        v1::ActivityStatus::Running,
+        "waiting for the worker"
+    );
+    proxy.up();
+    let done = wait(&mut client, key("wf", "b")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+    eventually("the result's ack", || async {
+        (seen.accepted("b", 1) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(seen.runs(), [("b".to_owned(), 1)]);
+}
+
+/// A cut longer than the grace: attempt 1 is lost, attempt 2 runs on another
+/// worker, and attempt 1's late result is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refused() {
+    let (server, proxy) = behind_proxy(Duration::from_millis(500), Duration::from_secs(1)).await;
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    connected(&mut connection).await;
+    let mut client = server.client().await;
+    submit(&mut client, slow("c", 2_500)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    let direct = Arc::new(AtomicU32::new(0));
+    let counted = direct.clone();
+    let _other = server.worker(move |w| {
+        w.activity("slow", move |ctx, _| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                spool_worker::json(&serde_json::json!({ "attempt": ctx.info().attempt }))
+            }
+        })
+    });
+    proxy.down();
+    proxy.cut();
+    let done = wait(&mut client, key("wf", "c")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 2)
+    );
+    assert_eq!(
+        done.last_error.map(|e| e.kind),
+        Some(v1::ErrorKind::WorkerLost as i32)
+    );
+    assert_eq!(direct.load(Ordering::SeqCst), 1);
+    proxy.up();
+    // The first worker reconnects with a new session; its attempt 1 finishes and
+    // its result is refused.
+    eventually("attempt 1's late result to be refused", || async {
+        seen.refused("c", 1).then_some(())
+    })
+    .await;
+    let still = get(&mut client, key("wf", "c")).await;
+    assert_eq!(
+        (status(&still), still.attempt),
+        (v1::ActivityStatus::Completed, 2)
+    );
+    assert_eq!(seen.accepted("c", 1), 0);
+}
+
+/// A black-holed connection (bytes held, nothing closed): the worker's pings go
+/// unanswered, it reconnects and resumes before the server would count it silent,
+/// and attempt 1 completes once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_connection_is_detected_and_resumed() {
+    // Silent for three heartbeat intervals (6 s) would be lost; the worker sees
+    // the stall within half a second.
+    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(2)).await;
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    connected(&mut connection).await;
+    let mut client = server.client().await;
+    submit(&mut client, slow("d", 2_000)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    proxy.stall();
+    tokio::time::timeout(
+        WAIT,
+        connection.wait_for(|c| matches!(c, Connection::Connecting)),
+    )
+    .await
+    .expect("the stall noticed in time")
+    .expect("the worker runs");
+    assert!(
+        connected(&mut connection).await,
+        "resumed over a new connection"
+    );
+    let done = wait(&mut client, key("wf", "d")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+    assert_eq!(seen.runs(), [("d".to_owned(), 1)]);
+    proxy.cut();
+}
+
+fn resume_hello(worker_id: &str, token: &str, held: &[(&str, u32)]) -> worker_message::Message {
+    worker_message::Message::Hello(v1::Hello {
+        resume_worker_id: worker_id.to_owned(),
+        resume_token: token.to_owned(),
+        held: held
+            .iter()
+            .map(|(id, attempt)| v1::AttemptRef {
+                workflow_id: "wf".into(),
+                activity_id: (*id).into(),
+                attempt: *attempt,
+            })
+            .collect(),
+        ..hello(&["raw"], 2)
+    })
+}
+
+/// A forged token, and a token used once already, are refused: the worker gets a
+/// new session, and the session they named keeps its attempt.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_and_replayed_resume_tokens_are_refused_and_change_nothing() {
+    let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = (
+        first.welcome.worker_id.clone(),
+        first.welcome.resume_token.clone(),
+    );
+    assert_eq!(token.len(), 64, "256 bits, hex");
+    submit(&mut client, request("raw", "wf", "r")).await;
+    let task = first.task().await;
+
+    let forged = RawWorker::open(
+        &server,
+        resume_hello(&worker_id, &"0".repeat(64), &[("r", 1)]),
+    )
+    .await
+    .expect("a session");
+    assert!(!forged.welcome.resumed);
+    assert_ne!(forged.welcome.worker_id, worker_id, "a new session");
+    assert!(
+        forged.welcome.resume_refused.contains("token"),
+        "{:?}",
+        forged.welcome
+    );
+    drop(forged);
+
+    // The real session still holds its attempt: it completes through it.
+    first.complete(&task, 1).await;
+    assert!(first.ack().await.accepted);
+
+    // Its stream drops; it resumes once with its token...
+    submit(&mut client, request("raw", "wf", "s")).await;
+    let task = first.task().await;
+    drop(first);
+    let mut resumed = RawWorker::open(&server, resume_hello(&worker_id, &token, &[("s", 1)]))
+        .await
+        .expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    assert_eq!(resumed.welcome.worker_id, worker_id);
+    assert_ne!(resumed.welcome.resume_token, token, "a new token each time");
+    // ... and that token, replayed, is refused while the resumed stream goes on.
+    let replay = RawWorker::open(&server, resume_hello(&worker_id, &token, &[("s", 1)]))
+        .await
+        .expect("a session");
+    assert!(!replay.welcome.resumed);
+    drop(replay);
+    resumed.complete(&task, 1).await;
+    assert!(
+        resumed.ack().await.accepted,
+        "the resumed stream's result counts"
+    );
+    let done = wait(&mut client, key("wf", "s")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+}
+
+/// A task dispatched while the worker's stream was down is sent again on the
+/// resumed stream; an attempt the worker still has that the server ended is
+/// cancelled again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
+    let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = (
+        first.welcome.worker_id.clone(),
+        first.welcome.resume_token.clone(),
+    );
+    submit(&mut client, request("raw", "wf", "kept")).await;
+    submit(&mut client, request("raw", "wf", "unseen")).await;
+    let one = first.task().await;
+    let two = first.task().await;
+    let (cancelled, lost) = if one.activity_id == "kept" {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    drop(first);
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", &cancelled.activity_id)),
+            reason: "not needed".into(),
+        })
+        .await
+        .expect("cancel");
+    // The worker says it has the cancelled attempt, not the other one.
+    let mut resumed = RawWorker::open(
+        &server,
+        resume_hello(&worker_id, &token, &[(&cancelled.activity_id, 1)]),
+    )
+    .await
+    .expect("a session");
+    assert!(resumed.welcome.resumed);
+    let (mut resent, mut cancel) = (None, None);
+    while resent.is_none() || cancel.is_none() {
+        match resumed.next().await {
+            server_message::Message::Task(t) => resent = Some(t),
+            server_message::Message::Cancel(c) => cancel = Some(c),
+            other => panic!("expected a task and a cancel, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        resent.map(|t| (t.activity_id, t.attempt)),
+        Some((lost.activity_id.clone(), 1))
+    );
+    assert_eq!(
+        cancel.map(|c| c.activity_id),
+        Some(cancelled.activity_id.clone())
+    );
+    resumed.complete(&lost, 1).await;
+    assert!(resumed.ack().await.accepted);
+}
