@@ -538,15 +538,19 @@ impl Registry {
 
     /// The stream of the session writing to `tx` dropped: keep the worker, its
     /// attempts and their slots for `grace`, for the worker to resume. False (and
-    /// nothing kept) when the session cannot be resumed: no grace, no ticket, the
-    /// worker was leaving or evicted, or another stream owns it already.
+    /// nothing kept) when the session cannot be resumed, or need not be: no grace,
+    /// no ticket, no attempt held, the worker was leaving or evicted, or another
+    /// stream owns it already.
     pub fn detach(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>, grace: Duration) -> bool {
         let mut inner = self.lock();
         let Some(w) = inner.workers.get_mut(worker_id) else {
             return false;
         };
+        // Holding nothing, there is nothing to keep: the worker may simply start a
+        // new session.
         if grace.is_zero()
             || w.ticket.is_none()
+            || w.inflight.is_empty()
             || w.leaving
             || w.evict.is_cancelled()
             || !w.outbound.same_channel(tx)
@@ -897,6 +901,14 @@ mod tests {
             .unwrap_or_default();
         let (id, tx, _rx, _) = registry.register(first, 0, welcome);
         let grace = Duration::from_secs(5);
+        assert!(
+            !registry.detach(&id, &tx, grace),
+            "nothing held, nothing kept"
+        );
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0).remove(0);
+        let row = crate::store::running_row_for_tests(1, "a", &id);
+        assert!(registry.assign(&claim, vec![row]).is_empty());
         assert!(registry.detach(&id, &tx, grace));
         registry.mark_all_due();
         assert!(
@@ -936,7 +948,12 @@ mod tests {
         );
         let again = with_ticket("tokens[0]");
         let resumed = registry.resume_session(&id, &secret, &again, &held, welcome);
-        assert!(resumed.is_ok(), "the right ticket, once");
+        assert!(
+            resumed
+                .as_ref()
+                .is_ok_and(|r| r.resend.len() == 1 && r.reattached == 0),
+            "the right ticket, once; the worker lacks attempt a: sent again"
+        );
         assert_eq!(
             refused("tokens[0]", &secret, registration(2)),
             Some(ResumeRefused::Ticket),
@@ -947,7 +964,15 @@ mod tests {
         let new_tx = resumed.map(|r| r.tx).ok();
         assert!(new_tx.is_some_and(|tx| registry.detach(&id, &tx, grace)));
         let sweep = registry.sweep(Instant::now() + grace, Duration::from_secs(3600));
-        assert_eq!(sweep.abandoned.len(), 1);
+        assert_eq!(
+            sweep
+                .abandoned
+                .iter()
+                .map(|(_, a)| a.len())
+                .collect::<Vec<_>>(),
+            [1],
+            "lost with its attempt"
+        );
         assert_eq!(registry.worker_count(), 0);
     }
 
