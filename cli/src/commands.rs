@@ -355,6 +355,7 @@ impl Commands {
                         "in_flight": w.in_flight,
                         "connected_at": w.connected_at.as_ref().map(format_time),
                         "last_seen_at": w.last_seen_at.as_ref().map(format_time),
+                        "node": w.node,
                     })
                 })
                 .collect();
@@ -367,6 +368,7 @@ impl Commands {
                 vec![
                     w.worker_id.clone(),
                     w.identity.clone(),
+                    w.node.clone(),
                     w.namespace.clone(),
                     w.activity_types.join(","),
                     format!("{}/{}", w.in_flight, w.max_concurrency),
@@ -380,6 +382,7 @@ impl Commands {
                 &[
                     "WORKER_ID",
                     "IDENTITY",
+                    "NODE",
                     "NAMESPACE",
                     "TYPES",
                     "IN_FLIGHT",

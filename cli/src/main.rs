@@ -564,7 +564,7 @@ struct ServeArgs {
     #[arg(long, env = "SPOOL_UI_READ_ONLY")]
     ui_read_only: bool,
     /// This server's name in attempt histories and worker lists (default: the
-    /// host name).
+    /// host name and the port; nodes sharing a database need different names).
     #[arg(long, env = "SPOOL_NODE_NAME")]
     node_name: Option<String>,
     /// How long a worker whose connection dropped may reconnect and resume its
@@ -696,9 +696,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.ui_listen = args.ui_listen;
     config.ui_read_only = args.ui_read_only;
     config.resume_grace = args.resume_grace;
-    if let Some(name) = args.node_name.filter(|n| !n.is_empty()) {
-        config.node_name = name;
-    }
+    config.node_name = args.node_name.filter(|n| !n.is_empty());
     config.tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(spool_server::config::Tls {
             cert,

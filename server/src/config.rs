@@ -110,8 +110,11 @@ pub struct Config {
     /// `None`: plaintext.
     pub tls: Option<Tls>,
     pub limits: Limits,
-    /// This server's name in attempt histories and worker lists (`--node-name`).
-    pub node_name: String,
+    /// This server's name in attempt histories and worker lists (`--node-name`);
+    /// `None`: the host name and the port it listens on. Nodes sharing a database
+    /// must have different names: a node only ends (as lost) the attempts of its
+    /// own sessions.
+    pub node_name: Option<String>,
     /// The web dashboard's address (`--ui-listen`); `None`: no dashboard.
     pub ui_listen: Option<std::net::SocketAddr>,
     /// The dashboard changes nothing, whatever the token (`--ui-read-only`).
@@ -160,7 +163,7 @@ impl Config {
             retry_defaults: RetryDefaults::default(),
             tls: None,
             limits: Limits::default(),
-            node_name: host_name(),
+            node_name: None,
             ui_listen: None,
             ui_read_only: false,
             resume_grace: None,

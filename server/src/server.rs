@@ -123,7 +123,11 @@ async fn serve(
     // another node makes from now on goes unheard.
     let remote = store.subscribe().await?;
 
-    let registry = Arc::new(Registry::new(&config.node_name));
+    let node_name = config.node_name.clone().unwrap_or_else(|| {
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        format!("{}:{port}", crate::config::host_name())
+    });
+    let registry = Arc::new(Registry::new(&node_name));
     let pending = Arc::new(Pending::default());
     // Tasks the node cannot live without report here if they end before the
     // shutdown asked them to.

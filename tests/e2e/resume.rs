@@ -119,6 +119,19 @@ fn slow(activity_id: &str, ms: u64) -> v1::SubmitRequest {
     }
 }
 
+/// Waits for the worker to lose its connection, then for the next one: whether it
+/// resumed the session.
+async fn reconnected(connection: &mut tokio::sync::watch::Receiver<Connection>) -> bool {
+    tokio::time::timeout(
+        WAIT,
+        connection.wait_for(|c| matches!(c, Connection::Connecting)),
+    )
+    .await
+    .expect("the drop noticed in time")
+    .expect("the worker runs");
+    connected(connection).await
+}
+
 async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) -> bool {
     let state = tokio::time::timeout(
         WAIT,
@@ -131,7 +144,7 @@ async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) ->
     matches!(state, Connection::Connected { resumed: true, .. })
 }
 
-/// A 3 s activity whose connection is cut at 1 s, and refused for 1 s more:
+/// A 5 s activity whose connection is cut at 1 s, and refused for 1 s more:
 /// the worker resumes its session, and attempt 1 completes, run and recorded once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_within_the_grace_costs_nothing() {
@@ -140,7 +153,7 @@ async fn a_cut_within_the_grace_costs_nothing() {
     let (_worker, mut connection) = slow_worker(&proxy, &seen);
     assert!(!connected(&mut connection).await, "a first session");
     let mut client = server.client().await;
-    submit(&mut client, slow("a", 3_000)).await;
+    submit(&mut client, slow("a", 5_000)).await;
     eventually("the attempt to start", || async {
         (!seen.runs().is_empty()).then_some(())
     })
@@ -280,15 +293,8 @@ async fn a_stalled_connection_is_detected_and_resumed() {
     })
     .await;
     proxy.stall();
-    tokio::time::timeout(
-        WAIT,
-        connection.wait_for(|c| matches!(c, Connection::Connecting)),
-    )
-    .await
-    .expect("the stall noticed in time")
-    .expect("the worker runs");
     assert!(
-        connected(&mut connection).await,
+        reconnected(&mut connection).await,
         "resumed over a new connection"
     );
     let done = wait(&mut client, key("wf", "d")).await;
@@ -433,4 +439,72 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     );
     resumed.complete(&lost, 1).await;
     assert!(resumed.ack().await.accepted);
+}
+
+/// On PostgreSQL, a worker whose connection a balancer moves from node A to node B
+/// mid-attempt resumes its session on B, which takes the attempt over through the
+/// database; A, alive, lets it go when its grace runs out (its ending is fenced to
+/// rows still its own): attempt 1 completes, run once, never lost.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_session_moves_to_another_node_with_its_attempt() {
+    let database = postgres_schema().await;
+    let node = |name: &'static str| {
+        move |c: &mut spool_server::Config| {
+            c.resume_grace = Some(Duration::from_secs(1));
+            c.node_name = Some(name.to_owned());
+        }
+    };
+    let a = TestServer::start_on_database_with(&database, node("node-a")).await;
+    let b = TestServer::start_on_database_with(&database, node("node-b")).await;
+    let addr = |s: &TestServer| {
+        s.endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("a socket address")
+    };
+    // The first connection goes to A, the next to B.
+    let proxy = proxy::Proxy::start(vec![addr(&a), addr(&b)])
+        .await
+        .expect("proxy");
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    connected(&mut connection).await;
+    a.await_workers(1).await;
+    let mut client = a.client().await;
+    submit(&mut client, slow("moved", 3_000)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    proxy.cut();
+    assert!(reconnected(&mut connection).await, "resumed on node B");
+    b.await_workers(1).await;
+    let done = wait(&mut client, key("wf", "moved")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1),
+        "{done:?}"
+    );
+    assert!(done.last_error.is_none(), "never lost: {done:?}");
+    assert_eq!(seen.runs(), [("moved".to_owned(), 1)]);
+    let history = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "moved")),
+            include_history: true,
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .history;
+    assert_eq!(
+        history
+            .iter()
+            .map(|h| (h.attempt, h.outcome.as_str(), h.node.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "completed", "node-b")]
+    );
 }

@@ -40,10 +40,10 @@ use super::{
 };
 use crate::dispatch::Core;
 use crate::{
-    dispatch::registry::{ACK_WINDOW, Answer, Outgoing, Resumption, Ticket},
+    dispatch::registry::{ACK_WINDOW, Answer, Outgoing, ResumeRefused, Resumption, Ticket},
     lifecycle,
     store::Attempt,
-    store::{ActivityError, HeartbeatDetails, Op, Outcome, Transition},
+    store::{ActivityError, HeartbeatDetails, Op, Outcome, SessionTicket, TakeSession, Transition},
 };
 
 /// How long a new stream may take to send its `Hello`.
@@ -180,15 +180,64 @@ impl WorkerService for WorkerApi {
                 resume_refused: refused.to_owned(),
             })
         };
+        let shared = !self.core.store.single_node() && !secret.is_empty();
+        let caller = principal
+            .as_ref()
+            .map(|p| p.caller().to_string())
+            .unwrap_or_default();
+        let fingerprint = format!(
+            "{}|{}|{}",
+            registration.namespace,
+            registration.activity_types.join(","),
+            registration.max_concurrency
+        );
+        let ticket_row = |worker_id: &str| SessionTicket {
+            worker_id: worker_id.to_owned(),
+            secret: secret.clone(),
+            caller: caller.clone(),
+            registration: fingerprint.clone(),
+            at: self.core.store.now(),
+        };
         let mut refused = None;
         if let Some((old_id, old_secret)) = resume {
-            match self.core.registry.resume_session(
+            let local = self.core.registry.resume_session(
                 &old_id,
                 &old_secret,
                 &registration,
                 &held,
                 |id| welcome(id, true, ""),
-            ) {
+            );
+            let resumed = match local {
+                Ok(resumed) => Ok(resumed),
+                // Not held here: with other nodes, it may be another node's session.
+                Err(ResumeRefused::Unknown) if shared && !self.core.registry.knows(&old_id) => {
+                    let take = TakeSession {
+                        ticket: ticket_row(&old_id),
+                        old_secret,
+                        node: self.core.registry.node().to_string(),
+                    };
+                    match self.core.store.take_session(&take).await {
+                        Ok(Some(rows)) => {
+                            tracing::info!(worker_id = %old_id, attempts = rows.len(), "taking over a session from another node");
+                            Ok(self.core.registry.adopt(
+                                &old_id,
+                                registration.clone(),
+                                rows,
+                                &held,
+                                now_millis(),
+                                |id| welcome(id, true, ""),
+                            ))
+                        }
+                        Ok(None) => Err(ResumeRefused::Unknown),
+                        Err(e) => {
+                            tracing::warn!(worker_id = %old_id, error = %e, "cannot read the session to resume");
+                            Err(ResumeRefused::Unknown)
+                        }
+                    }
+                }
+                Err(why) => Err(why),
+            };
+            match resumed {
                 Ok(resumed) => {
                     crate::metrics::session_resumed(resumed.reattached, resumed.resend.len());
                     tracing::info!(
@@ -198,6 +247,9 @@ impl WorkerService for WorkerApi {
                         cancelled = resumed.cancels.len(),
                         "worker resumed its session"
                     );
+                    if shared {
+                        self.save_ticket(ticket_row(&old_id)).await;
+                    }
                     return Ok(self.start_session(old_id.into(), resumed, place, inbound));
                 }
                 Err(why) => {
@@ -213,6 +265,9 @@ impl WorkerService for WorkerApi {
                 .registry
                 .register(registration, now_millis(), |id| welcome(id, false, refused));
         tracing::info!(%worker_id, "worker connected");
+        if shared {
+            self.save_ticket(ticket_row(&worker_id)).await;
+        }
         let session = Session {
             core: self.core.clone(),
             worker_id,
@@ -230,6 +285,14 @@ impl WorkerService for WorkerApi {
 }
 
 impl WorkerApi {
+    /// Keeps a session's ticket where the other nodes can check it. Without it the
+    /// session can still be resumed here, only not elsewhere.
+    async fn save_ticket(&self, ticket: SessionTicket) {
+        if let Err(e) = self.core.store.save_ticket(&ticket).await {
+            tracing::warn!(worker_id = %ticket.worker_id, error = %e, "cannot store the session's resume ticket: it can be resumed on this node only");
+        }
+    }
+
     /// Runs a resumed session on its new stream: first the tasks the worker never
     /// got (read again from the store) and the cancels it must hear again.
     fn start_session(

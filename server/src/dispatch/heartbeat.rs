@@ -248,6 +248,7 @@ mod tests {
             created_at: 0,
             started_at: 0,
             expires_at: None,
+            owner_node: None,
         })
     }
 

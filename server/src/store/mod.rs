@@ -514,6 +514,27 @@ pub struct TypeCounts {
     pub failed: u64,
 }
 
+/// A worker session's resume ticket, as a store shared by several nodes keeps it.
+#[derive(Debug, Clone)]
+pub struct SessionTicket {
+    pub worker_id: String,
+    pub secret: String,
+    /// The token (by its name) that opened the session.
+    pub caller: String,
+    /// The session's namespace, types and slots, as one string.
+    pub registration: String,
+    pub at: UnixMillis,
+}
+
+/// A resume on a node that does not hold the session: `ticket` replaces
+/// `old_secret` if it matches, and the session's RUNNING rows become `node`'s.
+#[derive(Debug, Clone)]
+pub struct TakeSession {
+    pub ticket: SessionTicket,
+    pub old_secret: String,
+    pub node: String,
+}
+
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Runs `ops` in order in one transaction, committed durably before it returns.
@@ -566,6 +587,22 @@ pub trait Store: Send + Sync + 'static {
     async fn publish(&self, events: Vec<Event>) -> Result<(), Error> {
         let _ = events;
         Ok(())
+    }
+
+    /// Keeps a session's resume ticket where other nodes can check it; a
+    /// single-node store keeps none (its one node holds every session).
+    async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
+        let _ = ticket;
+        Ok(())
+    }
+
+    /// Takes over a session another node held, if its ticket matches: the ticket is
+    /// replaced (used once across all nodes) and the session's RUNNING rows (without
+    /// payloads) become this node's, in one transaction. `None`: no such session or
+    /// ticket (always, for a single-node store).
+    async fn take_session(&self, take: &TakeSession) -> Result<Option<Vec<ActivityRow>>, Error> {
+        let _ = take;
+        Ok(None)
     }
 
     /// Events other nodes publish, for as long as the receiver is kept; `None` for
@@ -702,6 +739,9 @@ pub struct Attempt {
     pub started_at: UnixMillis,
     /// The schedule-to-close deadline, if any (see `ActivityRow::expires_at`).
     pub expires_at: Option<UnixMillis>,
+    /// Set on a lost session's endings: only while the row is still this node's
+    /// (`worker_node`), so an attempt another node took over is not ended here.
+    pub owner_node: Option<Arc<str>>,
 }
 
 impl Attempt {
@@ -717,6 +757,7 @@ impl Attempt {
             created_at: row.created_at,
             started_at: row.started_at.unwrap_or(row.created_at),
             expires_at: row.expires_at,
+            owner_node: None,
         }
     }
 

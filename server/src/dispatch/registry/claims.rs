@@ -157,7 +157,7 @@ impl Registry {
 /// The span of one attempt on this server, from dispatch until its worker answers
 /// or is gone: what the server logs about the attempt carries its identity, its
 /// worker and the trace it runs in (the `traceparent` header's trace id).
-fn attempt_span(row: &ActivityRow, worker_id: &str) -> tracing::Span {
+pub(super) fn attempt_span(row: &ActivityRow, worker_id: &str) -> tracing::Span {
     let trace_id = row
         .headers
         .get("traceparent")

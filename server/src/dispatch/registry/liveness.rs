@@ -8,7 +8,9 @@ use spool_proto::v1;
 use tokio::time::Instant;
 
 use super::{Registry, SilencePaused, Sweep, attempt_key};
-use crate::store::{HeartbeatDetails, Payload};
+use std::sync::Arc;
+
+use crate::store::{Attempt, HeartbeatDetails, Payload};
 
 impl Registry {
     /// Records that the worker was heard from.
@@ -102,7 +104,18 @@ impl Registry {
         }
         drop(inner);
         for worker_id in abandoned {
-            let attempts = self.unregister(&worker_id);
+            // Ended only where still this node's: the worker may have resumed its
+            // session on another node, which took the rows over.
+            let attempts = self
+                .unregister(&worker_id)
+                .into_iter()
+                .map(|a| {
+                    Arc::new(Attempt {
+                        owner_node: Some(self.node.clone()),
+                        ..(*a).clone()
+                    })
+                })
+                .collect();
             sweep.abandoned.push((worker_id, attempts));
         }
         if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {

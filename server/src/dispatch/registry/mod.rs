@@ -609,35 +609,7 @@ impl Registry {
         worker.detached_until = None;
         worker.last_seen = Instant::now();
         worker.identity = reg.identity.as_str().into();
-        let mut resend = Vec::new();
-        let mut cancels = Vec::new();
-        let mut reattached = 0;
-        let mut forgotten = Vec::new();
-        for (key, inflight) in &worker.inflight {
-            let has = held.contains(key);
-            match (&inflight.cancel, has) {
-                (Some(cancel), true) => cancels.push(cancel.clone()),
-                // Ended by the server, and the worker has nothing to answer with:
-                // its slot would never be freed.
-                (Some(_), false) => forgotten.push(key.clone()),
-                (None, true) => reattached += 1,
-                (None, false) => resend.push(inflight.attempt.clone()),
-            }
-        }
-        for key in forgotten {
-            worker.inflight.remove(&key);
-        }
-        for key in held {
-            if !worker.inflight.contains_key(key) {
-                cancels.push(v1::CancelActivity {
-                    workflow_id: key.0.clone(),
-                    activity_id: key.1.clone(),
-                    attempt: key.2,
-                    reason: "the attempt ended while the worker was disconnected".to_owned(),
-                    kind: v1::CancelKind::EndedElsewhere as i32,
-                });
-            }
-        }
+        let (resend, cancels, reattached) = reconcile(worker, held);
         drop(inner);
         self.wake.notify_one();
         self.answered.notify_waiters();
@@ -649,6 +621,83 @@ impl Registry {
             cancels,
             reattached,
         })
+    }
+
+    /// Whether a worker of this id is registered here (live, detached or ending).
+    pub fn knows(&self, worker_id: &str) -> bool {
+        self.lock().workers.contains_key(worker_id)
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &Arc<str> {
+        &self.node
+    }
+
+    /// Registers a session another node held, resumed here: `rows` are its RUNNING
+    /// rows, which the store made this node's. As a local resume, the worker is told
+    /// again what it lacks (`held`: what it says it has).
+    pub fn adopt(
+        &self,
+        worker_id: &str,
+        reg: Registration,
+        rows: Vec<crate::store::ActivityRow>,
+        held: &HashSet<AttemptKey>,
+        now_wall: UnixMillis,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> Resumption {
+        let id: Arc<str> = worker_id.into();
+        let max = reg.max_concurrency.max(1);
+        let capacity = 2 * max as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        let evict = CancellationToken::new();
+        let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
+        let now = Instant::now();
+        let mut inflight = HashMap::new();
+        for row in rows {
+            let attempt = Arc::new(Attempt::from_row(&row));
+            let span = claims::attempt_span(&row, &id);
+            inflight.insert(
+                attempt_key(&row.key.workflow_id, &row.key.activity_id, row.attempt),
+                Inflight::new(attempt, now, now_wall, span),
+            );
+        }
+        let mut worker = Worker {
+            id: id.clone(),
+            group: group.clone(),
+            identity: reg.identity.as_str().into(),
+            max_concurrency: max,
+            connected_at: now_wall,
+            last_seen: now,
+            inflight,
+            reserved: 0,
+            outbound: tx.clone(),
+            evict: evict.clone(),
+            silence_paused: 0,
+            leaving: false,
+            ticket: reg.ticket,
+            detached_until: None,
+        };
+        let (resend, cancels, reattached) = reconcile(&mut worker, held);
+        let mut inner = self.lock();
+        if let Some(drain) = &inner.drain {
+            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        }
+        let g = inner.groups.entry(group).or_default();
+        g.workers.push(id.clone());
+        g.exhausted = false;
+        inner.workers.insert(id, worker);
+        drop(inner);
+        self.wake.notify_one();
+        Resumption {
+            tx,
+            rx,
+            evict,
+            resend,
+            cancels,
+            reattached,
+        }
     }
 
     /// The worker takes no more tasks (it said Goodbye).
@@ -834,6 +883,46 @@ impl Inflight {
         self.cancel = Some(cancel.clone());
         let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
     }
+}
+
+/// What a worker resuming with `held` must be told: the tasks of attempts the
+/// session holds that it lacks (to send again), cancels for attempts it has that
+/// the server ended, and how many it still runs. Attempts the server ended that the
+/// worker no longer has are forgotten (nothing would ever free their slots).
+fn reconcile(
+    worker: &mut Worker,
+    held: &HashSet<AttemptKey>,
+) -> (Vec<Arc<Attempt>>, Vec<v1::CancelActivity>, usize) {
+    let mut resend = Vec::new();
+    let mut cancels = Vec::new();
+    let mut reattached = 0;
+    let mut forgotten = Vec::new();
+    for (key, inflight) in &worker.inflight {
+        let has = held.contains(key);
+        match (&inflight.cancel, has) {
+            (Some(cancel), true) => cancels.push(cancel.clone()),
+            // Ended by the server, and the worker has nothing to answer with:
+            // its slot would never be freed.
+            (Some(_), false) => forgotten.push(key.clone()),
+            (None, true) => reattached += 1,
+            (None, false) => resend.push(inflight.attempt.clone()),
+        }
+    }
+    for key in forgotten {
+        worker.inflight.remove(&key);
+    }
+    for key in held {
+        if !worker.inflight.contains_key(key) {
+            cancels.push(v1::CancelActivity {
+                workflow_id: key.0.clone(),
+                activity_id: key.1.clone(),
+                attempt: key.2,
+                reason: "the attempt ended while the worker was disconnected".to_owned(),
+                kind: v1::CancelKind::EndedElsewhere as i32,
+            });
+        }
+    }
+    (resend, cancels, reattached)
 }
 
 /// The wall time an `Instant` of the past corresponds to, for display.

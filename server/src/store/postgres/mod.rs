@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ActivityRow, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome,
-    Remote, RunningPage, StatusCounts, Store, TypeCounts, rows,
+    Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts, rows,
 };
 
 mod notify;
@@ -60,6 +60,11 @@ fn migrator() -> Migrator {
             3,
             "attempts",
             include_str!("../migrations/postgres/0003_attempts.sql"),
+        ),
+        migration(
+            4,
+            "worker_sessions",
+            include_str!("../migrations/postgres/0004_worker_sessions.sql"),
         ),
     ])
 }
@@ -294,6 +299,42 @@ impl Store for PostgresStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows::decode_all(&rows, "expired_leases"))
+    }
+
+    async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
+        sqlx::query(sql::SAVE_TICKET)
+            .bind(&ticket.worker_id)
+            .bind(&ticket.secret)
+            .bind(&ticket.caller)
+            .bind(&ticket.registration)
+            .bind(ticket.at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn take_session(&self, take: &TakeSession) -> Result<Option<Vec<ActivityRow>>, Error> {
+        let mut tx = self.pool.begin().await?;
+        let taken = sqlx::query(sql::TAKE_TICKET)
+            .bind(&take.ticket.worker_id)
+            .bind(&take.old_secret)
+            .bind(&take.ticket.secret)
+            .bind(&take.ticket.caller)
+            .bind(&take.ticket.registration)
+            .bind(take.ticket.at)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if taken.is_none() {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let rows = sqlx::query(sql::ADOPT)
+            .bind(&take.ticket.worker_id)
+            .bind(&take.node)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(rows::decode_all(&rows, "adopt")))
     }
 
     fn single_node(&self) -> bool {

@@ -122,16 +122,23 @@ pub const CLAIM: &str = concat!(
 );
 
 /// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
-/// `$17[i]` is not NULL, only if its lease expired before then). Returns the ids it
-/// ended. No row may appear twice.
+/// `$17[i]` is not NULL, only if its lease expired before then; where `$18[i]` is
+/// not NULL, only while the row is that node's). Returns the ids it ended. No row
+/// may appear twice.
 pub const FINISH: &str = concat!(
     "UPDATE activities AS a SET ",
     ending!(),
     " FROM ",
-    endings!("$15::BIGINT[]", "$16::BIGINT[]", "$17::BIGINT[]"),
-    ", f_id, f_attempt, f_guard) \
+    endings!(
+        "$15::BIGINT[]",
+        "$16::BIGINT[]",
+        "$17::BIGINT[]",
+        "$18::TEXT[]"
+    ),
+    ", f_id, f_attempt, f_guard, f_node) \
      WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
        AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
+       AND (v.f_node IS NULL OR a.worker_node = v.f_node) \
      RETURNING a.id"
 );
 
@@ -247,6 +254,30 @@ pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
        (CASE WHEN status = 1 AND next_at > $1 THEN 1 ELSE 0 END)::BIGINT AS later, COUNT(*) \
      FROM activities WHERE status IN (1, 2, 4) \
      GROUP BY namespace, activity_type, status, later";
+
+/// Deletes up to `$2` tickets last saved before `$1`.
+pub const PRUNE_TICKETS: &str = "DELETE FROM worker_sessions WHERE worker_id IN \
+     (SELECT worker_id FROM worker_sessions WHERE updated_at < $1 LIMIT $2)";
+
+/// Keeps session `$1`'s ticket `$2` for caller `$3` and registration `$4`, at `$5`.
+pub const SAVE_TICKET: &str = "INSERT INTO worker_sessions \
+       (worker_id, ticket, caller, registration, updated_at) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (worker_id) DO UPDATE SET ticket = EXCLUDED.ticket, \
+       caller = EXCLUDED.caller, registration = EXCLUDED.registration, \
+       updated_at = EXCLUDED.updated_at";
+
+/// Replaces session `$1`'s ticket `$2` with `$3`, if caller `$4` and registration
+/// `$5` match (at `$6`); a row back means taken.
+pub const TAKE_TICKET: &str = "UPDATE worker_sessions SET ticket = $3, updated_at = $6 \
+     WHERE worker_id = $1 AND ticket = $2 AND caller = $4 AND registration = $5 \
+     RETURNING worker_id";
+
+/// Session `$1`'s RUNNING rows, now node `$2`'s (without payloads).
+pub const ADOPT: &str = concat!(
+    "UPDATE activities AS a SET worker_node = $2 WHERE a.worker_id = $1 AND a.status = 2 \
+     RETURNING ",
+    light!()
+);
 
 pub const RUNNING: &str = concat!(
     "SELECT ",

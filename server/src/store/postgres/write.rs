@@ -73,6 +73,12 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .bind(i64::from(*limit))
                 .execute(&mut *conn)
                 .await?;
+            // Tickets of sessions not opened or resumed since then go too.
+            sqlx::query(sql::PRUNE_TICKETS)
+                .bind(before)
+                .bind(i64::from(*limit))
+                .execute(&mut *conn)
+                .await?;
             Ok(Outcome::Pruned(done.rows_affected()))
         }
         Op::Renew {
@@ -398,6 +404,7 @@ async fn finish(
         let mut seen = HashSet::new();
         let mut endings = Endings::default();
         let (mut ids, mut attempts, mut guards) = (Vec::new(), Vec::new(), Vec::new());
+        let mut nodes: Vec<Option<String>> = Vec::new();
         let mut end = start;
         for op in &run[start..] {
             let Op::Finish {
@@ -415,6 +422,7 @@ async fn finish(
             ids.push(attempt.id);
             attempts.push(i64::from(attempt.attempt));
             guards.push(*lease_expired_by);
+            nodes.push(attempt.owner_node.as_deref().map(str::to_owned));
             end += 1;
         }
         let ended = endings
@@ -422,6 +430,7 @@ async fn finish(
             .bind(&ids)
             .bind(attempts)
             .bind(guards)
+            .bind(nodes)
             .fetch_all(&mut *conn)
             .await?
             .iter()

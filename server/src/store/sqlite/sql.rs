@@ -64,12 +64,13 @@ pub const CLAIM: &str = concat!(
 );
 
 /// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
-/// lease expired before then).
+/// lease expired before then; with `?18`, only while it is that node's).
 pub const FINISH: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
     " WHERE id = ?15 AND attempt = ?16 AND status = 2 \
-      AND (?17 IS NULL OR lease_expires_at < ?17)"
+      AND (?17 IS NULL OR lease_expires_at < ?17) \
+      AND (?18 IS NULL OR worker_node = ?18)"
 );
 
 /// Ends row `?15`, which the same transaction found cancellable.

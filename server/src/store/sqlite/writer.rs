@@ -156,6 +156,7 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
                 .bind(&attempt.id)
                 .bind(&i64::from(attempt.attempt))
                 .bind(lease_expired_by)
+                .bind(&attempt.owner_node.as_deref())
                 .execute()
                 .map_err(sqlite)?;
             Ok(Outcome::Finished {
