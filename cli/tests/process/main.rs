@@ -14,6 +14,7 @@ mod metrics;
 mod observe;
 #[path = "../../../tests/support/pki.rs"]
 mod pki;
+mod resume;
 mod support;
 
 use std::time::{Duration, Instant};
