@@ -301,12 +301,14 @@ impl Worker {
         while !shutdown.is_cancelled() {
             let ended = session::run(&self, &mut carry, &shutdown).await;
             self.set_connection(Connection::Connecting);
+            // A stream that was welcomed worked: however it ended (a cut breaks it
+            // with an error), the next try comes soon, within the server's grace.
+            if carry.take_welcomed() {
+                delay = self.reconnect_min;
+                tries = 0;
+            }
             match ended {
-                Ok(session::Ended { welcomed }) => {
-                    if welcomed {
-                        delay = self.reconnect_min;
-                        tries = 0;
-                    }
+                Ok(session::Ended) => {
                     if !shutdown.is_cancelled() {
                         tracing::info!("session ended; reconnecting");
                     }

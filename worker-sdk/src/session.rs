@@ -42,11 +42,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// How a session ended without an error.
-pub(crate) struct Ended {
-    /// The server welcomed this session (so reconnect backoff starts over).
-    pub welcomed: bool,
-}
+/// A session ended without an error (whether it was welcomed is in
+/// [`Carry::take_welcomed`]).
+pub(crate) struct Ended;
 
 /// What outlives one stream of a worker: its running handlers, results not yet
 /// acknowledged, and the ticket that resumes its session.
@@ -66,6 +64,9 @@ pub(crate) struct Carry {
     unacked: HashMap<AttemptKey, v1::ActivityResult>,
     /// The session to resume, and its ticket (`Welcome.worker_id`, `resume_token`).
     resume: Option<(String, String)>,
+    /// A server welcomed a stream since the caller last asked: the reconnect
+    /// backoff starts over, however that stream ended.
+    welcomed: bool,
 }
 
 impl Carry {
@@ -80,7 +81,13 @@ impl Carry {
             heartbeats: mpsc::channel(256),
             unacked: HashMap::new(),
             resume: None,
+            welcomed: false,
         }
+    }
+
+    /// Whether a stream was welcomed since the last call.
+    pub(crate) fn take_welcomed(&mut self) -> bool {
+        std::mem::take(&mut self.welcomed)
     }
 
     /// The attempts this worker still has, for a resuming `Hello`.
@@ -130,7 +137,7 @@ pub(crate) async fn run(
         .keep_alive_while_idle(true);
     let channel = tokio::select! {
         c = endpoint.connect() => c?,
-        _ = shutdown.cancelled() => return Ok(Ended { welcomed: false }),
+        _ = shutdown.cancelled() => return Ok(Ended),
     };
     let token: Option<MetadataValue<_>> =
         match &worker.token {
@@ -213,6 +220,7 @@ pub(crate) async fn run(
     });
     carry.resume = (!welcome.resume_token.is_empty())
         .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
+    carry.welcomed = true;
     let interval = duration::from_proto(welcome.heartbeat_interval.as_ref())
         .ok()
         .flatten()
@@ -317,7 +325,7 @@ impl<'a> Loop<'a> {
                     }
                     Ok(Some(ServerMessage { message: Some(m) })) => self.on_message(m),
                     Ok(Some(ServerMessage { message: None })) => {}
-                    Ok(None) => break Ok(Ended { welcomed: true }),
+                    Ok(None) => break Ok(Ended),
                     Err(status) => break Err(Error::Rejected(status)),
                 },
                 Some(result) = self.carry.results.1.recv() => {
@@ -364,7 +372,7 @@ impl<'a> Loop<'a> {
                 _ = sleep_until(give_up), if give_up.is_some() => {
                     if cancelled_handlers {
                         tracing::warn!(running = self.carry.running.len(), "handlers did not stop; their attempts will be retried elsewhere");
-                        break Ok(Ended { welcomed: true });
+                        break Ok(Ended);
                     }
                     tracing::warn!(running = self.carry.running.len(), "shutdown timeout: cancelling running activities");
                     self.carry.cancel.cancel();

@@ -209,8 +209,12 @@ impl WorkerService for WorkerApi {
             );
             let resumed = match local {
                 Ok(resumed) => Ok(resumed),
-                // Not held here: with other nodes, it may be another node's session.
-                Err(ResumeRefused::Unknown) if shared && !self.core.registry.knows(&old_id) => {
+                // Not held here, or held with an older ticket (the session moved to
+                // another node and back): with other nodes, the database decides.
+                Err(why @ (ResumeRefused::Unknown | ResumeRefused::Ticket))
+                    if shared
+                        && (why == ResumeRefused::Ticket || !self.core.registry.knows(&old_id)) =>
+                {
                     let take = TakeSession {
                         ticket: ticket_row(&old_id),
                         old_secret,
@@ -219,6 +223,9 @@ impl WorkerService for WorkerApi {
                     match self.core.store.take_session(&take).await {
                         Ok(Some(rows)) => {
                             tracing::info!(worker_id = %old_id, attempts = rows.len(), "taking over a session from another node");
+                            // What this node still kept of the session is stale: the
+                            // rows just read are what it holds now.
+                            let _ = self.core.registry.unregister(&old_id);
                             Ok(self.core.registry.adopt(
                                 &old_id,
                                 registration.clone(),
@@ -228,7 +235,7 @@ impl WorkerService for WorkerApi {
                                 |id| welcome(id, true, ""),
                             ))
                         }
-                        Ok(None) => Err(ResumeRefused::Unknown),
+                        Ok(None) => Err(why),
                         Err(e) => {
                             tracing::warn!(worker_id = %old_id, error = %e, "cannot read the session to resume");
                             Err(ResumeRefused::Unknown)
