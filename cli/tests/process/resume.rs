@@ -77,7 +77,7 @@ async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
     })
     .await;
     a.kill_9();
-    let state = eventually("the worker to resume on b", || {
+    eventually("the worker to resume on b", || {
         let connection = connection.clone();
         async move {
             match &*connection.borrow() {
@@ -87,7 +87,6 @@ async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
         }
     })
     .await;
-    let _ = state;
     let done = wait(&mut client_b, "moved").await;
     assert_eq!(
         (status(&done), done.attempt),
