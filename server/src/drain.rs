@@ -138,11 +138,13 @@ impl Drainer {
             }
         }
 
-        // Phase 3.
-        let leftovers = self
-            .core
-            .registry
-            .end_all("the server is draining; the activity will run again");
+        // Phase 3. A node that stops, with others on its database, hands resumable
+        // sessions over: their workers resume on another node with what they run.
+        let hand_over = self.stopping.load(Ordering::SeqCst) && !self.core.store.single_node();
+        let leftovers = self.core.registry.end_all(
+            "the server is draining; the activity will run again",
+            hand_over,
+        );
         let released = leftovers.len();
         if !leftovers.is_empty() {
             let now = self.core.store.now();

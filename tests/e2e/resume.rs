@@ -508,3 +508,53 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
         [(1, "completed", "node-b")]
     );
 }
+
+/// On PostgreSQL, a node that stops (a deploy) with a longer attempt still running
+/// hands the session over instead of releasing the attempt: the worker, told to
+/// drain, keeps running it, resumes on the other node when its stream ends, and
+/// attempt 1 completes there, run once.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_stopping_node_hands_its_sessions_over() {
+    let database = postgres_schema().await;
+    let node = |name: &'static str| {
+        move |c: &mut spool_server::Config| {
+            c.resume_grace = Some(Duration::from_secs(2));
+            c.drain_timeout = Duration::from_millis(300);
+            c.node_name = Some(name.to_owned());
+        }
+    };
+    let mut a = TestServer::start_on_database_with(&database, node("node-a")).await;
+    let b = TestServer::start_on_database_with(&database, node("node-b")).await;
+    let addr = |s: &TestServer| {
+        s.endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("a socket address")
+    };
+    let proxy = proxy::Proxy::start(vec![addr(&a), addr(&b)])
+        .await
+        .expect("proxy");
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    connected(&mut connection).await;
+    a.await_workers(1).await;
+    let mut client = b.client().await;
+    submit(&mut client, slow("deploy", 2_500)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    a.shutdown().await;
+    assert!(reconnected(&mut connection).await, "resumed on node B");
+    let done = wait(&mut client, key("wf", "deploy")).await;
+    assert_eq!(
+        (status(&done), done.attempt, done.counted_attempts),
+        (v1::ActivityStatus::Completed, 1, 1),
+        "not released, not retried: {done:?}"
+    );
+    assert_eq!(seen.runs(), [("deploy".to_owned(), 1)]);
+}

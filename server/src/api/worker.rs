@@ -615,6 +615,17 @@ impl Session {
             tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
             return;
         }
+        // A node stopping with others on its database leaves a resumable session's
+        // attempts running: the worker resumes on another node, which takes them
+        // over; if it never does, their leases lapse and they are reclaimed.
+        if matches!(end, End::Shutdown)
+            && !self.core.store.single_node()
+            && self.core.registry.resumable(&self.worker_id)
+        {
+            let left = self.core.registry.unregister(&self.worker_id).len();
+            tracing::info!(worker_id = %self.worker_id, left, "session handed over: its attempts wait for the worker to resume on another node");
+            return;
+        }
         let attempts = self.core.registry.unregister(&self.worker_id);
         let now = self.core.store.now();
         let ops: Vec<Op> = attempts

@@ -477,10 +477,16 @@ impl Registry {
     }
 
     /// Ends every attempt still running (a drain's deadline passed): each worker is
-    /// told to stop, and the attempts are returned for the caller to release.
-    pub fn end_all(&self, reason: &str) -> Vec<Arc<Attempt>> {
+    /// told to stop, and the attempts are returned for the caller to release. With
+    /// `hand_over` (a node stopping, with other nodes sharing its database), the
+    /// attempts of sessions that can be resumed are left running instead: their
+    /// workers resume on another node, which takes them over.
+    pub fn end_all(&self, reason: &str, hand_over: bool) -> Vec<Arc<Attempt>> {
         let mut ended = Vec::new();
         for worker in self.lock().workers.values_mut() {
+            if hand_over && worker.ticket.is_some() {
+                continue;
+            }
             for inflight in worker.inflight.values_mut() {
                 if inflight.cancel_sent {
                     continue;
@@ -621,6 +627,14 @@ impl Registry {
             cancels,
             reattached,
         })
+    }
+
+    /// Whether this worker's session can be resumed (it has a ticket).
+    pub fn resumable(&self, worker_id: &str) -> bool {
+        self.lock()
+            .workers
+            .get(worker_id)
+            .is_some_and(|w| w.ticket.is_some())
     }
 
     /// Whether a worker of this id is registered here (live, detached or ending).
