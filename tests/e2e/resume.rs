@@ -441,20 +441,14 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     assert!(resumed.ack().await.accepted);
 }
 
-/// On PostgreSQL, a worker whose connection a balancer moves from node A to node B
-/// mid-attempt resumes its session on B, which takes the attempt over through the
-/// database; A, alive, lets it go when its grace runs out (its ending is fenced to
-/// rows still its own): attempt 1 completes, run once, never lost.
-#[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
-)]
-async fn a_session_moves_to_another_node_with_its_attempt() {
+/// Nodes `node-a` and `node-b` on one fresh PostgreSQL schema, and a proxy that
+/// sends the first connection to A, the next to B.
+async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer, proxy::Proxy) {
     let database = postgres_schema().await;
     let node = |name: &'static str| {
         move |c: &mut spool_server::Config| {
-            c.resume_grace = Some(Duration::from_secs(1));
+            c.resume_grace = Some(grace);
+            c.drain_timeout = drain;
             c.node_name = Some(name.to_owned());
         }
     };
@@ -466,10 +460,23 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
             .parse()
             .expect("a socket address")
     };
-    // The first connection goes to A, the next to B.
     let proxy = proxy::Proxy::start(vec![addr(&a), addr(&b)])
         .await
         .expect("proxy");
+    (a, b, proxy)
+}
+
+/// On PostgreSQL, a worker whose connection a balancer moves from node A to node B
+/// mid-attempt resumes its session on B, which takes the attempt over through the
+/// database; A, alive, lets it go when its grace runs out (its ending is fenced to
+/// rows still its own): attempt 1 completes, run once, never lost.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_session_moves_to_another_node_with_its_attempt() {
+    let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
     let seen = Seen::default();
     let (_worker, mut connection) = slow_worker(&proxy, &seen);
     connected(&mut connection).await;
@@ -519,25 +526,7 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_stopping_node_hands_its_sessions_over() {
-    let database = postgres_schema().await;
-    let node = |name: &'static str| {
-        move |c: &mut spool_server::Config| {
-            c.resume_grace = Some(Duration::from_secs(2));
-            c.drain_timeout = Duration::from_millis(300);
-            c.node_name = Some(name.to_owned());
-        }
-    };
-    let mut a = TestServer::start_on_database_with(&database, node("node-a")).await;
-    let b = TestServer::start_on_database_with(&database, node("node-b")).await;
-    let addr = |s: &TestServer| {
-        s.endpoint
-            .trim_start_matches("http://")
-            .parse()
-            .expect("a socket address")
-    };
-    let proxy = proxy::Proxy::start(vec![addr(&a), addr(&b)])
-        .await
-        .expect("proxy");
+    let (mut a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
     let seen = Seen::default();
     let (_worker, mut connection) = slow_worker(&proxy, &seen);
     connected(&mut connection).await;

@@ -5,7 +5,7 @@ use std::process::Output;
 
 use crate::support::*;
 
-async fn spool(env: &Env, args: &[&str]) -> Output {
+pub async fn spool(env: &Env, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
         .arg("--server")
         .arg(env.url())
@@ -15,7 +15,7 @@ async fn spool(env: &Env, args: &[&str]) -> Output {
         .expect("run spool")
 }
 
-fn stdout(o: &Output) -> String {
+pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 

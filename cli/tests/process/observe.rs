@@ -1,25 +1,10 @@
 //! What an operator reads back: an activity's attempt history over the API and in
 //! `spool get --history`, and the CLI's bulk re-drive and cancel by filter.
 
-use std::process::Output;
-
 use spool_proto::v1;
 
+use crate::cli::{spool, stdout};
 use crate::support::*;
-
-async fn spool(env: &Env, args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
-        .arg("--server")
-        .arg(env.url())
-        .args(args)
-        .output()
-        .await
-        .expect("run spool")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// Two failures, then success: three records, in order, with who ran each, on
 /// which node, and why the first two failed, the same over the API and the CLI.

@@ -275,19 +275,7 @@ impl WorkerService for WorkerApi {
         if shared {
             self.save_ticket(ticket_row(&worker_id)).await;
         }
-        let session = Session {
-            core: self.core.clone(),
-            worker_id,
-            tx,
-            window: Arc::new(Semaphore::new(ACK_WINDOW)),
-            evict,
-            _place: place,
-        };
-        self.tracker
-            .spawn(session.run(inbound, self.shutdown.clone()));
-        // Dropping each `Outgoing` as it is sent returns its ack permit.
-        let outbound = ReceiverStream::new(rx).map(|out| out.message);
-        Ok(Response::new(Box::pin(outbound)))
+        Ok(self.serve_stream(worker_id, tx, rx, evict, place, inbound))
     }
 }
 
@@ -339,6 +327,20 @@ impl WorkerApi {
                 }
             });
         }
+        self.serve_stream(worker_id, tx, rx, evict, place, inbound)
+    }
+
+    /// Starts the session task reading `inbound`, and answers with the stream of
+    /// what the worker is sent.
+    fn serve_stream(
+        &self,
+        worker_id: Arc<str>,
+        tx: mpsc::Sender<Outgoing>,
+        rx: mpsc::Receiver<Outgoing>,
+        evict: CancellationToken,
+        place: SessionPlace,
+        inbound: Streaming<WorkerMessage>,
+    ) -> Response<SessionStream> {
         let session = Session {
             core: self.core.clone(),
             worker_id,
@@ -349,6 +351,7 @@ impl WorkerApi {
         };
         self.tracker
             .spawn(session.run(inbound, self.shutdown.clone()));
+        // Dropping each `Outgoing` as it is sent returns its ack permit.
         let outbound = ReceiverStream::new(rx).map(|out| out.message);
         Response::new(Box::pin(outbound))
     }

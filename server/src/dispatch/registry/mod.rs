@@ -268,6 +268,33 @@ struct Worker {
 }
 
 impl Worker {
+    /// A worker heard from now, holding nothing.
+    fn new(
+        id: Arc<str>,
+        group: GroupKey,
+        reg: Registration,
+        connected_at: UnixMillis,
+        outbound: mpsc::Sender<Outgoing>,
+        evict: CancellationToken,
+    ) -> Self {
+        Self {
+            id,
+            group,
+            identity: reg.identity.into(),
+            max_concurrency: reg.max_concurrency.max(1),
+            connected_at,
+            last_seen: Instant::now(),
+            inflight: HashMap::new(),
+            reserved: 0,
+            outbound,
+            evict,
+            silence_paused: 0,
+            leaving: false,
+            ticket: reg.ticket,
+            detached_until: None,
+        }
+    }
+
     fn free(&self) -> u32 {
         self.max_concurrency
             .saturating_sub(self.reserved)
@@ -372,25 +399,8 @@ impl Registry {
         if let Some(g) = inner.groups.get_mut(&group) {
             g.exhausted = false;
         }
-        inner.workers.insert(
-            id.clone(),
-            Worker {
-                id: id.clone(),
-                group,
-                identity: reg.identity.into(),
-                max_concurrency: max,
-                connected_at: now,
-                last_seen: Instant::now(),
-                inflight: HashMap::new(),
-                reserved: 0,
-                outbound: tx.clone(),
-                evict: evict.clone(),
-                silence_paused: 0,
-                leaving: false,
-                ticket: reg.ticket,
-                detached_until: None,
-            },
-        );
+        let worker = Worker::new(id.clone(), group, reg, now, tx.clone(), evict.clone());
+        inner.workers.insert(id.clone(), worker);
         drop(inner);
         self.wake.notify_one();
         (id, tx, rx, evict)
@@ -677,22 +687,15 @@ impl Registry {
                 Inflight::new(attempt, now, now_wall, span),
             );
         }
-        let mut worker = Worker {
-            id: id.clone(),
-            group: group.clone(),
-            identity: reg.identity.as_str().into(),
-            max_concurrency: max,
-            connected_at: now_wall,
-            last_seen: now,
-            inflight,
-            reserved: 0,
-            outbound: tx.clone(),
-            evict: evict.clone(),
-            silence_paused: 0,
-            leaving: false,
-            ticket: reg.ticket,
-            detached_until: None,
-        };
+        let mut worker = Worker::new(
+            id.clone(),
+            group.clone(),
+            reg,
+            now_wall,
+            tx.clone(),
+            evict.clone(),
+        );
+        worker.inflight = inflight;
         let (resend, cancels, reattached) = reconcile(&mut worker, held);
         let mut inner = self.lock();
         if let Some(drain) = &inner.drain {
