@@ -629,7 +629,7 @@ impl Session {
             tracing::info!(worker_id = %self.worker_id, left, "session handed over: its attempts wait for the worker to resume on another node");
             return;
         }
-        let attempts = self.core.registry.unregister(&self.worker_id);
+        let attempts = self.core.registry.unregister_lost(&self.worker_id);
         let now = self.core.store.now();
         let ops: Vec<Op> = attempts
             .into_iter()

@@ -8,9 +8,7 @@ use spool_proto::v1;
 use tokio::time::Instant;
 
 use super::{Registry, SilencePaused, Sweep, attempt_key};
-use std::sync::Arc;
-
-use crate::store::{Attempt, HeartbeatDetails, Payload};
+use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
     /// Records that the worker was heard from.
@@ -104,18 +102,7 @@ impl Registry {
         }
         drop(inner);
         for worker_id in abandoned {
-            // Ended only where still this node's: the worker may have resumed its
-            // session on another node, which took the rows over.
-            let attempts = self
-                .unregister(&worker_id)
-                .into_iter()
-                .map(|a| {
-                    Arc::new(Attempt {
-                        owner_node: Some(self.node.clone()),
-                        ..(*a).clone()
-                    })
-                })
-                .collect();
+            let attempts = self.unregister_lost(&worker_id);
             sweep.abandoned.push((worker_id, attempts));
         }
         if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {

@@ -429,6 +429,21 @@ impl Registry {
             .collect()
     }
 
+    /// [`Registry::unregister`] for a session that is lost: its attempts come back
+    /// to be ended only where still this node's, since the worker may have resumed
+    /// its session on another node, which took the rows over.
+    pub fn unregister_lost(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
+        self.unregister(worker_id)
+            .into_iter()
+            .map(|a| {
+                Arc::new(Attempt {
+                    owner_node: Some(self.node.clone()),
+                    ..(*a).clone()
+                })
+            })
+            .collect()
+    }
+
     /// True while a worker of this process holds this attempt of the row.
     pub fn holds(&self, id: i64, attempt: u32) -> bool {
         self.lock().workers.values().any(|w| {
