@@ -71,11 +71,27 @@ fn slow_worker(
     proxy: &proxy::Proxy,
     seen: &Seen,
 ) -> (RunningWorker, tokio::sync::watch::Receiver<Connection>) {
+    // Fast pings: a stall is noticed within half a second.
+    slow_worker_pinging(
+        proxy,
+        seen,
+        Duration::from_millis(200),
+        Duration::from_millis(300),
+    )
+}
+
+/// [`slow_worker`] with its own ping interval and timeout.
+fn slow_worker_pinging(
+    proxy: &proxy::Proxy,
+    seen: &Seen,
+    interval: Duration,
+    timeout: Duration,
+) -> (RunningWorker, tokio::sync::watch::Receiver<Connection>) {
     let runs = seen.runs.clone();
     let acks = seen.acks.clone();
     let worker = Worker::new(format!("http://{}", proxy.addr))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
+        .keep_alive(interval, timeout)
         .on_ack(move |ack| {
             acks.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -478,18 +494,32 @@ async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer,
 async fn a_session_moves_to_another_node_with_its_attempt() {
     let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
     let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    // Slow pings: on a loaded machine a fast one may miss and move the worker early.
+    let (_worker, mut connection) = slow_worker_pinging(
+        &proxy,
+        &seen,
+        Duration::from_secs(2),
+        Duration::from_secs(3),
+    );
     connected(&mut connection).await;
-    a.await_workers(1).await;
-    let mut client = a.client().await;
+    let (from, to, to_index, to_name) = if on_first(&a, &b).await {
+        (a, b, 1, "node-b")
+    } else {
+        (b, a, 0, "node-a")
+    };
+    let mut client = from.client().await;
     submit(&mut client, slow("moved", 3_000)).await;
     eventually("the attempt to start", || async {
         (!seen.runs().is_empty()).then_some(())
     })
     .await;
+    proxy.send_next_to(to_index);
     proxy.cut();
-    assert!(reconnected(&mut connection).await, "resumed on node B");
-    b.await_workers(1).await;
+    assert!(
+        reconnected(&mut connection).await,
+        "resumed on the other node"
+    );
+    to.await_workers(1).await;
     let done = wait(&mut client, key("wf", "moved")).await;
     assert_eq!(
         (status(&done), done.attempt),
@@ -512,8 +542,37 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
             .iter()
             .map(|h| (h.attempt, h.outcome.as_str(), h.node.as_str()))
             .collect::<Vec<_>>(),
-        [(1, "completed", "node-b")]
+        [(1, "completed", to_name)]
     );
+}
+
+/// Whether the one worker is connected to `a` (else to `b`), once it is on one.
+async fn on_first(a: &TestServer, b: &TestServer) -> bool {
+    let (admin_a, admin_b) = (a.admin().await, b.admin().await);
+    eventually("the worker to be on a node", || {
+        let (mut admin_a, mut admin_b) = (admin_a.clone(), admin_b.clone());
+        async move {
+            let count = |r: Result<tonic::Response<v1::ListWorkersResponse>, tonic::Status>| {
+                r.map(|r| r.into_inner().workers.len()).unwrap_or(0)
+            };
+            let on_a = count(
+                admin_a
+                    .list_workers(v1::ListWorkersRequest::default())
+                    .await,
+            );
+            let on_b = count(
+                admin_b
+                    .list_workers(v1::ListWorkersRequest::default())
+                    .await,
+            );
+            match (on_a, on_b) {
+                (1, 0) => Some(true),
+                (0, 1) => Some(false),
+                _ => None,
+            }
+        }
+    })
+    .await
 }
 
 /// On PostgreSQL, a node that stops (a deploy) with a longer attempt still running
@@ -526,19 +585,32 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_stopping_node_hands_its_sessions_over() {
-    let (mut a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
+    let (a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
     let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    let (_worker, mut connection) = slow_worker_pinging(
+        &proxy,
+        &seen,
+        Duration::from_secs(2),
+        Duration::from_secs(3),
+    );
     connected(&mut connection).await;
-    a.await_workers(1).await;
-    let mut client = b.client().await;
+    let (mut holder, other, other_index) = if on_first(&a, &b).await {
+        (a, b, 1)
+    } else {
+        (b, a, 0)
+    };
+    let mut client = other.client().await;
     submit(&mut client, slow("deploy", 2_500)).await;
     eventually("the attempt to start", || async {
         (!seen.runs().is_empty()).then_some(())
     })
     .await;
-    a.shutdown().await;
-    assert!(reconnected(&mut connection).await, "resumed on node B");
+    proxy.send_next_to(other_index);
+    holder.shutdown().await;
+    assert!(
+        reconnected(&mut connection).await,
+        "resumed on the other node"
+    );
     let done = wait(&mut client, key("wf", "deploy")).await;
     assert_eq!(
         (status(&done), done.attempt, done.counted_attempts),

@@ -35,6 +35,8 @@ struct Shared {
     generation: Mutex<(CancellationToken, Generation)>,
     /// New connections are reset at once while set.
     down: AtomicBool,
+    /// The backend the next connection tries first (then the ones after it).
+    next: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -68,6 +70,7 @@ impl Proxy {
                 (root, first)
             }),
             down: AtomicBool::new(false),
+            next: std::sync::atomic::AtomicUsize::new(0),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept(listener, shared.clone(), stop.clone()));
@@ -88,6 +91,12 @@ impl Proxy {
     #[allow(dead_code)]
     pub fn down(&self) {
         self.shared.down.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends the next connection to backend `index` first.
+    #[allow(dead_code)]
+    pub fn send_next_to(&self, index: usize) {
+        self.shared.next.store(index, Ordering::SeqCst);
     }
 
     /// Takes new connections again.
@@ -115,7 +124,6 @@ impl Drop for Proxy {
 }
 
 async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
-    let mut next = 0usize;
     loop {
         let inbound = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -138,8 +146,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             stalled: stall_sender,
         } = generation;
         let stalled = stall_sender.subscribe();
-        let first = next;
-        next = next.wrapping_add(1);
+        let first = shared.next.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             // The next node that accepts; a client whose nodes are all down sees
             // its connection closed, as behind a real balancer.

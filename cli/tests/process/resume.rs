@@ -30,7 +30,7 @@ async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
     let mut a = node_a.server_on(&database, &args);
     let b = node_b.server_on(&database, &args);
     let mut client_b = b.client().await;
-    a.client().await;
+    let mut client_a = a.client().await;
     let addr = |url: &str| {
         url.trim_start_matches("http://")
             .parse()
@@ -43,7 +43,9 @@ async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
     let seen = runs.clone();
     let worker = Worker::new(format!("http://{}", proxy.addr))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
+        // A killed node's connection breaks at once; slow pings keep a loaded
+        // machine from moving the worker before the kill.
+        .keep_alive(Duration::from_secs(2), Duration::from_secs(3))
         .activity("slow", move |ctx, _| {
             let seen = seen.clone();
             async move {
@@ -62,6 +64,8 @@ async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
         .wait_for(|c| matches!(c, Connection::Connected { .. }))
         .await
         .expect("connected");
+    // The proxy sends the first connection to a.
+    a.await_workers(&mut client_a, 1).await;
     submit(
         &mut client_b,
         v1::SubmitRequest {
