@@ -131,6 +131,7 @@ conformance!(
     type_counts_split_the_backlog,
     a_lost_sessions_ending_is_fenced_to_its_node,
     a_session_is_taken_over_once_with_its_ticket,
+    endings_and_the_claim_that_refills_their_slots_share_a_batch,
 );
 
 const T0: i64 = 1_000_000;
@@ -820,6 +821,136 @@ async fn runs_of_like_ops_behave_as_op_by_op(store: &dyn Store, _raw: &Raw) {
     assert!(matches!(&outcomes[0], Outcome::Submitted(s) if s[0].created));
     assert!(matches!(&outcomes[1], Outcome::Submitted(s) if !s[0].created));
     assert!(matches!(&outcomes[2], Outcome::Conflict { index: 0, .. }));
+
+    // Submits and endings interleaved, as requests arrive under load: each is
+    // answered in its place, and a submit naming a key ended earlier in the batch
+    // finds it ended.
+    let outcomes = apply(
+        store,
+        vec![
+            Op::Submit(vec![new("g", "t")]),
+            ending(&row("e"), output("E"), None),
+            Op::Submit(vec![new("e", "t")]),
+            Op::Submit(vec![new("h", "t")]),
+        ],
+        T0 + 12,
+    )
+    .await;
+    assert!(matches!(&outcomes[0], Outcome::Submitted(s) if s[0].created));
+    assert!(matches!(&outcomes[1], Outcome::Finished { accepted: true }));
+    assert!(
+        matches!(&outcomes[2], Outcome::Submitted(s)
+            if !s[0].created && s[0].row.status == ActivityStatus::Completed),
+        "{:?}",
+        outcomes[2]
+    );
+    assert!(matches!(&outcomes[3], Outcome::Submitted(s) if s[0].created));
+    let running = claim(store, &["t"], 5, T0 + 12).await;
+    let claimed: Vec<&str> = running.iter().map(|r| &*r.key.activity_id).collect();
+    assert_eq!(claimed, ["f", "g", "h"]);
+    let outcomes = apply(
+        store,
+        vec![
+            ending(&running[1], output("G"), None),
+            Op::Submit(vec![new("k", "t")]),
+            ending(&running[2], output("H"), None),
+            Op::Submit(vec![new("l", "t")]),
+        ],
+        T0 + 13,
+    )
+    .await;
+    assert!(matches!(&outcomes[0], Outcome::Finished { accepted: true }));
+    assert!(matches!(&outcomes[1], Outcome::Submitted(s) if s[0].row.key.activity_id == "k"));
+    assert!(matches!(&outcomes[2], Outcome::Finished { accepted: true }));
+    assert!(matches!(&outcomes[3], Outcome::Submitted(s) if s[0].row.key.activity_id == "l"));
+    for (id, status) in [
+        ("g", ActivityStatus::Completed),
+        ("h", ActivityStatus::Completed),
+        ("k", ActivityStatus::Scheduled),
+        ("l", ActivityStatus::Scheduled),
+    ] {
+        assert_eq!(get(store, id).await.status, status, "{id}");
+    }
+}
+
+/// The batch a busy dispatch loop makes (the results that came in, then a claim
+/// for the slots they freed), which a store may run as one statement: each ending
+/// is judged as alone, and the claim takes due rows, never one an ending in the
+/// batch still holds.
+async fn endings_and_the_claim_that_refills_their_slots_share_a_batch(
+    store: &dyn Store,
+    _raw: &Raw,
+) {
+    for id in ["x", "y", "z", "w"] {
+        submit(store, new(id, "t")).await;
+    }
+    let running = claim(store, &["t"], 2, T0).await;
+    let claimed: Vec<&str> = running.iter().map(|r| &*r.key.activity_id).collect();
+    assert_eq!(claimed, ["x", "y"]);
+    let mut stale = running[1].clone();
+    stale.attempt = 9;
+    let ending = |row: &ActivityRow, transition| Op::Finish {
+        attempt: Arc::new(Attempt::from_row(row)),
+        transition,
+        lease_expired_by: None,
+    };
+    let outcomes = apply(
+        store,
+        vec![
+            ending(&running[0], output("X")),
+            ending(&stale, output("stale")),
+            claim_for(&["t"], 1),
+        ],
+        T0 + 1,
+    )
+    .await;
+    assert!(matches!(&outcomes[0], Outcome::Finished { accepted: true }));
+    assert!(matches!(
+        &outcomes[1],
+        Outcome::Finished { accepted: false }
+    ));
+    match &outcomes[2] {
+        Outcome::Claimed(rows) => {
+            let ids: Vec<(&str, u32)> = rows
+                .iter()
+                .map(|r| (&*r.key.activity_id, r.attempt))
+                .collect();
+            assert_eq!(ids, [("z", 1)]);
+        }
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+    assert_eq!(get(store, "x").await.status, ActivityStatus::Completed);
+    assert_eq!(get(store, "y").await.status, ActivityStatus::Running);
+    // A claim that finds nothing due still answers, and the endings still land.
+    let y = get(store, "y").await;
+    let z = get(store, "z").await;
+    let w = claim(store, &["t"], 1, T0 + 2).await.remove(0);
+    let outcomes = apply(
+        store,
+        vec![
+            ending(&y, output("Y")),
+            ending(&z, output("Z")),
+            ending(&w, output("W")),
+            claim_for(&["t"], 5),
+        ],
+        T0 + 3,
+    )
+    .await;
+    assert_eq!(outcomes.len(), 4);
+    assert!(
+        outcomes[..3]
+            .iter()
+            .all(|o| matches!(o, Outcome::Finished { accepted: true })),
+        "{outcomes:?}"
+    );
+    assert!(matches!(&outcomes[3], Outcome::Claimed(rows) if rows.is_empty()));
+    for id in ["y", "z", "w"] {
+        assert_eq!(
+            get(store, id).await.status,
+            ActivityStatus::Completed,
+            "{id}"
+        );
+    }
 }
 
 async fn renew_extends_only_attempts_still_running(store: &dyn Store, _raw: &Raw) {

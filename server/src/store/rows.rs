@@ -152,6 +152,9 @@ mod col {
     pub const HEADERS: usize = 35;
 }
 
+/// How many columns `columns!()` has: a statement may return more after them.
+pub(super) const COLUMNS: usize = col::HEADERS + 1;
+
 /// A result row read by column position: what every dialect's rows offer the one
 /// decoder. Each read is strict (a NULL in a required column, text that is not
 /// UTF-8, a string where a number belongs are errors) except that an integer

@@ -66,6 +66,16 @@ fn migrator() -> Migrator {
             "worker_sessions",
             include_str!("../migrations/postgres/0004_worker_sessions.sql"),
         ),
+        migration(
+            5,
+            "claim_plans",
+            include_str!("../migrations/postgres/0005_claim_plans.sql"),
+        ),
+        migration(
+            6,
+            "queue_vacuum",
+            include_str!("../migrations/postgres/0006_queue_vacuum.sql"),
+        ),
     ])
 }
 
@@ -77,6 +87,16 @@ const SESSION_LIMITS: [(&str, &str); 3] = [
     ("lock_timeout", "10s"),
     ("idle_in_transaction_session_timeout", "60s"),
 ];
+
+/// The planner settings of the sessions that write (and claim). A claim must read
+/// `activities_due` in its order and stop at its `LIMIT`; but on statistics taken
+/// when the table was empty, or held only finished rows, every index on SCHEDULED
+/// rows looks equally free, and a plan that reads them all and sorts them looks as
+/// good, and costs a scan of the whole backlog per claim. No statement these
+/// sessions run needs a sort that an index cannot give in order, so sorting is
+/// priced out: where an index gives the order, that plan wins whatever the
+/// statistics say (PostgreSQL still sorts where nothing else can).
+const WRITER_PLANNING: [(&str, &str); 1] = [("enable_sort", "off")];
 
 /// How long taking a pooled connection may wait (and so how long start-up keeps
 /// trying an unreachable server).
@@ -168,7 +188,7 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(options.clone())
+            .connect_with(options.clone().options(WRITER_PLANNING))
             .await?;
         let readers = PgPoolOptions::new()
             .max_connections(8)
@@ -201,6 +221,10 @@ fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+        if let Some(batch) = write::OneStatement::of(&ops) {
+            let mut conn = self.pool.acquire().await?;
+            return write::apply_one_statement(&mut conn, batch, now).await;
+        }
         let mut tx = self.pool.begin().await?;
         let outcomes = write::apply(&mut tx, &ops, now).await?;
         tx.commit().await?;
@@ -372,6 +396,7 @@ impl Store for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::PgConnection;
 
     /// A store in a schema of its own, with `extra` session options.
     async fn store_with(extra: &[(&str, &str)]) -> PostgresStore {
@@ -462,6 +487,98 @@ mod tests {
             next_matching(&mut from_a, |r| matches!(r, Remote::Resync)).await,
             Remote::Resync
         ));
+    }
+
+    /// The claim's generic plan (what a prepared statement runs after a few calls)
+    /// as PostgreSQL would run it now.
+    async fn claim_plan(conn: &mut PgConnection) -> String {
+        sqlx::query("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let name = format!(
+            "claim_plan_{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PREPARE {name}(BIGINT, TEXT, BIGINT, TEXT, TEXT, BIGINT, TEXT, TEXT) AS {}",
+            sql::CLAIM
+        )))
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN EXECUTE {name}(9000000000000, 'w', 1, 'ns', 't', 50, 'i', 'n')"
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        plan.join("\n")
+    }
+
+    async fn analyze(conn: &mut PgConnection) {
+        sqlx::query("ANALYZE activities")
+            .execute(conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Inserts `n` rows of type `t` with status `status`.
+    async fn fill(conn: &mut PgConnection, n: i64, status: i64) {
+        sqlx::query(
+            "INSERT INTO activities (namespace, workflow_id, activity_id, activity_type, \
+               status, max_attempts, initial_interval_ms, backoff_coefficient, \
+               max_interval_ms, input, created_at, next_at, finished_at) \
+             SELECT 'ns', 'wf', gen_random_uuid()::TEXT, 't', $2, 3, 1000, 2, 10000, '', \
+               g, g, CASE WHEN $2 >= 3 THEN g END \
+             FROM generate_series(1, $1) AS g",
+        )
+        .bind(n)
+        .bind(status)
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A claim is a range scan of `activities_due`, in order, whatever the planner
+    /// believes about the table: statistics taken when it was empty, or when every
+    /// row had finished, or true ones. A plan that sorts, hashes or scans the
+    /// table reads every waiting row on every claim, which at a million rows is
+    /// the whole drain's time.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_claim_is_a_range_scan_of_the_due_index_whatever_the_statistics() {
+        let store = store_with(&[]).await;
+        let mut conn = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+        let check = |plan: String, when: &str| {
+            assert!(
+                plan.contains("Index Scan using activities_due"),
+                "{when}: {plan}"
+            );
+            for bad in ["Sort", "Seq Scan", "Hash"] {
+                assert!(!plan.contains(bad), "{when}: {bad} in {plan}");
+            }
+        };
+        analyze(&mut conn).await;
+        fill(&mut conn, 20_000, 1).await;
+        check(claim_plan(&mut conn).await, "analyzed empty, then filled");
+        sqlx::query("UPDATE activities SET status = 3, finished_at = 1")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        fill(&mut conn, 50_000, 3).await;
+        analyze(&mut conn).await;
+        fill(&mut conn, 20_000, 1).await;
+        check(
+            claim_plan(&mut conn).await,
+            "analyzed all finished, then a backlog",
+        );
+        analyze(&mut conn).await;
+        check(claim_plan(&mut conn).await, "true statistics");
     }
 
     /// Callers holding every API read connection do not hold up the committer's

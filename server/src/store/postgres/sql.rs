@@ -6,6 +6,13 @@
 //! Writes that take many rows take them as arrays (`UNNEST`): every statement is a
 //! network round trip, so a run of hundreds of rows must not be hundreds of
 //! statements. One row is an array of one.
+//!
+//! Statements are prepared once per connection, so PostgreSQL soon plans them
+//! without their values (a generic plan). A statement that picks rows with a
+//! `LIMIT $n` subquery therefore writes `id = ANY(ARRAY(subquery))`, never
+//! `id IN (subquery)`: for the `IN` form a generic plan may hash-join the whole
+//! table against the subquery (a sequential scan per claim, growing with the
+//! table), while `ANY(ARRAY(…))` is always one index probe per picked id.
 
 /// The values of endings (`change::Ending`), one array each, bound as `$1`…`$14` in
 /// the order `write::Endings` binds them and named `e_*` (apart from the table's
@@ -106,40 +113,86 @@ pub const LOCK_BY_KEY: &str = concat!(
       FOR UPDATE"
 );
 
+/// The claim, with its parameters' placeholders: up to `$limit` due rows of one
+/// type, at `$now`, for `$worker` (its identity, and the node it is connected
+/// to), leased until `$lease`. Rows another node is claiming are skipped, not
+/// waited for.
+macro_rules! claim {
+    ($now:literal, $worker:literal, $lease:literal, $namespace:literal, $type:literal,
+     $limit:literal, $identity:literal, $node:literal) => {
+        concat!(
+            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ",
+            $now,
+            ", worker_id = ",
+            $worker,
+            ", lease_expires_at = ",
+            $lease,
+            ", worker_identity = ",
+            $identity,
+            ", worker_node = ",
+            $node,
+            " WHERE id = ANY(ARRAY(SELECT id FROM activities \
+               WHERE namespace = ",
+            $namespace,
+            " AND activity_type = ",
+            $type,
+            " AND status = 1 AND next_at <= ",
+            $now,
+            " AND (expires_at IS NULL OR expires_at > ",
+            $now,
+            ") \
+               ORDER BY priority DESC, next_at, id LIMIT ",
+            $limit,
+            " FOR UPDATE SKIP LOCKED)) RETURNING ",
+            columns!()
+        )
+    };
+}
+
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
-/// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. Rows
-/// another node is claiming are skipped, not waited for.
-pub const CLAIM: &str = concat!(
-    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = $1, \
-     worker_id = $2, lease_expires_at = $3, worker_identity = $7, \
-     worker_node = $8 \
-     WHERE id IN (SELECT id FROM activities \
-       WHERE namespace = $4 AND activity_type = $5 AND status = 1 AND next_at <= $1 \
-         AND (expires_at IS NULL OR expires_at > $1) \
-       ORDER BY priority DESC, next_at, id LIMIT $6 FOR UPDATE SKIP LOCKED) \
-     RETURNING ",
-    columns!()
-);
+/// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node.
+pub const CLAIM: &str = claim!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8");
 
 /// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
 /// `$17[i]` is not NULL, only if its lease expired before then; where `$18[i]` is
 /// not NULL, only while the row is that node's). Returns the ids it ended. No row
 /// may appear twice.
-pub const FINISH: &str = concat!(
-    "UPDATE activities AS a SET ",
-    ending!(),
-    " FROM ",
-    endings!(
-        "$15::BIGINT[]",
-        "$16::BIGINT[]",
-        "$17::BIGINT[]",
-        "$18::TEXT[]"
-    ),
-    ", f_id, f_attempt, f_guard, f_node) \
-     WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
-       AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
-       AND (v.f_node IS NULL OR a.worker_node = v.f_node) \
-     RETURNING a.id"
+macro_rules! finish {
+    () => {
+        concat!(
+            "UPDATE activities AS a SET ",
+            ending!(),
+            " FROM ",
+            endings!(
+                "$15::BIGINT[]",
+                "$16::BIGINT[]",
+                "$17::BIGINT[]",
+                "$18::TEXT[]"
+            ),
+            ", f_id, f_attempt, f_guard, f_node) \
+             WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
+               AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
+               AND (v.f_node IS NULL OR a.worker_node = v.f_node) \
+             RETURNING a.id"
+        )
+    };
+}
+
+pub const FINISH: &str = finish!();
+
+/// [`FINISH`] (`$1`…`$18`) and [`CLAIM`] (`$19`…`$26`) as one statement, so a
+/// batch of endings and a claim commits without a transaction around it. They
+/// cannot meet: the endings touch RUNNING rows, the claim SCHEDULED ones, and
+/// one statement sees one snapshot (a row an ending reschedules is claimed by
+/// the next batch). One row back: the claim's columns (all NULL when it claimed
+/// nothing), then the array of ids ended.
+pub const FINISH_AND_CLAIM: &str = concat!(
+    "WITH f AS (",
+    finish!(),
+    "), c AS (",
+    claim!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
+    ") SELECT c.*, e.ended FROM (SELECT array_agg(id) AS ended FROM f) AS e \
+     LEFT JOIN c ON TRUE"
 );
 
 /// Ends row `$15`, locked and found cancellable by the same transaction.
@@ -158,9 +211,9 @@ pub const EXPIRE: &str = concat!(
     ending!(),
     " FROM ",
     endings!(),
-    ") WHERE a.id IN (SELECT id FROM activities \
+    ") WHERE a.id = ANY(ARRAY(SELECT id FROM activities \
        WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= $15 \
-       LIMIT $16 FOR UPDATE SKIP LOCKED) \
+       LIMIT $16 FOR UPDATE SKIP LOCKED)) \
      RETURNING a.namespace, a.workflow_id, a.activity_id"
 );
 
@@ -186,8 +239,8 @@ pub const RECORD_HEARTBEAT: &str = "UPDATE activities SET heartbeat_type = $3, \
      heartbeat_details = $4 WHERE id = $1 AND attempt = $2 AND status = 2";
 
 /// Deletes up to `$2` rows finished before `$1`.
-pub const PRUNE: &str = "DELETE FROM activities WHERE id IN (SELECT id FROM activities \
-     WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
+pub const PRUNE: &str = "DELETE FROM activities WHERE id = ANY(ARRAY(SELECT id FROM activities \
+     WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))";
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
 /// (`octet_length` takes a TOASTed value's size from its header).
@@ -256,8 +309,8 @@ pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
      GROUP BY namespace, activity_type, status, later";
 
 /// Deletes up to `$2` tickets last saved before `$1`.
-pub const PRUNE_TICKETS: &str = "DELETE FROM worker_sessions WHERE worker_id IN \
-     (SELECT worker_id FROM worker_sessions WHERE updated_at < $1 LIMIT $2)";
+pub const PRUNE_TICKETS: &str = "DELETE FROM worker_sessions WHERE worker_id = ANY(ARRAY( \
+     SELECT worker_id FROM worker_sessions WHERE updated_at < $1 LIMIT $2))";
 
 /// Keeps session `$1`'s ticket `$2` for caller `$3` and registration `$4`, at `$5`.
 pub const SAVE_TICKET: &str = "INSERT INTO worker_sessions \
