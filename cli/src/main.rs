@@ -275,6 +275,15 @@ struct BenchArgs {
         default_value = "submit,drain,latency,e2e"
     )]
     phases: Vec<bench::Phase>,
+    /// Start this many `spool serve` processes on --database (PostgreSQL when
+    /// more than one) instead of a server in this process; callers and workers
+    /// are spread over them, and each phase reports each process's CPU.
+    #[arg(long, default_value_t = 0, conflicts_with = "server")]
+    nodes: usize,
+    /// The started servers' --retention: short, with a long latency phase, to
+    /// watch the queue table level off on PostgreSQL (default: the server's).
+    #[arg(long, value_parser = duration, conflicts_with = "server")]
+    retention: Option<Duration>,
 }
 
 #[derive(clap::Args)]
@@ -807,6 +816,8 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         preload: args.preload,
         idle_workers: args.idle_workers,
         phases: args.phases,
+        nodes: args.nodes,
+        retention: args.retention,
     };
     let report = bench::run(options).await?;
     if json {

@@ -9,7 +9,9 @@
 //!
 //! Submitters and workers run in this process (SDK workers over loopback gRPC), so
 //! pickup latency is measured on one clock: the submit instant travels in the input.
-//! Without `--server`, the server runs in this process too, on a fresh database.
+//! Without `--server`, the server runs in this process too, on a fresh database;
+//! with `--nodes N`, as N `spool serve` processes on one database (`nodes`), with
+//! the callers and workers spread over them and each process's CPU reported.
 
 use std::{
     sync::{
@@ -18,6 +20,9 @@ use std::{
     },
     time::{Duration, Instant},
 };
+
+mod nodes;
+mod queue_table;
 
 use spool_proto::v1::{self, activity_service_client::ActivityServiceClient};
 use spool_worker::{Payload, Worker};
@@ -52,6 +57,11 @@ pub struct Options {
     /// (to measure the cost of many connected workers).
     pub idle_workers: usize,
     pub phases: Vec<Phase>,
+    /// `spool serve` processes to start on `database` (0: the server runs in this
+    /// process).
+    pub nodes: usize,
+    /// The started servers' retention of finished rows (default: theirs).
+    pub retention: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,18 +110,36 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
     let stop_server = CancellationToken::new();
     let mut server_task = None;
     let mut _dir = None;
-    let endpoint = match &options.server {
-        Some(url) => url.clone(),
+    let mut node_processes = None;
+    let database = match &options.database {
+        Some(db) => db.clone(),
         None => {
-            let database = match &options.database {
-                Some(db) => db.clone(),
-                None => {
-                    let dir = tempfile::tempdir().map_err(|e| Error::Setup(e.to_string()))?;
-                    let db = format!("sqlite://{}", dir.path().join("bench.db").display());
-                    _dir = Some(dir);
-                    db
-                }
-            };
+            let dir = tempfile::tempdir().map_err(|e| Error::Setup(e.to_string()))?;
+            let db = format!("sqlite://{}", dir.path().join("bench.db").display());
+            _dir = Some(dir);
+            db
+        }
+    };
+    let endpoints = match &options.server {
+        Some(url) => vec![url.clone()],
+        None if options.nodes > 0 => {
+            if options.nodes > 1 && !database.starts_with("postgres") {
+                return Err(Error::Setup(
+                    "--nodes above 1 share one database: give --database postgres://…".into(),
+                ));
+            }
+            let started = nodes::Nodes::start(
+                options.nodes,
+                &database,
+                options.token.as_deref(),
+                options.retention,
+            )
+            .await?;
+            let endpoints = started.endpoints();
+            node_processes = Some(started);
+            endpoints
+        }
+        None => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .map_err(|e| Error::Setup(e.to_string()))?;
@@ -121,29 +149,41 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
                     .local_addr()
                     .map_err(|e| Error::Setup(e.to_string()))?
             );
-            let mut config = spool_server::Config::new(database);
+            let mut config = spool_server::Config::new(database.clone());
             config.drain_timeout = Duration::from_secs(1);
             config.auth_token = options.token.clone();
+            if let Some(retention) = options.retention {
+                config.retention = retention;
+            }
             server_task = Some(tokio::spawn(spool_server::run(
                 config,
                 listener,
                 stop_server.clone().cancelled_owned(),
             )));
-            url
+            vec![url]
         }
     };
-    let bench = Bench::connect(endpoint.clone(), options.clone()).await?;
+    let mut processes = vec![("bench".to_owned(), std::process::id())];
+    if let Some(started) = &node_processes {
+        processes.extend(started.processes());
+    }
+    let mut bench = Bench::connect(endpoints.clone(), options.clone(), processes).await?;
+    if options.server.is_none() && database.starts_with("postgres") {
+        bench.watched = Some(database.clone());
+    }
+    let endpoint = endpoints.first().cloned().unwrap_or_default();
     let floor = baseline().await?;
     let mut report = serde_json::json!({
         "baseline": floor,
-        "server": if options.server.is_some() { endpoint.as_str() } else { "in-process" },
-        "database": options.database.clone().unwrap_or_else(|| if options.server.is_some() { "(server's)".into() } else { "sqlite (fresh temp file)".into() }),
+        "server": if options.server.is_some() { endpoint.as_str() } else if options.nodes > 0 { "nodes" } else { "in-process" },
+        "nodes": endpoints,
+        "database": if options.server.is_some() { "(server's)".to_owned() } else if options.database.is_some() { spool_server::config::redact_url(&database) } else { "sqlite (fresh temp file)".to_owned() },
         "payload_bytes": options.payload_bytes,
         "preload": options.preload,
     });
     let idle = CancellationToken::new();
     for n in 0..options.idle_workers {
-        let mut worker = Worker::new(endpoint.clone())
+        let mut worker = Worker::new(endpoints[n % endpoints.len()].clone())
             .namespace(NAMESPACE)
             .identity(format!("bench-idle-{n}"))
             .max_concurrency(1)
@@ -164,16 +204,20 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
         report["preload_seconds"] = round(started.elapsed().as_secs_f64());
     }
     for phase in &options.phases {
-        let result = match phase {
+        let cpu_before = bench.cpu();
+        let started = Instant::now();
+        let (name, mut result) = match phase {
             Phase::Submit => ("submit", bench.submit_phase().await?),
             Phase::Drain => ("drain", bench.drain_phase().await?),
             Phase::Latency => ("latency", bench.latency_phase().await?),
             Phase::EndToEnd => ("end_to_end", bench.end_to_end_phase().await?),
         };
-        report[result.0] = result.1;
+        result["cpu"] = bench.cpu_since(&cpu_before, started.elapsed());
+        report[name] = result;
     }
     add_ratios(&mut report);
     stop_server.cancel();
+    drop(node_processes);
     if let Some(task) = server_task {
         match task.await {
             Ok(Ok(())) => {}
@@ -184,9 +228,17 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
     Ok(report)
 }
 
+/// CPU seconds used so far: by the bench's processes (this one, then the nodes),
+/// and by each local PostgreSQL process.
+struct Cpu {
+    ours: Vec<Option<f64>>,
+    postgres: std::collections::HashMap<u32, f64>,
+}
+
 struct Bench {
-    endpoint: String,
-    channel: Channel,
+    /// The nodes, each with a channel; callers and workers take them in turn.
+    endpoints: Vec<String>,
+    channels: Vec<Channel>,
     options: Options,
     /// The clock pickup latency is measured on: submit instants travel in inputs
     /// as nanoseconds since this instant.
@@ -196,36 +248,100 @@ struct Bench {
     /// Handler calls that returned, across all phases: a cheap signal of progress
     /// that spares the server a `Stats` count per poll.
     handled: Arc<AtomicUsize>,
+    /// The same, per node the worker was connected to.
+    handled_by_node: Arc<[AtomicUsize]>,
+    /// The processes whose CPU each phase reports: this one, then the nodes.
+    processes: Arc<[(String, u32)]>,
+    /// The PostgreSQL database the bench started its servers on, whose queue
+    /// table the latency phase watches.
+    watched: Option<String>,
 }
 
 impl Bench {
-    async fn connect(endpoint: String, options: Options) -> Result<Self, Error> {
+    async fn connect(
+        endpoints: Vec<String>,
+        options: Options,
+        processes: Vec<(String, u32)>,
+    ) -> Result<Self, Error> {
+        let mut channels = Vec::with_capacity(endpoints.len());
+        for endpoint in &endpoints {
+            channels.push(Self::channel(endpoint, &options).await?);
+        }
+        Ok(Self {
+            handled_by_node: endpoints.iter().map(|_| AtomicUsize::new(0)).collect(),
+            endpoints,
+            channels,
+            options,
+            epoch: Instant::now(),
+            run_id: uuid::Uuid::now_v7().simple().to_string()[..12].to_owned(),
+            handled: Arc::new(AtomicUsize::new(0)),
+            processes: processes.into(),
+            watched: None,
+        })
+    }
+
+    async fn channel(endpoint: &str, options: &Options) -> Result<Channel, Error> {
         let mut last = String::new();
         for _ in 0..100 {
-            match spool_proto::endpoint::endpoint(&endpoint, &options.tls)
+            match spool_proto::endpoint::endpoint(endpoint, &options.tls)
                 .map_err(|e| Error::Setup(e.to_string()))?
                 .connect()
                 .await
             {
-                Ok(channel) => {
-                    return Ok(Self {
-                        endpoint,
-                        channel,
-                        options,
-                        epoch: Instant::now(),
-                        run_id: uuid::Uuid::now_v7().simple().to_string()[..12].to_owned(),
-                        handled: Arc::new(AtomicUsize::new(0)),
-                    });
-                }
+                Ok(channel) => return Ok(channel),
                 Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(Error::Connect(endpoint, last))
+        Err(Error::Connect(endpoint.to_owned(), last))
     }
 
     fn client(&self) -> ActivityServiceClient<Channel> {
-        ActivityServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+        self.client_at(0)
+    }
+
+    /// A client of the `i`-th node, counting round the nodes.
+    fn client_at(&self, i: usize) -> ActivityServiceClient<Channel> {
+        ActivityServiceClient::new(self.channels[i % self.channels.len()].clone())
+            .max_decoding_message_size(usize::MAX)
+    }
+
+    /// CPU seconds used so far by each process (`None` where it cannot be read),
+    /// and by each local PostgreSQL process.
+    fn cpu(&self) -> Cpu {
+        Cpu {
+            ours: self
+                .processes
+                .iter()
+                .map(|(_, pid)| nodes::cpu_seconds(*pid))
+                .collect(),
+            postgres: nodes::local_postgres_cpu(),
+        }
+    }
+
+    /// What each process used since `before`, over `wall` seconds: CPU seconds,
+    /// and the share of one core. Local PostgreSQL processes count as one.
+    fn cpu_since(&self, before: &Cpu, wall: Duration) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let entry = |used: f64| {
+            serde_json::json!({
+                "seconds": round(used),
+                "cores": round(used / wall.as_secs_f64().max(1e-9)),
+            })
+        };
+        for ((name, pid), before) in self.processes.iter().zip(&before.ours) {
+            if let (Some(before), Some(now)) = (before, nodes::cpu_seconds(*pid)) {
+                out.insert(name.clone(), entry(now - before));
+            }
+        }
+        let postgres: f64 = nodes::local_postgres_cpu()
+            .iter()
+            .map(|(pid, now)| now - before.postgres.get(pid).copied().unwrap_or(0.0))
+            .sum();
+        if !before.postgres.is_empty() {
+            out.insert("postgres (local)".to_owned(), entry(postgres));
+        }
+        serde_json::Value::Object(out)
     }
 
     fn request<T>(&self, message: T) -> Request<T> {
@@ -283,9 +399,9 @@ impl Bench {
         let progress = (!tag.is_empty()).then(|| Progress::start(tag, count, next.clone()));
         let mut callers = JoinSet::new();
         let batch = self.options.batch.max(1);
-        for _ in 0..self.options.submit_concurrency.max(1) {
+        for caller in 0..self.options.submit_concurrency.max(1) {
             let next = next.clone();
-            let mut client = self.client();
+            let mut client = self.client_at(caller);
             let this = self.shallow();
             let activity_type = activity_type.to_owned();
             let tag = tag.to_owned();
@@ -315,12 +431,15 @@ impl Bench {
     /// A copy sharing the channel, for tasks.
     fn shallow(&self) -> Arc<Self> {
         Arc::new(Self {
-            endpoint: self.endpoint.clone(),
-            channel: self.channel.clone(),
+            endpoints: self.endpoints.clone(),
+            channels: self.channels.clone(),
             options: self.options.clone(),
             epoch: self.epoch,
             run_id: self.run_id.clone(),
             handled: self.handled.clone(),
+            handled_by_node: self.handled_by_node.clone(),
+            processes: self.processes.clone(),
+            watched: self.watched.clone(),
         })
     }
 
@@ -338,7 +457,9 @@ impl Bench {
             let epoch = self.epoch;
             let on_start = on_start.clone();
             let handled = self.handled.clone();
-            let mut worker = Worker::new(self.endpoint.clone())
+            let node = n as usize % self.endpoints.len();
+            let by_node = self.handled_by_node.clone();
+            let mut worker = Worker::new(self.endpoints[node].clone())
                 .namespace(NAMESPACE)
                 .identity(format!("bench-{n}"))
                 .max_concurrency(per_worker)
@@ -346,6 +467,7 @@ impl Bench {
                 .activity(activity_type, move |_ctx, input: Payload| {
                     let on_start = on_start.clone();
                     let handled = handled.clone();
+                    let by_node = by_node.clone();
                     async move {
                         let sent = input
                             .data
@@ -356,6 +478,7 @@ impl Bench {
                         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         on_start(Duration::from_nanos(now.saturating_sub(sent)));
                         handled.fetch_add(1, Ordering::Relaxed);
+                        by_node[node].fetch_add(1, Ordering::Relaxed);
                         Ok(Payload::default())
                     }
                 });
@@ -402,9 +525,9 @@ impl Bench {
         let progress = Progress::start("submit (single)", count, next.clone());
         let started = Instant::now();
         let mut callers = JoinSet::new();
-        for _ in 0..self.options.submit_concurrency.max(1) {
+        for caller in 0..self.options.submit_concurrency.max(1) {
             let next = next.clone();
-            let mut client = self.client();
+            let mut client = self.client_at(caller);
             let this = self.shallow();
             callers.spawn(async move {
                 loop {
@@ -438,6 +561,7 @@ impl Bench {
             .await?;
         let first = Arc::new(Mutex::new(None::<Instant>));
         let f = first.clone();
+        let by_node = self.handled_by_node();
         let stop = self.start_workers(
             "bench.drain",
             Arc::new(move |_| {
@@ -459,11 +583,30 @@ impl Bench {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .ok_or_else(|| Error::Setup("no activity was dispatched".into()))?;
+        let took = last.duration_since(first);
         Ok(rate(
             count,
-            last.duration_since(first),
-            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers}),
+            took,
+            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers, "per_node": self.per_node_since(&by_node, took)}),
         ))
+    }
+
+    fn handled_by_node(&self) -> Vec<usize> {
+        self.handled_by_node
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Activities handled per second by the workers of each node since `before`.
+    fn per_node_since(&self, before: &[usize], took: Duration) -> serde_json::Value {
+        self.handled_by_node()
+            .iter()
+            .zip(before)
+            .map(|(now, before)| {
+                round(now.saturating_sub(*before) as f64 / took.as_secs_f64().max(1e-9))
+            })
+            .collect()
     }
 
     async fn latency_phase(&self) -> Result<serde_json::Value, Error> {
@@ -473,6 +616,10 @@ impl Bench {
             "bench.latency",
             Arc::new(move |latency| p.lock().unwrap_or_else(|e| e.into_inner()).push(latency)),
         );
+        let watcher = self.watched.clone().map(|url| {
+            let stop = CancellationToken::new();
+            (stop.clone(), tokio::spawn(queue_table::watch(url, stop)))
+        });
         // Let the workers connect before the clock starts.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let total = (u64::from(self.options.rate) * self.options.duration.as_millis() as u64 / 1000)
@@ -490,7 +637,7 @@ impl Bench {
             ticker.tick().await;
             sent.store(i + 1, Ordering::Relaxed);
             let this = self.shallow();
-            let mut client = self.client();
+            let mut client = self.client_at(i);
             let end_to_end = end_to_end.clone();
             let failures = failures.clone();
             calls.spawn(async move {
@@ -530,7 +677,17 @@ impl Bench {
         stop.cancel();
         let pickups = std::mem::take(&mut *pickups.lock().unwrap_or_else(|e| e.into_inner()));
         let end_to_end = std::mem::take(&mut *end_to_end.lock().unwrap_or_else(|e| e.into_inner()));
+        let queue_table = match watcher {
+            Some((stop, task)) => {
+                stop.cancel();
+                task.await
+                    .map_err(|e| Error::Setup(e.to_string()))?
+                    .map_err(Error::Setup)?
+            }
+            None => serde_json::Value::Null,
+        };
         Ok(serde_json::json!({
+            "queue_table": queue_table,
             "offered_rate": self.options.rate,
             "achieved_rate": round(end_to_end.len() as f64 / offered_for.as_secs_f64()),
             "activities": total,
@@ -544,6 +701,7 @@ impl Bench {
         let count = self.options.activities;
         let before = self.completed().await?;
         let handled_before = self.handled.load(Ordering::Relaxed);
+        let by_node = self.handled_by_node();
         let stop = self.start_workers("bench.e2e", Arc::new(|_| {}));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
@@ -555,10 +713,11 @@ impl Bench {
         stop.cancel();
         submitted?;
         let last = last?;
+        let took = last.duration_since(started);
         Ok(rate(
             count,
-            last.duration_since(started),
-            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers, "batch": self.options.batch, "submit_concurrency": self.options.submit_concurrency}),
+            took,
+            serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers, "batch": self.options.batch, "submit_concurrency": self.options.submit_concurrency, "per_node": self.per_node_since(&by_node, took)}),
         ))
     }
 }
