@@ -92,7 +92,8 @@ async fn list_pages_through_everything_and_filters() {
 
 #[tokio::test]
 async fn stats_count_statuses_and_workers() {
-    let server = TestServer::start().await;
+    // `connected_workers` is the node's own.
+    let server = TestServer::one_node().await;
     let _worker = server.worker(|w| {
         w.activity("ok", |_, _| async { Ok(Payload::default()) })
             .activity("bad", |_, _| async {
@@ -440,7 +441,8 @@ async fn tokens_have_roles_and_namespaces() {
         .to_string(),
     )
     .unwrap();
-    let server = TestServer::start_with(|c| c.tokens_file = Some(tokens.clone())).await;
+    // The admin token's ListWorkers is the node's own.
+    let server = TestServer::one_node_with(|c| c.tokens_file = Some(tokens.clone())).await;
     let mut client = server.client().await;
     let in_orders = || {
         let mut r = request("t", "wf", "a");

@@ -1,5 +1,11 @@
 //! A real server on a free loopback port with its own SQLite file, real SDK workers,
 //! and raw protocol clients for what the SDK would never send.
+//!
+//! With `SPOOL_TEST_NODES=N` (N > 1), every test that does not need one node of its
+//! own (a SQLite file to open, a store with faults, one node's counts or limits)
+//! runs on N nodes sharing a fresh PostgreSQL schema, behind a TCP proxy that hands
+//! each new connection to the next node, as a load balancer would: a test's
+//! submits, waits and workers land on different nodes.
 
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
@@ -15,63 +21,38 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, transport::Channel};
 
+use crate::proxy::Proxy;
+
 pub const WAIT: Duration = Duration::from_secs(10);
 
-pub struct TestServer {
-    pub endpoint: String,
-    pub database: String,
-    stop: CancellationToken,
-    task: Option<JoinHandle<Result<(), spool_server::server::Error>>>,
-    _dir: Arc<tempfile::TempDir>,
+/// How many nodes [`TestServer::start`] runs (`SPOOL_TEST_NODES`, 1 if unset).
+pub fn nodes_wanted() -> usize {
+    match std::env::var("SPOOL_TEST_NODES") {
+        Ok(n) => n
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .unwrap_or_else(|| panic!("SPOOL_TEST_NODES={n:?}: a number of nodes, 1 or more")),
+        Err(_) => 1,
+    }
 }
 
-impl TestServer {
-    pub async fn start() -> Self {
-        Self::start_with(|_| {}).await
-    }
+type Ended = Result<(), spool_server::server::Error>;
 
-    pub async fn start_with(configure: impl FnOnce(&mut Config)) -> Self {
-        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
-        Self::start_on(dir, database, configure).await
-    }
+/// One `spool serve` in this process.
+struct Node {
+    endpoint: String,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Ended>>,
+}
 
-    async fn start_on(
-        dir: Arc<tempfile::TempDir>,
-        database: String,
-        configure: impl FnOnce(&mut Config),
-    ) -> Self {
-        Self::start_inner(dir, database, None, configure).await
-    }
-
-    /// A server on a store the test made (one with faults, say).
-    pub async fn start_with_store(
-        store: impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Store>>>>,
-        configure: impl FnOnce(&mut Config),
-    ) -> Self {
-        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
-        let store = store(database.clone()).await;
-        Self::start_inner(dir, database, Some(store), configure).await
-    }
-
-    async fn start_inner(
-        dir: Arc<tempfile::TempDir>,
-        database: String,
+impl Node {
+    fn spawn(
+        config: Config,
+        listener: TcpListener,
         store: Option<Arc<dyn Store>>,
-        configure: impl FnOnce(&mut Config),
+        endpoint: String,
     ) -> Self {
-        let mut config = Config::new(database.clone());
-        // Short enough that a test whose worker never answers still stops quickly.
-        config.drain_timeout = Duration::from_millis(500);
-        configure(&mut config);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let scheme = if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let endpoint = format!("{scheme}://{}", listener.local_addr().expect("addr"));
         let stop = CancellationToken::new();
         let shutdown = stop.clone().cancelled_owned();
         let task = match store {
@@ -82,9 +63,109 @@ impl TestServer {
         };
         Self {
             endpoint,
-            database,
             stop,
             task: Some(task),
+        }
+    }
+}
+
+pub struct TestServer {
+    /// Where clients and workers connect: the node, or the proxy in front of the
+    /// nodes.
+    pub endpoint: String,
+    pub database: String,
+    nodes: Vec<Node>,
+    /// In front of the nodes when there are several; dropped with them.
+    _proxy: Option<Proxy>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+impl TestServer {
+    /// [`TestServer::start_with`], unconfigured.
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A server of [`nodes_wanted`] nodes: one on its own SQLite file, or several
+    /// on a fresh PostgreSQL schema behind a proxy.
+    pub async fn start_with(configure: impl FnOnce(&mut Config)) -> Self {
+        match nodes_wanted() {
+            1 => Self::one_node_with(configure).await,
+            n => {
+                let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+                let database = postgres_schema().await;
+                Self::start_nodes(dir, database, n, None, configure).await
+            }
+        }
+    }
+
+    /// One node on its own SQLite file, whatever `SPOOL_TEST_NODES` says: for a
+    /// test about one node (its file, its own counts, its limits).
+    pub async fn one_node() -> Self {
+        Self::one_node_with(|_| {}).await
+    }
+
+    /// [`TestServer::one_node`], configured.
+    pub async fn one_node_with(configure: impl FnOnce(&mut Config)) -> Self {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
+        Self::start_nodes(dir, database, 1, None, configure).await
+    }
+
+    /// A server on a store the test made (one with faults, say).
+    pub async fn start_with_store(
+        store: impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Store>>>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
+        let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+        let database = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = store(database.clone()).await;
+        Self::start_nodes(dir, database, 1, Some(store), configure).await
+    }
+
+    /// `count` nodes on `database`, each configured alike; behind a proxy when
+    /// there are several.
+    async fn start_nodes(
+        dir: Arc<tempfile::TempDir>,
+        database: String,
+        count: usize,
+        store: Option<Arc<dyn Store>>,
+        configure: impl FnOnce(&mut Config),
+    ) -> Self {
+        let mut config = Config::new(database.clone());
+        // Short enough that a test whose worker never answers still stops quickly.
+        config.drain_timeout = Duration::from_millis(500);
+        configure(&mut config);
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut nodes = Vec::with_capacity(count);
+        let mut addresses = Vec::with_capacity(count);
+        for _ in 0..count {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let address = listener.local_addr().expect("addr");
+            addresses.push(address);
+            let endpoint = format!("{scheme}://{address}");
+            nodes.push(Node::spawn(
+                config.clone(),
+                listener,
+                store.clone(),
+                endpoint,
+            ));
+        }
+        let (endpoint, proxy) = if count == 1 {
+            (nodes[0].endpoint.clone(), None)
+        } else {
+            let proxy = Proxy::start(addresses).await.expect("proxy");
+            (format!("{scheme}://{}", proxy.addr), Some(proxy))
+        };
+        Self {
+            endpoint,
+            database,
+            nodes,
+            _proxy: proxy,
             _dir: dir,
         }
     }
@@ -100,13 +181,26 @@ impl TestServer {
         configure: impl FnOnce(&mut Config),
     ) -> Self {
         let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
-        Self::start_on(dir, database.to_owned(), configure).await
+        Self::start_nodes(dir, database.to_owned(), 1, None, configure).await
     }
 
-    /// Stops this server and starts a new one on the same database file.
+    /// Stops every node and starts as many again on the same database.
     pub async fn restart(mut self) -> Self {
         self.shutdown().await;
-        Self::start_on(self._dir.clone(), self.database.clone(), |_| {}).await
+        let count = self.nodes.len();
+        Self::start_nodes(
+            self._dir.clone(),
+            self.database.clone(),
+            count,
+            None,
+            |_| {},
+        )
+        .await
+    }
+
+    /// Each node's own endpoint (one, unless the server has several nodes).
+    pub fn node_endpoints(&self) -> impl Iterator<Item = &str> {
+        self.nodes.iter().map(|n| n.endpoint.as_str())
     }
 
     /// The address, `host:port`, without a scheme.
@@ -116,32 +210,41 @@ impl TestServer {
             .map_or(self.endpoint.as_str(), |(_, a)| a)
     }
 
-    /// How the server task ended, once it has (for servers expected to stop on
-    /// their own, or asked to stop with [`TestServer::stop`]); `None` if it still
-    /// runs after `within`.
-    pub async fn ended_within(
-        &mut self,
-        within: Duration,
-    ) -> Option<Result<(), spool_server::server::Error>> {
-        let task = self.task.as_mut()?;
-        let ended = tokio::time::timeout(within, task).await.ok()?;
-        self.task = None;
-        Some(ended.expect("server task"))
+    /// How the server ended, once every node has (for servers expected to stop on
+    /// their own, or asked to stop with [`TestServer::stop`]): the first node's
+    /// error, if any; `None` if a node still runs after `within`.
+    pub async fn ended_within(&mut self, within: Duration) -> Option<Ended> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut outcome = Ok(());
+        for node in &mut self.nodes {
+            if let Some(task) = node.task.as_mut() {
+                let ended = tokio::time::timeout_at(deadline, task).await.ok()?;
+                node.task = None;
+                if let Err(e) = ended.expect("server task") {
+                    outcome = outcome.and(Err(e));
+                }
+            }
+        }
+        Some(outcome)
     }
 
-    /// Signals shutdown without waiting for it.
+    /// Signals shutdown to every node without waiting for it.
     pub fn stop(&self) {
-        self.stop.cancel();
+        for node in &self.nodes {
+            node.stop.cancel();
+        }
     }
 
     pub async fn shutdown(&mut self) {
-        self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(WAIT, task)
-                .await
-                .expect("server stops in time")
-                .expect("server task")
-                .expect("server ran cleanly");
+        self.stop();
+        for node in &mut self.nodes {
+            if let Some(task) = node.task.take() {
+                tokio::time::timeout(WAIT, task)
+                    .await
+                    .expect("server stops in time")
+                    .expect("server task")
+                    .expect("server ran cleanly");
+            }
         }
     }
 
@@ -172,20 +275,41 @@ impl TestServer {
         WorkerGuard { stop, task }
     }
 
-    /// Waits until `n` workers are connected in the default namespace.
-    pub async fn await_workers(&self, n: usize) {
-        let admin = self.admin().await;
-        eventually("workers to connect", || {
-            let mut admin = admin.clone();
-            async move {
-                let workers = admin
+    /// An admin client of each node, for what each node tells of itself only.
+    async fn node_admins(&self) -> Vec<AdminServiceClient<Channel>> {
+        let mut admins = Vec::new();
+        for endpoint in self.node_endpoints() {
+            let channel = Channel::from_shared(endpoint.to_owned())
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            admins.push(AdminServiceClient::new(channel));
+        }
+        admins
+    }
+
+    /// The workers connected in the default namespace, over all nodes (each node
+    /// lists its own).
+    pub async fn workers(&self) -> Result<Vec<v1::WorkerInfo>, Status> {
+        let mut workers = Vec::new();
+        for mut admin in self.node_admins().await {
+            workers.extend(
+                admin
                     .list_workers(v1::ListWorkersRequest::default())
-                    .await
-                    .ok()?
+                    .await?
                     .into_inner()
-                    .workers;
-                (workers.len() == n).then_some(())
-            }
+                    .workers,
+            );
+        }
+        Ok(workers)
+    }
+
+    /// Waits until `n` workers are connected in the default namespace, over all
+    /// nodes.
+    pub async fn await_workers(&self, n: usize) {
+        eventually("workers to connect", || async {
+            (self.workers().await.ok()?.len() == n).then_some(())
         })
         .await;
     }
@@ -193,7 +317,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        self.stop.cancel();
+        self.stop();
     }
 }
 

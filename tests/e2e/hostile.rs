@@ -260,7 +260,7 @@ async fn worker_text_is_sanitised(server: &TestServer) {
 
 #[tokio::test]
 async fn worker_text_is_sanitised_on_sqlite() {
-    let server = TestServer::start().await;
+    let server = TestServer::one_node().await;
     worker_text_is_sanitised(&server).await;
 }
 

@@ -141,7 +141,8 @@ async fn a_rapid_reset_flood_is_bounded() {
 /// At `--max-connections`, a new connection waits until one closes.
 #[tokio::test]
 async fn connections_beyond_the_cap_wait_for_one_to_close() {
-    let server = TestServer::start_with(|c| c.limits.max_connections = 2).await;
+    // The cap is each node's.
+    let server = TestServer::one_node_with(|c| c.limits.max_connections = 2).await;
     let mut first = server.client().await;
     first.stats(v1::StatsRequest::default()).await.unwrap();
     let idle = TcpStream::connect(server.address()).await.expect("connect");

@@ -50,7 +50,9 @@ fn with_budget(activity_id: &str, max_attempts: u32) -> v1::SubmitRequest {
 /// either counted, the failure would be the last and the activity FAILED.
 #[tokio::test]
 async fn uncounted_steps_leave_the_budget_whole() {
-    let server = TestServer::start().await;
+    // One node: a node stopping beside others hands its sessions over to resume
+    // elsewhere instead of releasing their attempts (the resume tests).
+    let server = TestServer::one_node().await;
     let mut client = server.client().await;
     submit(&mut client, with_budget("a", 2)).await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;

@@ -12,7 +12,8 @@ use crate::{faults::Faulty, harness::*};
 
 #[tokio::test]
 async fn sessions_per_token_are_capped_and_freed_on_close() {
-    let server = TestServer::start_with(|c| c.limits.max_sessions_per_token = 2).await;
+    // The cap is each node's.
+    let server = TestServer::one_node_with(|c| c.limits.max_sessions_per_token = 2).await;
     let first = RawWorker::connect(&server, &["t"], 1).await;
     let _second = RawWorker::connect(&server, &["t"], 1).await;
     let err = RawWorker::open(
@@ -42,7 +43,8 @@ async fn sessions_per_token_are_capped_and_freed_on_close() {
 
 #[tokio::test]
 async fn unauthenticated_watch_streams_are_bounded_but_checks_are_not() {
-    let server = TestServer::start_with(|c| c.limits.max_open_streams_unauthenticated = 2).await;
+    // The bound is each node's.
+    let server = TestServer::one_node_with(|c| c.limits.max_open_streams_unauthenticated = 2).await;
     let mut health = HealthClient::new(server.channel().await);
     let mut watches = Vec::new();
     for _ in 0..2 {

@@ -179,11 +179,13 @@ async fn schedule_to_close_fails_waiting_and_running_activities_for_good() {
 async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
     let server =
         TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+    // Stored first, so the silent worker's first claim takes it: its 300 ms run
+    // from its Welcome.
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "s")).await;
     // The raw worker sends no keep-alives at all.
     let mut silent = RawWorker::connect(&server, &["t"], 1).await;
     assert_eq!(silent.welcome.heartbeat_interval, ms(100));
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "s")).await;
     assert_eq!(silent.task().await.attempt, 1);
     let started = tokio::time::Instant::now();
     let _healthy = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
@@ -216,7 +218,8 @@ async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
 
 #[tokio::test]
 async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
-    let server = TestServer::start().await;
+    // A drain is the node's own: the one node asked, and its sessions.
+    let server = TestServer::one_node().await;
     let mut idle = RawWorker::connect(&server, &["idle"], 1).await;
     let _worker = server.worker(|w| {
         w.max_concurrency(4).activity("short", |_, _| async {
@@ -299,7 +302,8 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
 
 #[tokio::test]
 async fn a_drain_releases_what_outlives_it_without_failing_it() {
-    let server = TestServer::start().await;
+    // A drain is the node's own: the one node asked, and its sessions.
+    let server = TestServer::one_node().await;
     let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     let mut client = server.client().await;
     let mut req = request("t", "wf", "forever");
@@ -426,14 +430,7 @@ async fn an_ended_attempt_and_its_retry_on_one_worker_take_two_slots() {
     assert_eq!(second.as_ref().map(|t| t.attempt), Some(2));
     // Both slots are taken: another activity must wait.
     submit(&mut client, request("t", "wf", "b")).await;
-    let workers = server
-        .admin()
-        .await
-        .list_workers(v1::ListWorkersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .workers;
+    let workers = server.workers().await.unwrap();
     assert_eq!(workers[0].in_flight, 2);
     raw.quiet_for(Duration::from_millis(300)).await;
     // Answering attempt 1 (refused) frees its slot, and only then does b arrive.

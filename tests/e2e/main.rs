@@ -26,3 +26,5 @@ mod tls;
 mod fixtures;
 #[path = "../support/pki.rs"]
 mod pki;
+#[path = "../../cli/src/soak/proxy.rs"]
+mod proxy;

@@ -283,14 +283,7 @@ async fn the_handshake_checks_hello() {
     let _lax = RawWorker::open(&server, worker_message::Message::Hello(lax))
         .await
         .unwrap();
-    let workers = server
-        .admin()
-        .await
-        .list_workers(v1::ListWorkersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .workers;
+    let workers = server.workers().await.unwrap();
     assert_eq!(workers.len(), 1);
     assert_eq!(workers[0].max_concurrency, 1);
     assert_eq!(workers[0].activity_types, vec!["t".to_string()]);
@@ -324,7 +317,8 @@ async fn higher_priority_first_then_oldest_first() {
 
 #[tokio::test]
 async fn namespaces_do_not_mix() {
-    let server = TestServer::start().await;
+    // `connected_workers` is the node's own.
+    let server = TestServer::one_node().await;
     let mut client = server.client().await;
     let mut in_orders = request("t", "wf", "a");
     in_orders.namespace = "orders".into();

@@ -14,14 +14,12 @@ use std::{
 use spool_proto::v1::{self, server_message, worker_message};
 use spool_worker::{Connection, ResultAck, Worker};
 
-use crate::harness::*;
+use crate::{harness::*, proxy};
 
-#[path = "../../cli/src/soak/proxy.rs"]
-mod proxy;
-
-/// A server with a resume grace, and a proxy in front of it.
+/// A server with a resume grace, and a proxy in front of it (one node: the proxy
+/// is the network the test cuts).
 async fn behind_proxy(grace: Duration, heartbeat: Duration) -> (TestServer, proxy::Proxy) {
-    let server = TestServer::start_with(|c| {
+    let server = TestServer::one_node_with(|c| {
         c.resume_grace = Some(grace);
         c.heartbeat_interval = heartbeat;
     })
@@ -342,7 +340,8 @@ fn resume_hello(worker_id: &str, token: &str, held: &[(&str, u32)]) -> worker_me
 /// new session, and the session they named keeps its attempt.
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_and_replayed_resume_tokens_are_refused_and_change_nothing() {
-    let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    // One node: each refusal must come from the node holding the session.
+    let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
     let (worker_id, token) = (
