@@ -310,7 +310,7 @@ impl Commands {
             print_json(&serde_json::json!({
                 "scheduled": s.scheduled, "running": s.running, "completed": s.completed,
                 "failed": s.failed, "cancelled": s.cancelled, "connected_workers": s.connected_workers,
-                "draining": s.draining,
+                "draining": s.draining, "claimed_ahead": s.claimed_ahead,
             }));
         } else {
             let rows = vec![vec![
@@ -335,6 +335,12 @@ impl Commands {
                     &rows
                 )
             );
+            if s.claimed_ahead > 0 {
+                println!(
+                    "{} of the running rows are claimed ahead: sent to a worker as its next slot frees",
+                    s.claimed_ahead
+                );
+            }
             if s.draining {
                 println!("{DRAINING}");
             }

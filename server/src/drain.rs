@@ -92,6 +92,16 @@ impl Drainer {
         Ok(true)
     }
 
+    /// Waits until everything queued for the committer before now is written (an
+    /// empty commit), or the drain's deadline.
+    async fn barrier(&self, deadline: tokio::time::Instant) {
+        match tokio::time::timeout_at(deadline, self.core.committer.commit(Vec::new())).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "drain: committer unavailable"),
+            Err(_) => tracing::warn!("drain: the committer did not answer before the deadline"),
+        }
+    }
+
     pub async fn drain(&self, timeout: Duration) -> Report {
         let now = tokio::time::Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or(now + FAR);
@@ -113,11 +123,7 @@ impl Drainer {
         self.core.registry.pause();
         // Every commit of the drain has a deadline: with the database unreachable
         // the drain still ends, and what it could not write is reclaimed later.
-        match tokio::time::timeout_at(deadline, self.core.committer.commit(Vec::new())).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "drain: committer unavailable"),
-            Err(_) => tracing::warn!("drain: the committer did not answer before the deadline"),
-        }
+        self.barrier(deadline).await;
         self.core
             .registry
             .begin_drain(server_message::Message::Drain(spool_proto::v1::Drain {
@@ -125,6 +131,9 @@ impl Drainer {
             }));
         let running = self.core.registry.running_count();
         tracing::info!(running, ?timeout, "draining");
+        // Rows claimed ahead went back with `begin_drain`; this commit writes them
+        // (SCHEDULED again, uncounted) before the drain goes on.
+        self.barrier(deadline).await;
 
         // Phase 2. Each answer or disconnect wakes us to count again.
         loop {

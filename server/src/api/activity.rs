@@ -367,6 +367,8 @@ impl ActivityService for ActivityApi {
                 connected_workers: u32::try_from(self.core.registry.connected(&namespace))
                     .unwrap_or(u32::MAX),
                 draining: self.core.registry.is_draining(),
+                claimed_ahead: u64::try_from(self.core.registry.claimed_ahead(Some(&namespace)))
+                    .unwrap_or(u64::MAX),
             }))
         })
         .await

@@ -6,7 +6,10 @@
 //! for workers with free slots, runs all of it in one transaction, then applies the
 //! effects (hand claimed rows to workers, wake waiters, tell workers to stop, arm the
 //! timer) and answers each request. While one transaction commits, the next batch
-//! queues up, so one fsync serves many rows.
+//! queues up, so one fsync serves many rows. A claim also takes rows *ahead* for
+//! workers that finish fast (see `registry`): a slot freed by a result is refilled
+//! from them at once, while the result commits with the next batch, so dispatch
+//! does not wait for commits; the batch's claim then tops the rows ahead up.
 //!
 //! The loop is woken by requests, by the registry (a slot freed, a worker joined, a
 //! row came due) and by the timer of delayed rows; it never polls.
@@ -183,6 +186,8 @@ impl Loop {
         let mut closed = false;
         loop {
             let mut ops: Vec<Op> = std::mem::take(&mut self.carry);
+            // Rows claimed ahead that will not be sent go back with this batch.
+            ops.extend(self.registry.take_released());
             let mut requests: Vec<Request> = Vec::new();
             if ops.is_empty() && stop.is_none() && !closed {
                 let deadline = self
@@ -201,6 +206,10 @@ impl Loop {
                         Some(remote) => self.on_remote(remote),
                         None => self.fatal = Some("the listener for other nodes' changes stopped"),
                     },
+                }
+                // Woken to release rows claimed ahead: they precede any request.
+                if requests.is_empty() {
+                    ops.extend(self.registry.take_released());
                 }
             }
             if let Some(why) = self.fatal {

@@ -52,6 +52,9 @@ pub async fn run(
     let tick = options.tick;
     let silence = options.heartbeat_interval.saturating_mul(3);
     let lease_ms = millis(options.lease).max(1);
+    // Rows claimed ahead are sent within milliseconds while their worker keeps
+    // pace; one that waited a quarter of the lease goes back for any worker.
+    let hold_ahead = options.lease / 4;
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When leases were last renewed, on the monotonic clock: a step of the wall
@@ -64,7 +67,7 @@ pub async fn run(
         }
         let now = store.now();
         let tick_at = Instant::now();
-        let sweep = registry.sweep(tick_at, silence);
+        let sweep = registry.sweep(tick_at, silence, hold_ahead);
         crate::metrics::liveness(registry.worker_count(), registry.running_count());
         for worker_id in &sweep.lost_workers {
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");

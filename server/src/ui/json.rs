@@ -262,6 +262,7 @@ pub fn overview(
         "namespace": namespace,
         "draining": stats.draining,
         "connected_workers": stats.connected_workers,
+        "claimed_ahead": stats.claimed_ahead,
         "totals": {
             "scheduled": stats.scheduled,
             "running": stats.running,

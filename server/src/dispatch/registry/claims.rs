@@ -1,14 +1,14 @@
 //! Claim planning and routing: which workers get a claim this round (one per
-//! worker with free slots in a group that may have due rows, least loaded first),
-//! and where the claimed rows go. A claim reserves its slots until its rows are
-//! assigned or it is given back, so no slot is promised twice.
+//! worker with free slots, or room ahead, in a group that may have due rows, least
+//! loaded first), and where the claimed rows go: into its free slots, and the rest
+//! ahead, sent as its slots free. A claim reserves its rows until they are assigned
+//! or it is given back, so no slot is promised twice.
 
 use std::sync::Arc;
 
-use spool_proto::{time::UnixMillis, v1::server_message};
-use tokio::{sync::mpsc, time::Instant};
+use spool_proto::time::UnixMillis;
 
-use super::{Inflight, Outgoing, Registry, attempt_key};
+use super::{Ahead, Registry};
 use crate::store::{ActivityRow, Attempt, Claim, Op, Transition};
 
 impl Registry {
@@ -31,9 +31,9 @@ impl Registry {
         self.wake.notify_one();
     }
 
-    /// Plans the claims worth running now: one per worker with free slots in a group
-    /// that may have due rows, the least-loaded workers first. Each claim reserves
-    /// its slots until [`Registry::assign`] or [`Registry::unreserve`].
+    /// Plans the claims worth running now: one per worker with free slots or room
+    /// ahead in a group that may have due rows, the least-loaded workers first. Each
+    /// claim reserves its rows until [`Registry::assign`] or [`Registry::unreserve`].
     pub fn plan_claims(&self, lease_expires_at: UnixMillis) -> Vec<Claim> {
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -52,6 +52,11 @@ impl Registry {
             {
                 group.exhausted = false;
             }
+            for id in &group.workers {
+                if let Some(w) = inner.workers.get_mut(id) {
+                    w.plan_ahead();
+                }
+            }
             if group.exhausted {
                 continue;
             }
@@ -61,8 +66,8 @@ impl Registry {
                 .workers
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
-                .filter(|w| !w.evict.is_cancelled() && !w.leaving && w.detached_until.is_none())
-                .map(|w| (w.free(), w.id.clone(), w.identity.clone()))
+                .filter(|w| w.takes_tasks())
+                .map(|w| (w.wanted(), w.id.clone(), w.identity.clone()))
                 .filter(|(free, ..)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -115,36 +120,26 @@ impl Registry {
         worker.reserved = worker.reserved.saturating_sub(claim.limit);
         let mut undelivered = Vec::new();
         for row in rows {
-            let attempt = Arc::new(Attempt::from_row(&row));
-            let span = attempt_span(&row, &worker.id);
-            let task = crate::wire::task(row, &attempt);
-            if let Err(e) = worker
-                .outbound
-                .try_send(Outgoing::message(server_message::Message::Task(task)))
-            {
-                // The worker never got it: back to SCHEDULED, uncounted. Closed is a
-                // session ending; full would be a broken budget.
-                if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                    tracing::error!(worker_id = %worker.id, "outbound channel full: slot accounting is broken");
-                }
+            let row = Ahead::new(row, &worker.id);
+            // Claims planned before a drain paused dispatch still land in free
+            // slots; what does not fit waits ahead.
+            let sent = if worker.running() < worker.max_concurrency {
+                worker.deliver(row)
+            } else if worker.takes_tasks() {
+                worker.ahead.push_back(row);
+                Ok(())
+            } else {
+                Err(row)
+            };
+            // The worker never got it: back to SCHEDULED, uncounted (its session
+            // is ending).
+            if let Err(row) = sent {
                 undelivered.push(Op::Finish {
-                    attempt,
+                    attempt: row.attempt,
                     transition: Transition::Release,
                     lease_expired_by: None,
                 });
-                continue;
             }
-            let now = Instant::now();
-            let now_wall = attempt.started_at;
-            span.in_scope(|| tracing::debug!("dispatched"));
-            worker.inflight.insert(
-                attempt_key(
-                    &attempt.key.workflow_id,
-                    &attempt.key.activity_id,
-                    attempt.attempt,
-                ),
-                Inflight::new(attempt, now, now_wall, span),
-            );
         }
         let group = worker.group.clone();
         if short && let Some(g) = inner.groups.get_mut(&group) {

@@ -51,13 +51,30 @@ impl Registry {
     }
 
     /// One liveness pass: finds workers silent for `silence` or longer, ends
-    /// attempts whose timeouts passed (telling their workers to stop), and collects
-    /// heartbeat details to store and running rows to renew.
-    pub fn sweep(&self, now: Instant, silence: Duration) -> Sweep {
+    /// attempts whose timeouts passed (telling their workers to stop), releases rows
+    /// claimed ahead that waited `hold_for` (their worker is slower than it was),
+    /// and collects heartbeat details to store and running rows (and rows still
+    /// ahead) to renew.
+    pub fn sweep(&self, now: Instant, silence: Duration, hold_for: Duration) -> Sweep {
         let mut sweep = Sweep::default();
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let mut abandoned = Vec::new();
+        let mut waited_too_long = Vec::new();
         for worker in inner.workers.values_mut() {
+            for row in std::mem::take(&mut worker.ahead) {
+                if now.saturating_duration_since(row.claimed_at) >= hold_for {
+                    waited_too_long.push(row);
+                } else {
+                    worker.ahead.push_back(row);
+                }
+            }
+            sweep.running.extend(
+                worker
+                    .ahead
+                    .iter()
+                    .map(|a| (a.attempt.id, a.attempt.attempt)),
+            );
             // A dropped stream is not silence: its grace decides.
             if let Some(until) = worker.detached_until {
                 if now >= until {
@@ -100,7 +117,12 @@ impl Registry {
                 sweep.timed_out.push(timed_out);
             }
         }
-        drop(inner);
+        let releasing = !waited_too_long.is_empty();
+        inner.release(waited_too_long);
+        drop(guard);
+        if releasing {
+            self.wake.notify_one();
+        }
         for worker_id in abandoned {
             let attempts = self.unregister_lost(&worker_id);
             sweep.abandoned.push((worker_id, attempts));

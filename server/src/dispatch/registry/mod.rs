@@ -5,8 +5,16 @@
 //! claimed for a worker that can take it, and the claimed row goes to that worker.
 //!
 //! Invariants:
-//! - a worker never holds more attempts (sent or reserved) than its
-//!   `max_concurrency`: `inflight + reserved <= max_concurrency`;
+//! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
+//!   it (sent, reserved by a claim under way, or held ahead) are at most twice that:
+//!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
+//!   + ahead target`;
+//! - rows *claimed ahead* (committed RUNNING for a worker whose slots are all busy,
+//!   not yet sent) are sent the moment one of its slots frees, without waiting for a
+//!   commit; they are sent only while the worker takes tasks and the node is not
+//!   draining, their leases are renewed as running attempts' are, and whenever they
+//!   cannot be sent (the worker leaves or is lost, a drain, they waited too long)
+//!   they are released uncounted through the committer ([`Registry::take_released`]);
 //! - an attempt stays in `inflight` until the worker answers for it, even after the
 //!   server ended it (cancel, timeout): its slot stays taken while the worker may
 //!   still be running it (attempts are keyed with their number, so a later attempt
@@ -24,7 +32,7 @@ mod claims;
 mod liveness;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -42,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use super::timeouts::{Deadlines, TimedOut};
-use crate::store::{Attempt, HeartbeatDetails, Key, Payload};
+use crate::store::{Attempt, HeartbeatDetails, Key, Op, Payload, Transition};
 
 /// Results a session may have in flight (being committed, or acked but not yet
 /// sent): the bound on acks queued in a worker's outbound channel.
@@ -218,6 +226,36 @@ impl Inflight {
     }
 }
 
+/// A row claimed ahead for a worker whose slots were all busy: committed RUNNING
+/// with its attempt, sent when a slot frees.
+struct Ahead {
+    /// Boxed: rows ahead are moved between queues, and back when a send fails.
+    task: Box<v1::ActivityTask>,
+    attempt: Arc<Attempt>,
+    span: tracing::Span,
+    /// When the claim handed it over, on the monotonic clock: the wall time of
+    /// its dispatch is the claim's plus what it waited, and it is released once it
+    /// waited too long.
+    claimed_at: Instant,
+}
+
+impl Ahead {
+    fn new(row: crate::store::ActivityRow, worker_id: &str) -> Self {
+        let attempt = Arc::new(Attempt::from_row(&row));
+        let span = claims::attempt_span(&row, worker_id);
+        Self {
+            task: Box::new(crate::wire::task(row, &attempt)),
+            attempt,
+            span,
+            claimed_at: Instant::now(),
+        }
+    }
+
+    fn is(&self, id: i64, attempt: u32) -> bool {
+        self.attempt.id == id && self.attempt.attempt == attempt
+    }
+}
+
 /// What one liveness sweep found; the caller writes it.
 #[derive(Debug, Default)]
 pub struct Sweep {
@@ -248,8 +286,16 @@ struct Worker {
     /// still run attempt n (ended by the server, not yet answered) when attempt n+1
     /// of the same activity is handed to it.
     inflight: HashMap<AttemptKey, Inflight>,
-    /// Slots promised to claims the committer is running now.
+    /// Rows promised to claims the committer is running now.
     reserved: u32,
+    /// Rows claimed ahead for it, in claim order (priority first): sent as its
+    /// slots free.
+    ahead: VecDeque<Ahead>,
+    /// How many rows it should have claimed ahead: about what its slots free while
+    /// a claim commits (see [`Worker::plan_ahead`]).
+    ahead_target: u32,
+    /// Results it answered since claims were last planned.
+    answered: u32,
     /// Everything sent to the worker, in order. The session owns the receiver;
     /// closed means the session is ending.
     outbound: mpsc::Sender<Outgoing>,
@@ -286,6 +332,9 @@ impl Worker {
             last_seen: Instant::now(),
             inflight: HashMap::new(),
             reserved: 0,
+            ahead: VecDeque::new(),
+            ahead_target: 0,
+            answered: 0,
             outbound,
             evict,
             silence_paused: 0,
@@ -295,10 +344,84 @@ impl Worker {
         }
     }
 
-    fn free(&self) -> u32 {
-        self.max_concurrency
+    fn running(&self) -> u32 {
+        u32::try_from(self.inflight.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Rows a claim should bring it now: its free slots, plus room ahead.
+    fn wanted(&self) -> u32 {
+        (self.max_concurrency + self.ahead_target)
             .saturating_sub(self.reserved)
-            .saturating_sub(u32::try_from(self.inflight.len()).unwrap_or(u32::MAX))
+            .saturating_sub(self.running())
+            .saturating_sub(u32::try_from(self.ahead.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Sizes the room ahead from the results answered since the last plan: twice
+    /// what freed during one round of the committer, so a slot freed while the
+    /// next claim commits finds a row waiting; it halves with each quiet round, so
+    /// a worker of long attempts holds none.
+    fn plan_ahead(&mut self) {
+        let answered = std::mem::take(&mut self.answered);
+        self.ahead_target = answered
+            .saturating_mul(2)
+            .max(self.ahead_target / 2)
+            .min(self.max_concurrency);
+    }
+
+    /// Whether tasks may be sent to it: not leaving, evicted or detached.
+    fn takes_tasks(&self) -> bool {
+        !self.leaving && !self.evict.is_cancelled() && self.detached_until.is_none()
+    }
+
+    /// Sends a row to the worker as an attempt it now runs. On a closed (or full)
+    /// channel the row comes back.
+    fn deliver(&mut self, ahead: Ahead) -> Result<(), Ahead> {
+        // A permit first: the row stays whole if the channel cannot take it.
+        let permit = match self.outbound.try_reserve() {
+            Ok(permit) => permit,
+            Err(e) => {
+                if matches!(e, mpsc::error::TrySendError::Full(())) {
+                    tracing::error!(worker_id = %self.id, "outbound channel full: slot accounting is broken");
+                }
+                return Err(ahead);
+            }
+        };
+        let Ahead {
+            task,
+            attempt,
+            span,
+            claimed_at,
+        } = ahead;
+        permit.send(Outgoing::message(server_message::Message::Task(*task)));
+        let now = Instant::now();
+        // The attempt's wall time runs from its dispatch, on the store's clock: the
+        // claim's time plus what the row waited here.
+        let waited = i64::try_from(now.saturating_duration_since(claimed_at).as_millis())
+            .unwrap_or(i64::MAX);
+        let now_wall = attempt.started_at.saturating_add(waited);
+        span.in_scope(|| tracing::debug!(waited_ms = waited, "dispatched"));
+        self.inflight.insert(
+            attempt_key(
+                &attempt.key.workflow_id,
+                &attempt.key.activity_id,
+                attempt.attempt,
+            ),
+            Inflight::new(attempt, now, now_wall, span),
+        );
+        Ok(())
+    }
+
+    /// Sends rows claimed ahead into its free slots.
+    fn fill(&mut self, paused: bool) {
+        while !paused && self.takes_tasks() && self.running() < self.max_concurrency {
+            let Some(next) = self.ahead.pop_front() else {
+                return;
+            };
+            if let Err(back) = self.deliver(next) {
+                self.ahead.push_front(back);
+                return;
+            }
+        }
     }
 }
 
@@ -324,6 +447,19 @@ struct Inner {
     /// The drain's message, once a drain began: sent to every worker then, and to
     /// any that registers later.
     drain: Option<server_message::Message>,
+    /// Rows claimed ahead that will not be sent: for the committer to release.
+    released: Vec<Arc<Attempt>>,
+}
+
+impl Inner {
+    /// Gives up rows claimed ahead: the committer releases them uncounted.
+    fn release(&mut self, rows: impl IntoIterator<Item = Ahead>) {
+        for row in rows {
+            row.span
+                .in_scope(|| tracing::debug!("claimed ahead, released unsent"));
+            self.released.push(row.attempt);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -419,7 +555,14 @@ impl Registry {
                 inner.groups.remove(&worker.group);
             }
         }
+        let mut worker = worker;
+        let ahead = std::mem::take(&mut worker.ahead);
+        let releasing = !ahead.is_empty();
+        inner.release(ahead);
         drop(inner);
+        if releasing {
+            self.wake.notify_one();
+        }
         self.answered.notify_waiters();
         worker
             .inflight
@@ -444,12 +587,14 @@ impl Registry {
             .collect()
     }
 
-    /// True while a worker of this process holds this attempt of the row.
+    /// True while a worker of this process holds this attempt of the row (runs it,
+    /// or has it claimed ahead).
     pub fn holds(&self, id: i64, attempt: u32) -> bool {
         self.lock().workers.values().any(|w| {
             w.inflight
                 .values()
                 .any(|i| i.attempt.id == id && i.attempt.attempt == attempt && !i.cancel_sent)
+                || w.ahead.iter().any(|a| a.is(id, attempt))
         })
     }
 
@@ -460,6 +605,10 @@ impl Registry {
         let ended: HashSet<&(i64, u32)> = attempts.iter().collect();
         let mut inner = self.lock();
         for worker in inner.workers.values_mut() {
+            // Claimed ahead and ended meanwhile: nothing to send, nothing to write.
+            worker
+                .ahead
+                .retain(|a| !ended.contains(&(a.attempt.id, a.attempt.attempt)));
             for inflight in worker.inflight.values_mut() {
                 let attempt = (inflight.attempt.id, inflight.attempt.attempt);
                 if inflight.cancel_sent || !ended.contains(&attempt) {
@@ -526,11 +675,20 @@ impl Registry {
     /// A drain begins: no more claims are planned, and every worker, including
     /// any that registers from now on, is sent `drain`.
     pub fn begin_drain(&self, drain: server_message::Message) {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         inner.paused = true;
-        for worker in inner.workers.values() {
+        for worker in inner.workers.values_mut() {
             let _ = worker.outbound.try_send(Outgoing::message(drain.clone()));
+            // Rows claimed ahead go back uncounted: nothing more is sent.
+            let ahead = std::mem::take(&mut worker.ahead);
+            for row in ahead {
+                row.span
+                    .in_scope(|| tracing::debug!("claimed ahead, released by the drain"));
+                inner.released.push(row.attempt);
+            }
         }
+        let mut inner = guard;
         inner.drain = Some(drain);
         drop(inner);
         self.wake.notify_one();
@@ -606,6 +764,7 @@ impl Registry {
     ) -> Result<Resumption, ResumeRefused> {
         let mut inner = self.lock();
         let drain = inner.drain.clone();
+        let paused = inner.paused;
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Err(ResumeRefused::Unknown);
         };
@@ -641,6 +800,9 @@ impl Registry {
         worker.last_seen = Instant::now();
         worker.identity = reg.identity.as_str().into();
         let (resend, cancels, reattached) = reconcile(worker, held);
+        // What it lacks is sent first (by the session, in `resend`), then what was
+        // claimed ahead for it fills the slots left.
+        worker.fill(paused);
         drop(inner);
         self.wake.notify_one();
         self.answered.notify_waiters();
@@ -694,7 +856,21 @@ impl Registry {
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let now = Instant::now();
         let mut inflight = HashMap::new();
-        for row in rows {
+        // What the worker runs first; then rows it lacks, up to its slots (to send
+        // again); the rest were claimed ahead on the node it left, and stay ahead.
+        let (has, lacks): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| {
+            held.contains(&attempt_key(
+                &row.key.workflow_id,
+                &row.key.activity_id,
+                row.attempt,
+            ))
+        });
+        let mut ahead = VecDeque::new();
+        for row in has.into_iter().chain(lacks) {
+            if inflight.len() >= max as usize {
+                ahead.push_back(Ahead::new(row, &id));
+                continue;
+            }
             let attempt = Arc::new(Attempt::from_row(&row));
             let span = claims::attempt_span(&row, &id);
             inflight.insert(
@@ -711,6 +887,7 @@ impl Registry {
             evict.clone(),
         );
         worker.inflight = inflight;
+        worker.ahead = ahead;
         let (resend, cancels, reattached) = reconcile(&mut worker, held);
         let mut inner = self.lock();
         if let Some(drain) = &inner.drain {
@@ -766,6 +943,13 @@ impl Registry {
         else {
             return Answer::Unknown;
         };
+        worker.answered = worker.answered.saturating_add(1);
+        // The freed slot takes a row claimed ahead at once: dispatch does not wait
+        // for this result's commit.
+        let paused = inner.paused;
+        if let Some(worker) = inner.workers.get_mut(worker_id) {
+            worker.fill(paused);
+        }
         drop(inner);
         self.wake.notify_one();
         self.answered.notify_waiters();
@@ -790,6 +974,11 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return;
         };
+        // Claimed ahead, never sent: it is simply dropped (the store has it
+        // cancelled already).
+        worker
+            .ahead
+            .retain(|a| !(a.attempt.key == *key && a.attempt.attempt == attempt));
         let Some(inflight) =
             worker
                 .inflight
@@ -804,6 +993,32 @@ impl Registry {
         drop(inner);
         // The attempt no longer counts as running: a drain may be waiting on that.
         self.answered.notify_waiters();
+    }
+
+    /// Rows claimed ahead that will not be sent (their worker left or was lost, a
+    /// drain began, they waited too long), as releases for the committer to write:
+    /// back to SCHEDULED, uncounted.
+    pub fn take_released(&self) -> Vec<Op> {
+        let released = std::mem::take(&mut self.lock().released);
+        released
+            .into_iter()
+            .map(|attempt| Op::Finish {
+                attempt,
+                transition: Transition::Release,
+                lease_expired_by: None,
+            })
+            .collect()
+    }
+
+    /// Rows this node holds claimed ahead for its workers (of one namespace, or
+    /// all), not yet sent to one: they are RUNNING in the store.
+    pub fn claimed_ahead(&self, namespace: Option<&str>) -> usize {
+        self.lock()
+            .workers
+            .values()
+            .filter(|w| namespace.is_none_or(|ns| *w.group.0 == *ns))
+            .map(|w| w.ahead.len())
+            .sum()
     }
 
     /// Used and free slots of each worker group: `(namespace, types joined by '+',
@@ -1084,7 +1299,11 @@ mod tests {
         // Dropped again and never resumed: the sweep loses it after the grace.
         let new_tx = resumed.map(|r| r.tx).ok();
         assert!(new_tx.is_some_and(|tx| registry.detach(&id, &tx, grace)));
-        let sweep = registry.sweep(Instant::now() + grace, Duration::from_secs(3600));
+        let sweep = registry.sweep(
+            Instant::now() + grace,
+            Duration::from_secs(3600),
+            Duration::MAX,
+        );
         assert_eq!(
             sweep
                 .abandoned
@@ -1122,7 +1341,7 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(1);
         registry.touch(&leaving, later);
         registry.touch(&live, later);
-        let sweep = registry.sweep(later, Duration::from_millis(500));
+        let sweep = registry.sweep(later, Duration::from_millis(500), Duration::MAX);
         assert_eq!(sweep.lost_workers, vec![silent.clone()]);
         assert!(evict.is_cancelled());
         registry.leave(&leaving);
@@ -1139,19 +1358,28 @@ mod tests {
         let silence = Duration::from_secs(1);
         {
             let _paused = registry.pause_silence(&id);
-            let sweep = registry.sweep(Instant::now() + Duration::from_secs(10), silence);
+            let sweep = registry.sweep(
+                Instant::now() + Duration::from_secs(10),
+                silence,
+                Duration::MAX,
+            );
             assert!(sweep.lost_workers.is_empty());
             assert!(!evict.is_cancelled());
         }
         // Resuming counts as being heard from.
         assert!(
             registry
-                .sweep(Instant::now(), silence)
+                .sweep(Instant::now(), silence, Duration::MAX)
                 .lost_workers
                 .is_empty()
         );
         let later = Instant::now() + Duration::from_secs(10);
-        assert!(!registry.sweep(later, silence).lost_workers.is_empty());
+        assert!(
+            !registry
+                .sweep(later, silence, Duration::MAX)
+                .lost_workers
+                .is_empty()
+        );
     }
 
     /// A claimed row of activity `activity_id` for worker `worker_id`.
@@ -1202,7 +1430,9 @@ mod tests {
         assert_eq!(free(&registry), [1]);
         assert_eq!(registry.running_count(), 1, "a no longer counts as running");
         assert!(matches!(registry.answer(&id, "wf", "a", 1), Answer::Ended));
-        assert_eq!(free(&registry), [2]);
+        // Two free, and room ahead for two more: it answered one since the last
+        // plan, so a slot may free again while the claim commits.
+        assert_eq!(free(&registry), [2 + 2]);
         assert!(matches!(
             registry.answer(&id, "wf", "b", 1),
             Answer::Held(..)
@@ -1211,7 +1441,7 @@ mod tests {
             registry.answer(&id, "wf", "b", 1),
             Answer::Unknown
         ));
-        assert_eq!(free(&registry), [3]);
+        assert_eq!(free(&registry), [3 + 2]);
         // The worker leaves mid-claim: what the claim took is released.
         registry.mark_all_due();
         let claim = registry.plan_claims(0).remove(0);
@@ -1228,6 +1458,176 @@ mod tests {
 
     /// Every timeout kind and the eviction, walked on paused time: each fires at
     /// its instant, once, and a heartbeat moves its deadline; no real sleep.
+    /// A worker with every slot busy whose results come in fast gets rows
+    /// claimed ahead; a result hands it the next one at once, with no commit in
+    /// between. Rows ahead never push it past its slots.
+    #[test]
+    fn a_freed_slot_takes_a_row_claimed_ahead_at_once() {
+        let registry = Registry::default();
+        let (id, _tx, mut rx, _) = registry.register(registration(2), 0, welcome);
+        let plan = |registry: &Registry| {
+            registry.mark_all_due();
+            registry.plan_claims(0)
+        };
+        let claim = plan(&registry).remove(0);
+        assert_eq!(claim.limit, 2, "nothing answered yet: no room ahead");
+        assert!(
+            registry
+                .assign(&claim, vec![row(1, "a", &id), row(2, "b", &id)])
+                .is_empty()
+        );
+        assert_eq!(kinds(&mut rx), ["welcome", "task", "task"]);
+        // One result; the next plan makes room ahead for two.
+        assert!(matches!(
+            registry.answer(&id, "wf", "a", 1),
+            Answer::Held(..)
+        ));
+        let claim = plan(&registry).remove(0);
+        assert_eq!(claim.limit, 1 + 2, "one free slot and two ahead");
+        let rows = vec![row(3, "c", &id), row(4, "d", &id), row(5, "e", &id)];
+        assert!(registry.assign(&claim, rows).is_empty());
+        assert_eq!(kinds(&mut rx), ["task"], "c fills the free slot");
+        assert_eq!(registry.claimed_ahead(None), 2);
+        assert_eq!(registry.running_count(), 2);
+        assert!(registry.holds(4, 1) && registry.holds(5, 1));
+        // b answers: d is sent before anything is written.
+        assert!(matches!(
+            registry.answer(&id, "wf", "b", 1),
+            Answer::Held(..)
+        ));
+        assert_eq!(kinds(&mut rx), ["task"]);
+        assert_eq!(registry.claimed_ahead(None), 1);
+        assert_eq!(registry.running_count(), 2, "never past its slots");
+        assert!(matches!(
+            registry.answer(&id, "wf", "d", 1),
+            Answer::Held(..)
+        ));
+        assert_eq!(kinds(&mut rx), ["task"], "e, the last one ahead");
+        assert_eq!(registry.claimed_ahead(None), 0);
+        assert!(registry.take_released().is_empty(), "nothing given back");
+    }
+
+    /// A worker whose attempts are long answers nothing between plans, and the
+    /// room ahead shrinks to nothing: it holds no rows another worker could run.
+    #[test]
+    fn a_worker_of_long_attempts_claims_nothing_ahead() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
+        let limits = |registry: &Registry| -> Vec<u32> {
+            registry.mark_all_due();
+            let claims = registry.plan_claims(0);
+            for c in &claims {
+                registry.unreserve(c);
+            }
+            claims.iter().map(|c| c.limit).collect()
+        };
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0).remove(0);
+        let rows = (1..=4).map(|i| row(i, &format!("a{i}"), &id)).collect();
+        assert!(registry.assign(&claim, rows).is_empty());
+        for i in 1..=2 {
+            assert!(matches!(
+                registry.answer(&id, "wf", &format!("a{i}"), 1),
+                Answer::Held(..)
+            ));
+        }
+        assert_eq!(limits(&registry), [2 + 4], "two free, four ahead");
+        assert_eq!(limits(&registry), [2 + 2], "quiet: halved");
+        assert_eq!(limits(&registry), [2 + 1]);
+        assert_eq!(limits(&registry), [2], "none ahead");
+    }
+
+    /// Rows claimed ahead that will not be sent go back for the committer to
+    /// release, uncounted: when the worker leaves, when a drain begins, when they
+    /// waited too long. One cancelled meanwhile is dropped, not released.
+    #[test]
+    fn rows_claimed_ahead_go_back_when_they_cannot_be_sent() {
+        let registry = Registry::default();
+        let released = |registry: &Registry| -> Vec<i64> {
+            registry
+                .take_released()
+                .iter()
+                .map(|op| match op {
+                    Op::Finish {
+                        attempt,
+                        transition: Transition::Release,
+                        ..
+                    } => attempt.id,
+                    _ => -1,
+                })
+                .collect()
+        };
+        // Both slots busy, two rows ahead.
+        let busy_with_two_ahead = |first: i64| {
+            let (id, tx, rx, _) = registry.register(registration(2), 0, welcome);
+            registry.mark_all_due();
+            let claim = registry.plan_claims(0).remove(0);
+            let busy = vec![
+                row(first, &format!("busy{first}"), &id),
+                row(first + 100, "long", &id),
+            ];
+            assert!(registry.assign(&claim, busy).is_empty());
+            assert!(matches!(
+                registry.answer(&id, "wf", &format!("busy{first}"), 1),
+                Answer::Held(..)
+            ));
+            registry.mark_all_due();
+            let claim = registry.plan_claims(0).remove(0);
+            assert_eq!(claim.limit, 3);
+            let rows = (1..=3)
+                .map(|i| row(first + i, &format!("r{}", first + i), &id))
+                .collect();
+            assert!(registry.assign(&claim, rows).is_empty());
+            assert_eq!(registry.claimed_ahead(None), 2);
+            (id, tx, rx)
+        };
+
+        let (id, _tx, _rx) = busy_with_two_ahead(10);
+        registry.cancel_running(
+            &id,
+            &Key {
+                namespace: "default".into(),
+                workflow_id: "wf".into(),
+                activity_id: "r12".into(),
+            },
+            1,
+            "stop",
+        );
+        assert_eq!(
+            registry.claimed_ahead(None),
+            1,
+            "the cancelled row is dropped"
+        );
+        registry.unregister(&id);
+        assert_eq!(released(&registry), [13], "the worker left");
+
+        let (id, _tx, _rx) = busy_with_two_ahead(20);
+        let sweep = registry.sweep(Instant::now(), Duration::MAX, Duration::from_secs(3600));
+        assert!(
+            sweep.running.contains(&(22, 1)) && sweep.running.contains(&(23, 1)),
+            "their leases are renewed while they wait"
+        );
+        assert!(released(&registry).is_empty());
+        registry.sweep(
+            Instant::now() + Duration::from_secs(3600),
+            Duration::MAX,
+            Duration::from_secs(3600),
+        );
+        assert_eq!(released(&registry), [22, 23], "they waited too long");
+        registry.unregister(&id);
+        assert!(released(&registry).is_empty());
+
+        let (id, _tx, mut rx) = busy_with_two_ahead(30);
+        kinds(&mut rx);
+        registry.begin_drain(server_message::Message::Drain(v1::Drain::default()));
+        assert_eq!(released(&registry), [32, 33], "a drain");
+        assert!(matches!(
+            registry.answer(&id, "wf", "r31", 1),
+            Answer::Held(..)
+        ));
+        assert_eq!(kinds(&mut rx), ["drain"], "nothing is sent once draining");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn timeouts_and_eviction_walk_on_paused_time() {
         let registry = Registry::default();
@@ -1245,7 +1645,7 @@ mod tests {
         let silence = Duration::from_secs(10);
         let timed_out = |at: Duration| -> Vec<(String, &'static str, bool)> {
             registry
-                .sweep(Instant::now() + at, silence)
+                .sweep(Instant::now() + at, silence, Duration::MAX)
                 .timed_out
                 .into_iter()
                 .map(|t| (t.attempt.key.activity_id.clone(), t.error_type, t.final_))
@@ -1279,7 +1679,11 @@ mod tests {
         );
         assert_eq!(registry.running_count(), 0);
         // Last heard from at 1.5 s: lost at 11.5 s, not before.
-        let lost = |at: Duration| registry.sweep(Instant::now() + at, silence).lost_workers;
+        let lost = |at: Duration| {
+            registry
+                .sweep(Instant::now() + at, silence, Duration::MAX)
+                .lost_workers
+        };
         assert!(lost(Duration::from_millis(9_900)).is_empty());
         assert!(!evict.is_cancelled());
         assert_eq!(lost(Duration::from_millis(10_000)).len(), 1);
@@ -1302,12 +1706,17 @@ mod tests {
         let quiet = Duration::from_secs(60);
         assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
         assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
-        let sweep = registry.sweep(now, quiet);
+        let sweep = registry.sweep(now, quiet, Duration::MAX);
         assert_eq!(sweep.heartbeats.len(), 1);
         assert_eq!(sweep.heartbeats[0].details.as_ref(), Some(&details));
         // Another bare heartbeat: nothing new to write.
         assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
-        assert!(registry.sweep(now, quiet).heartbeats.is_empty());
+        assert!(
+            registry
+                .sweep(now, quiet, Duration::MAX)
+                .heartbeats
+                .is_empty()
+        );
     }
 
     /// What the server logs about an attempt is inside that attempt's span: its
