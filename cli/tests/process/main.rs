@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod ahead;
 mod child;
 mod cli;
 mod clock;

@@ -289,6 +289,17 @@ impl Log {
         self.count("done ")
     }
 
+    /// The attempts of `activity_id` that started (`kind` "start") or finished
+    /// ("done"), in order.
+    pub fn attempts(&self, kind: &str, activity_id: &str) -> Vec<u32> {
+        let prefix = format!("{kind} {activity_id} ");
+        self.0
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|attempt| attempt.parse().ok())
+            .collect()
+    }
+
     /// Some activity started its attempt `attempt`.
     pub fn started(&self, attempt: u32) -> bool {
         self.0
