@@ -21,6 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod cpu;
 mod nodes;
 mod queue_table;
 
@@ -229,10 +230,11 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
 }
 
 /// CPU seconds used so far: by the bench's processes (this one, then the nodes),
-/// and by each local PostgreSQL process.
+/// and by each local PostgreSQL process; and the handler calls that had returned.
 struct Cpu {
     ours: Vec<Option<f64>>,
     postgres: std::collections::HashMap<u32, f64>,
+    handled: usize,
 }
 
 struct Bench {
@@ -313,28 +315,39 @@ impl Bench {
             ours: self
                 .processes
                 .iter()
-                .map(|(_, pid)| nodes::cpu_seconds(*pid))
+                .map(|(_, pid)| cpu::process_seconds(*pid))
                 .collect(),
-            postgres: nodes::local_postgres_cpu(),
+            postgres: cpu::local_postgres(),
+            handled: self.handled.load(Ordering::Relaxed),
         }
     }
 
     /// What each process used since `before`, over `wall` seconds: CPU seconds,
-    /// and the share of one core. Local PostgreSQL processes count as one.
+    /// the share of one core, and (where activities ran) the seconds per 10,000
+    /// of them. Local PostgreSQL processes count as one.
     fn cpu_since(&self, before: &Cpu, wall: Duration) -> serde_json::Value {
+        let handled = self
+            .handled
+            .load(Ordering::Relaxed)
+            .saturating_sub(before.handled);
         let mut out = serde_json::Map::new();
         let entry = |used: f64| {
-            serde_json::json!({
+            let mut entry = serde_json::json!({
                 "seconds": round(used),
                 "cores": round(used / wall.as_secs_f64().max(1e-9)),
-            })
-        };
-        for ((name, pid), before) in self.processes.iter().zip(&before.ours) {
-            if let (Some(before), Some(now)) = (before, nodes::cpu_seconds(*pid)) {
-                out.insert(name.clone(), entry(now - before));
+            });
+            if handled > 0 {
+                entry["seconds_per_10k"] = round(used * 10_000.0 / handled as f64);
             }
+            entry
+        };
+        for ((name, pid), then) in self.processes.iter().zip(&before.ours) {
+            let (Some(then), Some(now)) = (then, cpu::process_seconds(*pid)) else {
+                continue;
+            };
+            out.insert(name.clone(), entry(now - then));
         }
-        let postgres: f64 = nodes::local_postgres_cpu()
+        let postgres: f64 = cpu::local_postgres()
             .iter()
             .map(|(pid, now)| now - before.postgres.get(pid).copied().unwrap_or(0.0))
             .sum();
@@ -918,6 +931,7 @@ pub fn summary(report: &serde_json::Value) -> String {
             "drain {} (concurrency {}):      {:>9}/s  ({}x baseline)",
             d["count"], d["concurrency"], d["per_second"], d["x_baseline"]
         ));
+        line(cpu_line(&d["cpu"]));
     }
     if let Some(l) = report.get("latency") {
         line(format!(
@@ -937,6 +951,20 @@ pub fn summary(report: &serde_json::Value) -> String {
             "end to end {} (submit + run + record): {:>9}/s  ({}x baseline)",
             e["count"], e["per_second"], e["x_baseline"]
         ));
+        line(cpu_line(&e["cpu"]));
     }
     out
+}
+
+/// A phase's CPU seconds per 10,000 activities, by process.
+fn cpu_line(cpu: &serde_json::Value) -> String {
+    let Some(parts) = cpu.as_object() else {
+        return "  CPU: not measured".to_owned();
+    };
+    let shown: Vec<String> = parts
+        .iter()
+        .filter(|(_, used)| used["seconds"].as_f64().is_some_and(|s| s > 0.0))
+        .filter_map(|(name, used)| Some(format!("{name} {} s", used.get("seconds_per_10k")?)))
+        .collect();
+    format!("  CPU per 10,000 activities: {}", shown.join(", "))
 }

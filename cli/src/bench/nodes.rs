@@ -12,10 +12,6 @@ use tokio::process::{Child, Command};
 
 use super::Error;
 
-/// The clock ticks of `/proc/<pid>/stat`: Linux reports CPU times in `USER_HZ`,
-/// which is 100 on every architecture it exports to userspace.
-const USER_HZ: f64 = 100.0;
-
 pub struct Nodes {
     nodes: Vec<Node>,
 }
@@ -125,52 +121,5 @@ async fn wait_listening(addr: &str, within: Duration) -> Result<(), String> {
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-    }
-}
-
-/// CPU seconds (user and system, every thread) process `pid` has used, or
-/// `None` where `/proc` cannot say.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: count
-    // fields after its closing one. utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / USER_HZ)
-}
-
-/// CPU seconds used so far by each process on this machine named `postgres`
-/// (the server and its backends), by process id: where the database runs here,
-/// its share of the machine is part of what a benchmark costs.
-pub fn local_postgres_cpu() -> std::collections::HashMap<u32, f64> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Default::default();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|name| name.trim_end() == "postgres")
-        })
-        .filter_map(|pid| Some((pid, cpu_seconds(pid)?)))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn this_process_has_used_some_cpu() {
-        let spin = std::time::Instant::now();
-        let mut x = 0u64;
-        while spin.elapsed() < Duration::from_millis(50) {
-            x = x.wrapping_add(1);
-        }
-        assert!(x > 0);
-        let used = cpu_seconds(std::process::id());
-        assert!(matches!(used, Some(s) if s > 0.0), "{used:?}");
     }
 }

@@ -602,3 +602,42 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
         stderr(&anonymous)
     );
 }
+
+/// `spool bench --json --nodes 1` runs its phases on a `spool serve` process of
+/// its own and reports each phase's rate and what it cost: the server's CPU apart
+/// from the workers', per 10,000 activities.
+#[tokio::test]
+async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["--json", "bench", "--nodes", "1", "--activities", "2000"])
+        .args(["--phases", "drain,e2e"])
+        .output()
+        .await
+        .expect("run spool bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON report");
+    for phase in ["drain", "end_to_end"] {
+        let result = &report[phase];
+        assert_eq!(result["count"], 2000, "{phase}: {result}");
+        assert!(result["per_second"].as_f64().unwrap() > 0.0, "{phase}");
+        let cpu = &result["cpu"];
+        let per_10k = |part: &str| cpu[part]["seconds_per_10k"].as_f64();
+        let (Some(server), Some(workers)) = (per_10k("node-0"), per_10k("bench")) else {
+            panic!("{phase}: the server's and the workers' CPU per 10k: {cpu}");
+        };
+        assert!(server > 0.0 && workers > 0.0, "{phase}: {cpu}");
+        let seconds = cpu["node-0"]["seconds"].as_f64().unwrap();
+        assert!(
+            (seconds * 10_000.0 / 2000.0 - server).abs() < 0.01,
+            "{phase}: per 10k is the phase's seconds scaled: {cpu}"
+        );
+    }
+    assert!(
+        report.get("submit").is_none() && report.get("latency").is_none(),
+        "only the phases asked for"
+    );
+}
