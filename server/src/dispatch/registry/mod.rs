@@ -1456,8 +1456,6 @@ mod tests {
         ));
     }
 
-    /// Every timeout kind and the eviction, walked on paused time: each fires at
-    /// its instant, once, and a heartbeat moves its deadline; no real sleep.
     /// A worker with every slot busy whose results come in fast gets rows
     /// claimed ahead; a result hands it the next one at once, with no commit in
     /// between. Rows ahead never push it past its slots.
@@ -1628,6 +1626,63 @@ mod tests {
         assert_eq!(kinds(&mut rx), ["drain"], "nothing is sent once draining");
     }
 
+    /// A row claimed ahead that waits before it is sent: its start-to-close
+    /// timeout runs from its dispatch, not from its claim.
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_of_a_row_claimed_ahead_count_from_its_dispatch() {
+        let registry = Registry::default();
+        let (id, _tx, mut rx, _) = registry.register(registration(1), 0, welcome);
+        let plan = |registry: &Registry| {
+            registry.mark_all_due();
+            registry.plan_claims(0).remove(0)
+        };
+        let claim = plan(&registry);
+        assert!(registry.assign(&claim, vec![row(1, "a", &id)]).is_empty());
+        assert!(matches!(
+            registry.answer(&id, "wf", "a", 1),
+            Answer::Held(..)
+        ));
+        let claim = plan(&registry);
+        assert_eq!(claim.limit, 1 + 1, "a free slot, and one ahead (its slots)");
+        let mut busy = row(2, "busy", &id);
+        busy.timeouts.start_to_close_ms = None;
+        let mut ahead = row(3, "ahead", &id);
+        ahead.timeouts.start_to_close_ms = Some(2_000);
+        assert!(registry.assign(&claim, vec![busy, ahead]).is_empty());
+        assert_eq!(registry.claimed_ahead(None), 1);
+        kinds(&mut rx);
+        // It waits 5 s ahead (past its start-to-close of 2 s), then is sent.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let timed_out = |at: Duration| -> Vec<(String, &'static str)> {
+            registry
+                .sweep(Instant::now() + at, Duration::MAX, Duration::MAX)
+                .timed_out
+                .into_iter()
+                .map(|t| (t.attempt.key.activity_id.clone(), t.error_type))
+                .collect()
+        };
+        assert!(
+            timed_out(Duration::ZERO).is_empty(),
+            "not sent: no clock yet"
+        );
+        assert!(matches!(
+            registry.answer(&id, "wf", "busy", 1),
+            Answer::Held(..)
+        ));
+        assert_eq!(kinds(&mut rx), ["task"], "sent at 5 s");
+        assert!(
+            timed_out(Duration::from_millis(1_900)).is_empty(),
+            "1.9 s after its dispatch: still in time"
+        );
+        assert_eq!(
+            timed_out(Duration::from_millis(2_100)),
+            [("ahead".to_owned(), "StartToCloseTimeout")],
+            "2 s after its dispatch"
+        );
+    }
+
+    /// Every timeout kind and the eviction, walked on paused time: each fires at
+    /// its instant, once, and a heartbeat moves its deadline; no real sleep.
     #[tokio::test(start_paused = true)]
     async fn timeouts_and_eviction_walk_on_paused_time() {
         let registry = Registry::default();
