@@ -173,8 +173,12 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
 /// A heartbeat without details says "alive": the progress reported before stays.
 #[tokio::test]
 async fn a_bare_heartbeat_keeps_the_stored_details() {
+    // Heartbeats are written every quarter interval. The raw worker says nothing
+    // while the test waits for the write, so the interval leaves it three seconds
+    // of silence (three intervals) before it would be evicted, even on a loaded
+    // machine with several nodes.
     let server =
-        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(1_000)).await;
     let mut client = server.client().await;
     submit(&mut client, request("t", "wf", "a")).await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;

@@ -351,8 +351,8 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
 async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     let server =
         TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
-    // 1.5 s of work against a 300 ms heartbeat timeout: only the beats, every
-    // 50 ms, keep the attempt alive.
+    // 1.5 s of work against a 600 ms heartbeat timeout: only the beats, every
+    // 50 ms, keep the attempt alive (with room for a loaded machine's pauses).
     let _worker = server.worker(|w| {
         w.activity("progress", |ctx, _| async move {
             for i in 0..30 {
@@ -364,7 +364,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     });
     let mut client = server.client().await;
     let mut req = request("progress", "wf", "p");
-    req.heartbeat_timeout = ms(300);
+    req.heartbeat_timeout = ms(600);
     req.retry_policy = fast_retries(1);
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "p")).await;
