@@ -169,7 +169,11 @@ async fn a_cancel_reaches_the_handler_promptly_with_its_reason() {
         reason,
         CancelReason::Requested("not needed any more".into())
     );
-    assert!(within < Duration::from_millis(100), "took {within:?}");
+    // On one node the cancel goes straight to the worker's session; across nodes
+    // it travels as a notification to the worker's node, on a machine shared with
+    // every other test's three nodes.
+    let prompt = if nodes_wanted() > 1 { 1_000 } else { 100 };
+    assert!(within < Duration::from_millis(prompt), "took {within:?}");
 
     let mut timed = request("long", "wf", "t");
     timed.start_to_close_timeout = Some(prost_types_duration(Duration::from_millis(300)));
