@@ -370,7 +370,9 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     let done = wait(&mut client, key("wf", "p")).await;
     assert_eq!(
         (status(&done), done.attempt),
-        (ActivityStatus::Completed, 1)
+        (ActivityStatus::Completed, 1),
+        "{:?}",
+        done.last_error
     );
     let details = done
         .heartbeat_details

@@ -2,8 +2,8 @@
 //! stores heartbeat details, renews leases, and reclaims orphaned rows.
 //!
 //! Each tick (a fraction of the heartbeat interval, at most a second):
-//! - a worker silent for 3 heartbeat intervals is evicted: its session ends and each
-//!   attempt it held fails as `WORKER_LOST`;
+//! - a worker silent for 3 heartbeat intervals, on two ticks in a row, is evicted:
+//!   its session ends and each attempt it held fails as `WORKER_LOST`;
 //! - an attempt past its heartbeat or start-to-close timeout fails as `TIMEOUT`
 //!   (retried per policy), past schedule-to-close it fails for good; its worker is
 //!   sent `CancelActivity` and keeps the slot until it answers;

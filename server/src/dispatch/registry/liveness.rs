@@ -85,9 +85,13 @@ impl Registry {
                 && worker.silence_paused == 0
                 && !worker.evict.is_cancelled()
             {
-                worker.evict.cancel();
-                sweep.lost_workers.push(worker.id.clone());
-                continue;
+                if std::mem::replace(&mut worker.silent_once, true) {
+                    worker.evict.cancel();
+                    sweep.lost_workers.push(worker.id.clone());
+                    continue;
+                }
+            } else {
+                worker.silent_once = false;
             }
             for inflight in worker.inflight.values_mut() {
                 if inflight.cancel_sent {

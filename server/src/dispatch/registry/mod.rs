@@ -304,6 +304,11 @@ struct Worker {
     /// Set while the session waits on the server rather than reading (see
     /// [`Registry::pause_silence`]): the worker's silence is not counted then.
     silence_paused: u32,
+    /// A sweep found it silent. It is evicted only if the next sweep still does:
+    /// messages that arrived while the server itself did not run (its process
+    /// descheduled, its runtime busy) are read in between, and the sweep's timer
+    /// may well fire before they are.
+    silent_once: bool,
     /// The worker said Goodbye: no more claims are planned for it.
     leaving: bool,
     /// What resumes its session after a drop.
@@ -338,6 +343,7 @@ impl Worker {
             outbound,
             evict,
             silence_paused: 0,
+            silent_once: false,
             leaving: false,
             ticket: reg.ticket,
             detached_until: None,
@@ -1341,6 +1347,9 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(1);
         registry.touch(&leaving, later);
         registry.touch(&live, later);
+        // Found silent by two sweeps in a row.
+        let sweep = registry.sweep(later, Duration::from_millis(500), Duration::MAX);
+        assert!(sweep.lost_workers.is_empty());
         let sweep = registry.sweep(later, Duration::from_millis(500), Duration::MAX);
         assert_eq!(sweep.lost_workers, vec![silent.clone()]);
         assert!(evict.is_cancelled());
@@ -1374,12 +1383,49 @@ mod tests {
                 .is_empty()
         );
         let later = Instant::now() + Duration::from_secs(10);
+        registry.sweep(later, silence, Duration::MAX);
         assert!(
             !registry
                 .sweep(later, silence, Duration::MAX)
                 .lost_workers
                 .is_empty()
         );
+    }
+
+    /// A worker is lost only when two sweeps in a row find it silent: a message
+    /// read in between (one that waited while the server did not run) keeps it.
+    #[test]
+    fn a_worker_found_silent_once_is_kept_when_heard_before_the_next_sweep() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, evict) = registry.register(registration(1), 0, welcome);
+        let silence = Duration::from_secs(1);
+        let at = |secs: u64| Instant::now() + Duration::from_secs(secs);
+        assert!(
+            registry
+                .sweep(at(2), silence, Duration::MAX)
+                .lost_workers
+                .is_empty()
+        );
+        registry.touch(&id, at(2));
+        assert!(
+            registry
+                .sweep(at(2), silence, Duration::MAX)
+                .lost_workers
+                .is_empty()
+        );
+        assert!(!evict.is_cancelled(), "heard from in between");
+        // Silent again: a first finding is needed again, then it is lost.
+        assert!(
+            registry
+                .sweep(at(4), silence, Duration::MAX)
+                .lost_workers
+                .is_empty()
+        );
+        assert_eq!(
+            registry.sweep(at(4), silence, Duration::MAX).lost_workers,
+            [id]
+        );
+        assert!(evict.is_cancelled());
     }
 
     /// A claimed row of activity `activity_id` for worker `worker_id`.
@@ -1733,15 +1779,17 @@ mod tests {
             "each ends once"
         );
         assert_eq!(registry.running_count(), 0);
-        // Last heard from at 1.5 s: lost at 11.5 s, not before.
+        // Last heard from at 1.5 s: silent from 11.5 s, and lost on the sweep
+        // after the one that first finds it so.
         let lost = |at: Duration| {
             registry
                 .sweep(Instant::now() + at, silence, Duration::MAX)
                 .lost_workers
         };
         assert!(lost(Duration::from_millis(9_900)).is_empty());
+        assert!(lost(Duration::from_millis(10_000)).is_empty());
         assert!(!evict.is_cancelled());
-        assert_eq!(lost(Duration::from_millis(10_000)).len(), 1);
+        assert_eq!(lost(Duration::from_millis(10_025)).len(), 1);
         assert!(evict.is_cancelled(), "the session is told to end");
     }
 
