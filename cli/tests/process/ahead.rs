@@ -101,22 +101,7 @@ async fn kill_9_with_rows_claimed_ahead_runs_each_once_after_the_restart() {
 
     let server = env.server(&args);
     let mut client = server.client().await;
-    eventually_for(
-        Duration::from_secs(40),
-        "every activity to complete",
-        || {
-            let mut client = client.clone();
-            async move {
-                let stats = client
-                    .stats(v1::StatsRequest::default())
-                    .await
-                    .ok()?
-                    .into_inner();
-                (stats.completed == (QUICK + SLOW) as u64).then_some(())
-            }
-        },
-    )
-    .await;
+    await_completed(&client, QUICK + SLOW, Duration::from_secs(40)).await;
     let log = worker.log();
     for activity in list_all(&mut client).await {
         let id = activity.key.as_ref().unwrap().activity_id.clone();
@@ -174,17 +159,6 @@ async fn sigterm_with_rows_claimed_ahead_releases_them_uncounted() {
     }
     let again = env.worker(SLOTS);
     server.await_workers(&mut client, 1).await;
-    eventually_for(Duration::from_secs(30), "the released rows to run", || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (stats.completed == (QUICK + SLOW) as u64).then_some(())
-        }
-    })
-    .await;
+    await_completed(&client, QUICK + SLOW, Duration::from_secs(30)).await;
     drop(again);
 }

@@ -70,18 +70,7 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     let restarted = Instant::now();
     let server = env.server(&args);
     let mut client = server.client().await;
-    eventually_for(Duration::from_secs(30), "all 60 to complete", || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (stats.completed == 60).then_some(())
-        }
-    })
-    .await;
+    await_completed(&client, 60, Duration::from_secs(30)).await;
     assert!(
         restarted.elapsed() < Duration::from_secs(60),
         "done long before the 120 s lease could have expired"

@@ -398,6 +398,22 @@ pub fn now_ms() -> i64 {
     spool_proto::time::now_millis()
 }
 
+/// Waits up to `within` until the server's Stats count `n` activities completed.
+pub async fn await_completed(client: &ActivityServiceClient<Channel>, n: usize, within: Duration) {
+    eventually_for(within, &format!("{n} activities to complete"), || {
+        let mut client = client.clone();
+        async move {
+            let stats = client
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (stats.completed == n as u64).then_some(())
+        }
+    })
+    .await;
+}
+
 pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,

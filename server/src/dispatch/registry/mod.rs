@@ -1428,6 +1428,16 @@ mod tests {
         assert!(evict.is_cancelled());
     }
 
+    /// The limits of the claims a plan would make now (their reservations undone).
+    fn planned_limits(registry: &Registry) -> Vec<u32> {
+        registry.mark_all_due();
+        let claims = registry.plan_claims(0);
+        for c in &claims {
+            registry.unreserve(c);
+        }
+        claims.iter().map(|c| c.limit).collect()
+    }
+
     /// A claimed row of activity `activity_id` for worker `worker_id`.
     fn row(id: i64, activity_id: &str, worker_id: &str) -> ActivityRow {
         crate::store::running_row_for_tests(id, activity_id, worker_id)
@@ -1441,14 +1451,6 @@ mod tests {
     fn slots_are_reserved_held_and_freed_exactly() {
         let registry = Registry::default();
         let (id, _tx, _rx, _) = registry.register(registration(3), 0, welcome);
-        let free = |registry: &Registry| -> Vec<u32> {
-            registry.mark_all_due();
-            let claims = registry.plan_claims(0);
-            for c in &claims {
-                registry.unreserve(c);
-            }
-            claims.iter().map(|c| c.limit).collect()
-        };
         registry.mark_all_due();
         let claim = registry.plan_claims(0).remove(0);
         assert_eq!(claim.limit, 3);
@@ -1461,7 +1463,7 @@ mod tests {
         let released = registry.assign(&claim, vec![row(1, "a", &id), row(2, "b", &id)]);
         assert!(released.is_empty());
         assert!(registry.plan_claims(0).is_empty(), "exhausted");
-        assert_eq!(free(&registry), [1], "two held, one free");
+        assert_eq!(planned_limits(&registry), [1], "two held, one free");
         // The server ends attempt a (a cancel): its slot stays taken until answered.
         registry.cancel_running(
             &id,
@@ -1473,12 +1475,12 @@ mod tests {
             1,
             "stop",
         );
-        assert_eq!(free(&registry), [1]);
+        assert_eq!(planned_limits(&registry), [1]);
         assert_eq!(registry.running_count(), 1, "a no longer counts as running");
         assert!(matches!(registry.answer(&id, "wf", "a", 1), Answer::Ended));
         // Two free, and room ahead for two more: it answered one since the last
         // plan, so a slot may free again while the claim commits.
-        assert_eq!(free(&registry), [2 + 2]);
+        assert_eq!(planned_limits(&registry), [2 + 2]);
         assert!(matches!(
             registry.answer(&id, "wf", "b", 1),
             Answer::Held(..)
@@ -1487,7 +1489,7 @@ mod tests {
             registry.answer(&id, "wf", "b", 1),
             Answer::Unknown
         ));
-        assert_eq!(free(&registry), [3 + 2]);
+        assert_eq!(planned_limits(&registry), [3 + 2]);
         // The worker leaves mid-claim: what the claim took is released.
         registry.mark_all_due();
         let claim = registry.plan_claims(0).remove(0);
@@ -1557,14 +1559,6 @@ mod tests {
     fn a_worker_of_long_attempts_claims_nothing_ahead() {
         let registry = Registry::default();
         let (id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
-        let limits = |registry: &Registry| -> Vec<u32> {
-            registry.mark_all_due();
-            let claims = registry.plan_claims(0);
-            for c in &claims {
-                registry.unreserve(c);
-            }
-            claims.iter().map(|c| c.limit).collect()
-        };
         registry.mark_all_due();
         let claim = registry.plan_claims(0).remove(0);
         let rows = (1..=4).map(|i| row(i, &format!("a{i}"), &id)).collect();
@@ -1575,10 +1569,10 @@ mod tests {
                 Answer::Held(..)
             ));
         }
-        assert_eq!(limits(&registry), [2 + 4], "two free, four ahead");
-        assert_eq!(limits(&registry), [2 + 2], "quiet: halved");
-        assert_eq!(limits(&registry), [2 + 1]);
-        assert_eq!(limits(&registry), [2], "none ahead");
+        assert_eq!(planned_limits(&registry), [2 + 4], "two free, four ahead");
+        assert_eq!(planned_limits(&registry), [2 + 2], "quiet: halved");
+        assert_eq!(planned_limits(&registry), [2 + 1]);
+        assert_eq!(planned_limits(&registry), [2], "none ahead");
     }
 
     /// Rows claimed ahead that will not be sent go back for the committer to
