@@ -863,7 +863,9 @@ impl Registry {
         let now = Instant::now();
         let mut inflight = HashMap::new();
         // What the worker runs first; then rows it lacks, up to its slots (to send
-        // again); the rest were claimed ahead on the node it left, and stay ahead.
+        // again). The rest were claimed ahead on the node it left and never sent:
+        // they go back, uncounted, for any worker (the rows read for a takeover
+        // carry no payloads to send them with).
         let (has, lacks): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| {
             held.contains(&attempt_key(
                 &row.key.workflow_id,
@@ -871,13 +873,13 @@ impl Registry {
                 row.attempt,
             ))
         });
-        let mut ahead = VecDeque::new();
+        let mut unsent = Vec::new();
         for row in has.into_iter().chain(lacks) {
+            let attempt = Arc::new(Attempt::from_row(&row));
             if inflight.len() >= max as usize {
-                ahead.push_back(Ahead::new(row, &id));
+                unsent.push(attempt);
                 continue;
             }
-            let attempt = Arc::new(Attempt::from_row(&row));
             let span = claims::attempt_span(&row, &id);
             inflight.insert(
                 attempt_key(&row.key.workflow_id, &row.key.activity_id, row.attempt),
@@ -893,9 +895,9 @@ impl Registry {
             evict.clone(),
         );
         worker.inflight = inflight;
-        worker.ahead = ahead;
         let (resend, cancels, reattached) = reconcile(&mut worker, held);
         let mut inner = self.lock();
+        inner.released.extend(unsent);
         if let Some(drain) = &inner.drain {
             let _ = tx.try_send(Outgoing::message(drain.clone()));
         }
@@ -1426,6 +1428,49 @@ mod tests {
             [id]
         );
         assert!(evict.is_cancelled());
+    }
+
+    /// A session taken over from another node: what the worker holds is
+    /// reattached, a row it lacks within its slots is sent again, and rows beyond
+    /// its slots (claimed ahead on the node it left, never sent) go back for the
+    /// committer to release, uncounted; none waits here without its payload.
+    #[test]
+    fn a_taken_over_session_releases_the_rows_claimed_ahead_elsewhere() {
+        let registry = Registry::default();
+        let id = "taken-over";
+        let rows = ["a", "b", "c", "d"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| row(i as i64 + 1, name, id))
+            .collect();
+        // It holds a; b was sent and lost on the way; c and d were ahead.
+        let held: HashSet<AttemptKey> = [attempt_key("wf", "a", 1)].into();
+        let resumed = registry.adopt(id, registration(2), rows, &held, 0, welcome);
+        assert_eq!(resumed.reattached, 1);
+        assert_eq!(
+            resumed
+                .resend
+                .iter()
+                .map(|a| a.key.activity_id.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+        assert_eq!(registry.claimed_ahead(None), 0);
+        let released: Vec<(i64, u32)> = registry
+            .take_released()
+            .iter()
+            .map(|op| match op {
+                Op::Finish {
+                    attempt,
+                    transition: Transition::Release,
+                    ..
+                } => (attempt.id, attempt.attempt),
+                _ => (-1, 0),
+            })
+            .collect();
+        assert_eq!(released, [(3, 1), (4, 1)]);
+        assert!(registry.holds(1, 1) && registry.holds(2, 1));
+        assert!(!registry.holds(3, 1) && !registry.holds(4, 1));
     }
 
     /// The limits of the claims a plan would make now (their reservations undone).
