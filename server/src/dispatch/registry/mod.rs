@@ -1011,7 +1011,12 @@ impl Registry {
         released
             .into_iter()
             .map(|attempt| Op::Finish {
-                attempt,
+                // Only while the row is still this node's: a worker that resumed
+                // its session elsewhere took its rows over, and that node decides.
+                attempt: Arc::new(Attempt {
+                    owner_node: Some(self.node.clone()),
+                    ..(*attempt).clone()
+                }),
                 transition: Transition::Release,
                 lease_expired_by: None,
             })
@@ -1456,7 +1461,7 @@ mod tests {
             ["b"]
         );
         assert_eq!(registry.claimed_ahead(None), 0);
-        let released: Vec<(i64, u32)> = registry
+        let released: Vec<(i64, u32, Option<Arc<str>>)> = registry
             .take_released()
             .iter()
             .map(|op| match op {
@@ -1464,11 +1469,16 @@ mod tests {
                     attempt,
                     transition: Transition::Release,
                     ..
-                } => (attempt.id, attempt.attempt),
-                _ => (-1, 0),
+                } => (attempt.id, attempt.attempt, attempt.owner_node.clone()),
+                _ => (-1, 0, None),
             })
             .collect();
-        assert_eq!(released, [(3, 1), (4, 1)]);
+        let here = Some(registry.node.clone());
+        assert_eq!(
+            released,
+            [(3, 1, here.clone()), (4, 1, here)],
+            "released only while still this node's"
+        );
         assert!(registry.holds(1, 1) && registry.holds(2, 1));
         assert!(!registry.holds(3, 1) && !registry.holds(4, 1));
     }
