@@ -1461,17 +1461,9 @@ mod tests {
             ["b"]
         );
         assert_eq!(registry.claimed_ahead(None), 0);
-        let released: Vec<(i64, u32, Option<Arc<str>>)> = registry
-            .take_released()
+        let released: Vec<(i64, u32, Option<Arc<str>>)> = take_released(&registry)
             .iter()
-            .map(|op| match op {
-                Op::Finish {
-                    attempt,
-                    transition: Transition::Release,
-                    ..
-                } => (attempt.id, attempt.attempt, attempt.owner_node.clone()),
-                _ => (-1, 0, None),
-            })
+            .map(|a| (a.id, a.attempt, a.owner_node.clone()))
             .collect();
         let here = Some(registry.node.clone());
         assert_eq!(
@@ -1481,6 +1473,22 @@ mod tests {
         );
         assert!(registry.holds(1, 1) && registry.holds(2, 1));
         assert!(!registry.holds(3, 1) && !registry.holds(4, 1));
+    }
+
+    /// The attempts the committer is handed to release; any other op fails the test.
+    fn take_released(registry: &Registry) -> Vec<Arc<Attempt>> {
+        registry
+            .take_released()
+            .into_iter()
+            .map(|op| match op {
+                Op::Finish {
+                    attempt,
+                    transition: Transition::Release,
+                    ..
+                } => attempt,
+                other => panic!("not a release: {other:?}"),
+            })
+            .collect()
     }
 
     /// The limits of the claims a plan would make now (their reservations undone).
@@ -1637,18 +1645,7 @@ mod tests {
     fn rows_claimed_ahead_go_back_when_they_cannot_be_sent() {
         let registry = Registry::default();
         let released = |registry: &Registry| -> Vec<i64> {
-            registry
-                .take_released()
-                .iter()
-                .map(|op| match op {
-                    Op::Finish {
-                        attempt,
-                        transition: Transition::Release,
-                        ..
-                    } => attempt.id,
-                    _ => -1,
-                })
-                .collect()
+            take_released(registry).iter().map(|a| a.id).collect()
         };
         // Both slots busy, two rows ahead.
         let busy_with_two_ahead = |first: i64| {
