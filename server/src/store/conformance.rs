@@ -132,6 +132,7 @@ conformance!(
     a_lost_sessions_ending_is_fenced_to_its_node,
     a_session_is_taken_over_once_with_its_ticket,
     endings_and_the_claim_that_refills_their_slots_share_a_batch,
+    every_status_lists_in_order_and_counts_apart_from_other_namespaces,
 );
 
 const T0: i64 = 1_000_000;
@@ -989,6 +990,119 @@ async fn renew_extends_only_attempts_still_running(store: &dyn Store, _raw: &Raw
 }
 
 /// The first page of the default namespace, unfiltered.
+/// Each status is read along its own index (the SQLite store lists and counts
+/// without an index on status): pages of every status, in both orders, hold
+/// exactly that status's rows of the namespace, whose ids interleave with another's.
+async fn every_status_lists_in_order_and_counts_apart_from_other_namespaces(
+    store: &dyn Store,
+    _raw: &Raw,
+) {
+    let in_ns = |ns: &str, id: &str| Key {
+        namespace: ns.into(),
+        ..key(id)
+    };
+    for i in 0..9 {
+        for ns in ["default", "other"] {
+            let mut activity = new(&format!("a{i}"), "t");
+            activity.key = in_ns(ns, &format!("a{i}"));
+            submit(store, activity).await;
+        }
+    }
+    for ns in ["default", "other"] {
+        let claim = Op::Claim(Claim {
+            namespace: ns.into(),
+            limit: 6,
+            ..match claim_for(&["t"], 6) {
+                Op::Claim(c) => c,
+                other => panic!("{other:?}"),
+            }
+        });
+        let Outcome::Claimed(rows) = one(store, claim, T0).await else {
+            panic!("expected Claimed");
+        };
+        let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["a0", "a1", "a2", "a3", "a4", "a5"],
+            "oldest first in {ns}"
+        );
+        assert!(finish(store, &rows[0], output("ok"), T0 + 1).await);
+        assert!(finish(store, &rows[1], output("ok"), T0 + 1).await);
+        let error = crate::store::server_error(ErrorKind::Terminal, "Fatal", "no".into());
+        assert!(finish(store, &rows[2], Transition::Fail { error }, T0 + 1).await);
+        let cancel = Op::Cancel {
+            key: in_ns(ns, "a8"),
+            reason: String::new(),
+        };
+        one(store, cancel, T0 + 1).await;
+    }
+    let expected = [
+        (
+            None,
+            vec!["a0", "a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8"],
+        ),
+        (Some(ActivityStatus::Scheduled), vec!["a6", "a7"]),
+        (Some(ActivityStatus::Running), vec!["a3", "a4", "a5"]),
+        (Some(ActivityStatus::Completed), vec!["a0", "a1"]),
+        (Some(ActivityStatus::Failed), vec!["a2"]),
+        (Some(ActivityStatus::Cancelled), vec!["a8"]),
+    ];
+    for ns in ["default", "other"] {
+        for (status, ids) in &expected {
+            for newest_first in [false, true] {
+                let mut seen = Vec::new();
+                let mut after_id = 0;
+                loop {
+                    let page = store
+                        .list(&ListQuery {
+                            namespace: ns.into(),
+                            status: *status,
+                            newest_first,
+                            after_id,
+                            ..everything(2)
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("list: {e}"));
+                    assert!(page.rows.len() <= 2);
+                    for row in &page.rows {
+                        assert_eq!(row.key.namespace, ns);
+                        seen.push(row.key.activity_id.clone());
+                    }
+                    match page.next_after {
+                        Some(next) => after_id = next,
+                        None => break,
+                    }
+                }
+                let mut want = ids.clone();
+                if newest_first {
+                    want.reverse();
+                }
+                assert_eq!(seen, want, "{ns}, {status:?}, newest first: {newest_first}");
+            }
+        }
+        assert_eq!(
+            store.stats(ns).await.unwrap_or_else(|e| panic!("{e}")),
+            StatusCounts {
+                scheduled: 2,
+                running: 3,
+                completed: 2,
+                failed: 1,
+                cancelled: 1,
+            },
+            "{ns}"
+        );
+    }
+    let counts = store
+        .type_counts(T0 + 1)
+        .await
+        .unwrap_or_else(|e| panic!("type_counts: {e}"));
+    let summary: Vec<_> = counts
+        .iter()
+        .map(|c| (c.namespace.as_str(), c.due, c.delayed, c.running, c.failed))
+        .collect();
+    assert_eq!(summary, [("default", 2, 0, 3, 1), ("other", 2, 0, 3, 1)]);
+}
+
 fn everything(limit: u32) -> ListQuery {
     ListQuery {
         newest_first: false,

@@ -16,8 +16,8 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityRow, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome,
-    RunningPage, StatusCounts, Store, TypeCounts, rows,
+    ActivityRow, ActivityStatus, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op,
+    Outcome, RunningPage, StatusCounts, Store, TypeCounts, rows,
 };
 
 mod raw;
@@ -57,6 +57,11 @@ fn migrator() -> Migrator {
             4,
             "attempts",
             include_str!("../migrations/sqlite/0004_attempts.sql"),
+        ),
+        migration(
+            5,
+            "transition_free_lists",
+            include_str!("../migrations/sqlite/0005_transition_free_lists.sql"),
         ),
     ])
 }
@@ -133,15 +138,22 @@ impl Store for SqliteStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
         // Sizes first, so the page is cut by bytes before any payload is read.
         let status = query.status.map(|s| s as i64);
-        let (sizes_sql, rows_sql) = if query.newest_first {
-            (sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST)
+        let (paths, rows_sql) = if query.newest_first {
+            (&sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST)
         } else {
-            (sql::LIST_SIZES, sql::LIST)
+            (&sql::LIST_SIZES, sql::LIST)
         };
-        let after = query.cursor();
+        let sizes_sql = match query.status {
+            None | Some(ActivityStatus::Unspecified) => paths.any,
+            Some(ActivityStatus::Scheduled) => paths.scheduled,
+            Some(ActivityStatus::Running) => paths.running,
+            Some(
+                ActivityStatus::Completed | ActivityStatus::Failed | ActivityStatus::Cancelled,
+            ) => paths.ended,
+        };
         let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
             .bind(&query.namespace)
-            .bind(after)
+            .bind(query.cursor())
             .bind(status)
             .bind(query.activity_type.as_deref())
             .bind(i64::from(query.limit) + 1)
@@ -154,12 +166,20 @@ impl Store for SqliteStore {
             return Ok(ListPage::default());
         }
         let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
+        let ids = sizes
+            .iter()
+            .map(|(id, _)| *id)
+            .take_while(|id| {
+                if query.newest_first {
+                    *id >= last
+                } else {
+                    *id <= last
+                }
+            })
+            .collect::<Vec<_>>();
         let rows = sqlx::query(rows_sql)
-            .bind(&query.namespace)
-            .bind(after)
+            .bind(serde_json::Value::from(ids).to_string())
             .bind(status)
-            .bind(query.activity_type.as_deref())
-            .bind(last)
             .fetch_all(&self.readers)
             .await?;
         Ok(ListPage {

@@ -113,42 +113,100 @@ pub const PRUNE: &str = "DELETE FROM activities WHERE id IN (SELECT id FROM acti
      WHERE status >= 3 AND finished_at < ?1 LIMIT ?2)";
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
-/// (`length` of a BLOB reads its size from the record header, not the blob).
-pub const LIST_SIZES: &str = "SELECT id, length(input) + ifnull(length(output), 0) \
-       + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
-       + ifnull(length(error_message), 0) \
-     FROM activities WHERE namespace = ?1 AND id > ?2 \
-       AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-     ORDER BY id LIMIT ?5";
+/// (`length` of a BLOB reads its size from the record header, not the blob):
+/// `?1` namespace, `?2` the cursor, `?3` the status or NULL, `?4` the type or NULL,
+/// `?5` the most rows. Each reads along the index named, none of which a status
+/// change rewrites (see the `0005_transition_free_lists` migration); `INDEXED BY`
+/// makes a plan that cannot use it an error, not a scan.
+macro_rules! list_sizes {
+    ($path:literal, $after:literal, $order:literal) => {
+        concat!(
+            "SELECT id, length(input) + ifnull(length(output), 0) \
+               + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
+               + ifnull(length(error_message), 0) \
+             FROM activities ",
+            $path,
+            " AND id ",
+            $after,
+            " ?2 AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
+             ORDER BY id ",
+            $order,
+            " LIMIT ?5"
+        )
+    };
+}
 
+/// Which rows a list reads, and along which index.
+macro_rules! list_paths {
+    ($after:literal, $order:literal) => {
+        ListSizes {
+            any: list_sizes!(
+                "INDEXED BY activities_namespace WHERE namespace = ?1",
+                $after,
+                $order
+            ),
+            // The due index holds every SCHEDULED row, in claim order: the page is
+            // sorted from the namespace's waiting rows, read from the index alone.
+            scheduled: list_sizes!(
+                "INDEXED BY activities_due WHERE namespace = ?1 AND status = 1",
+                $after,
+                $order
+            ),
+            // RUNNING rows are at most the workers' slots (and the rows claimed
+            // ahead for them), whatever the namespace holds.
+            running: list_sizes!(
+                "INDEXED BY activities_running WHERE status = 2 AND namespace = ?1",
+                $after,
+                $order
+            ),
+            // A finished status is always named on this path: the seek takes it.
+            ended: list_sizes!(
+                "INDEXED BY activities_ended WHERE namespace = ?1 AND status >= 3 AND status = ?3",
+                $after,
+                $order
+            ),
+        }
+    };
+}
+
+/// The sizes statements of one order, by the status asked for.
+pub struct ListSizes {
+    pub any: &'static str,
+    pub scheduled: &'static str,
+    pub running: &'static str,
+    pub ended: &'static str,
+}
+
+pub const LIST_SIZES: ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `?2`.
-pub const LIST_SIZES_NEWEST: &str = "SELECT id, length(input) + ifnull(length(output), 0) \
-       + ifnull(length(error_details), 0) + ifnull(length(heartbeat_details), 0) \
-       + ifnull(length(error_message), 0) \
-     FROM activities WHERE namespace = ?1 AND id < ?2 \
-       AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-     ORDER BY id DESC LIMIT ?5";
+pub const LIST_SIZES_NEWEST: ListSizes = list_paths!("<", "DESC");
 
-/// [`LIST`] newest first: ids below `?2`, down to `?5`.
-pub const LIST_NEWEST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE namespace = ?1 AND id < ?2 AND id >= ?5 \
-      AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-      ORDER BY id DESC"
-);
-
-/// The rows of a page, up to id `?5`.
+/// The rows of a page: the ids in the JSON array `?1` that still have status `?2`
+/// (or any, when NULL), since a row may have moved on after its size was read.
 pub const LIST: &str = concat!(
     "SELECT ",
     columns!(),
-    " FROM activities WHERE namespace = ?1 AND id > ?2 AND id <= ?5 \
-      AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR activity_type = ?4) \
-      ORDER BY id"
+    " FROM activities WHERE id IN (SELECT value FROM json_each(?1)) \
+      AND (?2 IS NULL OR status = ?2) ORDER BY id"
 );
 
-pub const STATS: &str =
-    "SELECT status, COUNT(*) FROM activities WHERE namespace = ?1 GROUP BY status";
+/// [`LIST`] newest first.
+pub const LIST_NEWEST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE id IN (SELECT value FROM json_each(?1)) \
+      AND (?2 IS NULL OR status = ?2) ORDER BY id DESC"
+);
+
+/// Counts of one namespace by status, from the same indexes as the lists.
+pub const STATS: &str = "SELECT 1, COUNT(*) FROM activities INDEXED BY activities_due \
+       WHERE namespace = ?1 AND status = 1 \
+     UNION ALL \
+     SELECT 2, COUNT(*) FROM activities INDEXED BY activities_running \
+       WHERE status = 2 AND namespace = ?1 \
+     UNION ALL \
+     SELECT status, COUNT(*) FROM activities INDEXED BY activities_ended \
+       WHERE namespace = ?1 AND status >= 3 GROUP BY status";
 
 /// The attempt records of row `?1`, oldest first (columns as `rows::decode_attempt`
 /// reads them): those kept in `attempts`, then the last one, which a finished row
@@ -169,11 +227,20 @@ pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_no
      ORDER BY 1";
 
 /// Counts by namespace, type, status and whether a SCHEDULED row waits past `?1`
-/// (`rows::type_counts`); only the statuses a backlog is made of.
-pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
-       CASE WHEN status = 1 AND next_at > ?1 THEN 1 ELSE 0 END AS later, COUNT(*) \
-     FROM activities WHERE status IN (1, 2, 4) \
-     GROUP BY namespace, activity_type, status, later";
+/// (`rows::type_counts`); only the statuses a backlog is made of. Waiting rows are
+/// counted from the due index alone.
+pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, 1, \
+       CASE WHEN next_at > ?1 THEN 1 ELSE 0 END AS later, COUNT(*) \
+     FROM activities INDEXED BY activities_due WHERE status = 1 \
+     GROUP BY namespace, activity_type, later \
+     UNION ALL \
+     SELECT namespace, activity_type, 2, 0, COUNT(*) \
+     FROM activities INDEXED BY activities_running WHERE status = 2 \
+     GROUP BY namespace, activity_type \
+     UNION ALL \
+     SELECT namespace, activity_type, 4, 0, COUNT(*) \
+     FROM activities INDEXED BY activities_ended WHERE status >= 3 AND status = 4 \
+     GROUP BY namespace, activity_type";
 
 pub const RUNNING: &str = concat!(
     "SELECT ",
