@@ -111,6 +111,15 @@ pub(super) fn page_bounds(sizes: &[(i64, i64)], limit: u32, max_bytes: usize) ->
     (last, taken < sizes.len())
 }
 
+/// The ids of a page whose last row is `last`, in the order `sizes` has them.
+pub(super) fn page_ids(sizes: &[(i64, i64)], last: i64, newest_first: bool) -> Vec<i64> {
+    sizes
+        .iter()
+        .map(|&(id, _)| id)
+        .take_while(|&id| if newest_first { id >= last } else { id <= last })
+        .collect()
+}
+
 /// Where each column of `columns!()` (and `light_columns!()`) sits in a row.
 #[allow(dead_code)]
 mod col {

@@ -243,44 +243,84 @@ pub const PRUNE: &str = "DELETE FROM activities WHERE id = ANY(ARRAY(SELECT id F
      WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))";
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
-/// (`octet_length` takes a TOASTed value's size from its header).
-pub const LIST_SIZES: &str = "SELECT id, (octet_length(input) \
-       + COALESCE(octet_length(output), 0) + COALESCE(octet_length(error_details), 0) \
-       + COALESCE(octet_length(heartbeat_details), 0) \
-       + COALESCE(octet_length(error_message), 0))::BIGINT \
-     FROM activities WHERE namespace = $1 AND id > $2 \
-       AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-     ORDER BY id LIMIT $5";
+/// (`octet_length` takes a TOASTed value's size from its header): `$1` namespace,
+/// `$2` the cursor, `$3` the status or NULL, `$4` the type or NULL, `$5` the most
+/// rows. Each status reads where its rows are indexed anyway (see the
+/// `0007_transition_free_lists` migration).
+macro_rules! list_sizes {
+    ($rows:literal, $after:literal, $order:literal) => {
+        concat!(
+            "SELECT id, (octet_length(input) \
+               + COALESCE(octet_length(output), 0) + COALESCE(octet_length(error_details), 0) \
+               + COALESCE(octet_length(heartbeat_details), 0) \
+               + COALESCE(octet_length(error_message), 0))::BIGINT \
+             FROM activities WHERE ",
+            $rows,
+            " AND id ",
+            $after,
+            " $2 AND ($3::BIGINT IS NULL OR status = $3) \
+               AND ($4::TEXT IS NULL OR activity_type = $4) \
+             ORDER BY id ",
+            $order,
+            " LIMIT $5"
+        )
+    };
+}
 
+/// Which rows a list reads, by the status asked for.
+macro_rules! list_paths {
+    ($after:literal, $order:literal) => {
+        ListSizes {
+            any: list_sizes!("namespace = $1", $after, $order),
+            scheduled: list_sizes!("namespace = $1 AND status = 1", $after, $order),
+            running: list_sizes!("status = 2 AND namespace = $1", $after, $order),
+            // A finished status is always named on this path; `status >= 3` is
+            // what lets the planner prove the partial index applies.
+            ended: list_sizes!(
+                "namespace = $1 AND status >= 3 AND status = $3",
+                $after,
+                $order
+            ),
+        }
+    };
+}
+
+/// The sizes statements of one order, by the status asked for.
+pub struct ListSizes {
+    pub any: &'static str,
+    pub scheduled: &'static str,
+    pub running: &'static str,
+    pub ended: &'static str,
+}
+
+pub const LIST_SIZES: ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `$2`.
-pub const LIST_SIZES_NEWEST: &str = "SELECT id, (octet_length(input) \
-       + COALESCE(octet_length(output), 0) + COALESCE(octet_length(error_details), 0) \
-       + COALESCE(octet_length(heartbeat_details), 0) \
-       + COALESCE(octet_length(error_message), 0))::BIGINT \
-     FROM activities WHERE namespace = $1 AND id < $2 \
-       AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-     ORDER BY id DESC LIMIT $5";
+pub const LIST_SIZES_NEWEST: ListSizes = list_paths!("<", "DESC");
 
-/// [`LIST`] newest first: ids below `$2`, down to `$5`.
-pub const LIST_NEWEST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE namespace = $1 AND id < $2 AND id >= $5 \
-      AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-      ORDER BY id DESC"
-);
-
-/// The rows of a page, up to id `$5`.
+/// The rows of a page: the ids `$1` that still have status `$2` (or any, when
+/// NULL), since a row may have moved on after its size was read.
 pub const LIST: &str = concat!(
     "SELECT ",
     columns!(),
-    " FROM activities WHERE namespace = $1 AND id > $2 AND id <= $5 \
-      AND ($3::BIGINT IS NULL OR status = $3) AND ($4::TEXT IS NULL OR activity_type = $4) \
-      ORDER BY id"
+    " FROM activities WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) ORDER BY id"
 );
 
-pub const STATS: &str =
-    "SELECT status, COUNT(*) FROM activities WHERE namespace = $1 GROUP BY status";
+/// [`LIST`] newest first.
+pub const LIST_NEWEST: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM activities WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) \
+      ORDER BY id DESC"
+);
+
+/// Counts of one namespace by status, from the same indexes as the lists.
+pub const STATS: &str = "SELECT 1::BIGINT, COUNT(*) FROM activities \
+       WHERE namespace = $1 AND status = 1 \
+     UNION ALL \
+     SELECT 2::BIGINT, COUNT(*) FROM activities WHERE status = 2 AND namespace = $1 \
+     UNION ALL \
+     SELECT status, COUNT(*) FROM activities WHERE namespace = $1 AND status >= 3 \
+     GROUP BY status";
 
 /// The attempt records of row `$1`, oldest first (columns as `rows::decode_attempt`
 /// reads them): those kept in `attempts`, then the last one, which a finished row
@@ -303,10 +343,15 @@ pub const HISTORY: &str = "SELECT attempt, worker_id, worker_identity, worker_no
 
 /// Counts by namespace, type, status and whether a SCHEDULED row waits past `$1`
 /// (`rows::type_counts`); only the statuses a backlog is made of.
-pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, status, \
-       (CASE WHEN status = 1 AND next_at > $1 THEN 1 ELSE 0 END)::BIGINT AS later, COUNT(*) \
-     FROM activities WHERE status IN (1, 2, 4) \
-     GROUP BY namespace, activity_type, status, later";
+pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, 1::BIGINT, \
+       (CASE WHEN next_at > $1 THEN 1 ELSE 0 END)::BIGINT AS later, COUNT(*) \
+     FROM activities WHERE status = 1 GROUP BY namespace, activity_type, later \
+     UNION ALL \
+     SELECT namespace, activity_type, 2::BIGINT, 0::BIGINT, COUNT(*) \
+     FROM activities WHERE status = 2 GROUP BY namespace, activity_type \
+     UNION ALL \
+     SELECT namespace, activity_type, 4::BIGINT, 0::BIGINT, COUNT(*) \
+     FROM activities WHERE status >= 3 AND status = 4 GROUP BY namespace, activity_type";
 
 /// Deletes up to `$2` tickets last saved before `$1`.
 pub const PRUNE_TICKETS: &str = "DELETE FROM worker_sessions WHERE worker_id = ANY(ARRAY( \

@@ -166,17 +166,7 @@ impl Store for SqliteStore {
             return Ok(ListPage::default());
         }
         let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let ids = sizes
-            .iter()
-            .map(|(id, _)| *id)
-            .take_while(|id| {
-                if query.newest_first {
-                    *id >= last
-                } else {
-                    *id <= last
-                }
-            })
-            .collect::<Vec<_>>();
+        let ids = rows::page_ids(&sizes, last, query.newest_first);
         let rows = sqlx::query(rows_sql)
             .bind(serde_json::Value::from(ids).to_string())
             .bind(status)
