@@ -618,3 +618,143 @@ async fn a_stopping_node_hands_its_sessions_over() {
     );
     assert_eq!(seen.runs(), [("deploy".to_owned(), 1)]);
 }
+
+/// On PostgreSQL, a session that moves to another node while its first node holds
+/// rows claimed ahead for it (claimed and counted, not yet sent): the new node
+/// takes over the attempts the worker holds and gives the rest back, and every
+/// activity runs with its own input, once per attempt, and completes with it.
+/// (The rows a takeover reads carry no payloads; one kept ahead from them was once
+/// sent with an empty input.)
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
+    const N: usize = 2_000;
+    let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
+    let runs: Arc<Mutex<Vec<(String, u32, Vec<u8>)>>> = Arc::default();
+    let worker = {
+        let runs = runs.clone();
+        Worker::new(format!("http://{}", proxy.addr))
+            .max_concurrency(8)
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .keep_alive(Duration::from_secs(2), Duration::from_secs(3))
+            .activity("echo", move |ctx, input| {
+                let runs = runs.clone();
+                async move {
+                    let info = ctx.info().clone();
+                    runs.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        info.activity_id,
+                        info.attempt,
+                        input.data.clone(),
+                    ));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Ok(input)
+                }
+            })
+    };
+    let mut connection = worker.connection();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _worker = RunningWorker {
+        stop: stop.clone(),
+        _task: tokio::spawn(worker.run(stop)),
+    };
+    connected(&mut connection).await;
+    let (from, to, to_index) = if on_first(&a, &b).await {
+        (a, b, 1)
+    } else {
+        (b, a, 0)
+    };
+    let mut client = from.client().await;
+    for chunk in (0..N).collect::<Vec<_>>().chunks(500) {
+        client
+            .submit_batch(v1::SubmitBatchRequest {
+                activities: chunk
+                    .iter()
+                    .map(|i| request("echo", "wf", &format!("e{i}")))
+                    .collect(),
+            })
+            .await
+            .expect("submit a batch");
+    }
+    eventually("rows claimed ahead on the worker's node", || {
+        let mut client = client.clone();
+        async move {
+            let stats = client
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            (stats.claimed_ahead > 0).then_some(())
+        }
+    })
+    .await;
+    proxy.send_next_to(to_index);
+    proxy.cut();
+    assert!(
+        reconnected(&mut connection).await,
+        "resumed on the other node"
+    );
+    let mut other = to.client().await;
+    let stats =
+        crate::fixtures::eventually_for(Duration::from_secs(60), "every activity to end", || {
+            let mut other = other.clone();
+            async move {
+                let stats = other
+                    .stats(v1::StatsRequest::default())
+                    .await
+                    .ok()?
+                    .into_inner();
+                (stats.completed + stats.failed + stats.cancelled == N as u64).then_some(stats)
+            }
+        })
+        .await;
+    assert_eq!((stats.completed, stats.failed), (N as u64, 0), "{stats:?}");
+
+    let runs = runs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut attempts = std::collections::HashSet::new();
+    for (id, attempt, input) in &runs {
+        let want = json(serde_json::json!({ "id": id })).data;
+        assert_eq!(
+            input, &want,
+            "{id} attempt {attempt} ran with its own input"
+        );
+        assert!(
+            attempts.insert((id.clone(), *attempt)),
+            "{id} attempt {attempt} ran twice"
+        );
+    }
+    let mut page_token = String::new();
+    let mut completed = 0;
+    loop {
+        let page = other
+            .list(v1::ListRequest {
+                status: v1::ActivityStatus::Completed as i32,
+                page_size: 500,
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        for activity in &page.activities {
+            let id = activity
+                .key
+                .as_ref()
+                .map(|k| k.activity_id.as_str())
+                .unwrap_or("");
+            assert_eq!(
+                activity.output.as_ref().map(|o| o.data.clone()),
+                Some(json(serde_json::json!({ "id": id })).data),
+                "{id} completed with its own input"
+            );
+            completed += 1;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(completed, N);
+}
