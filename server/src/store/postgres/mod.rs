@@ -193,8 +193,9 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Reads for callers of the API (Get, List, Stats, Waits).
     readers: PgPool,
-    /// This node's id in notifications, so it can ignore its own.
-    node: String,
+    /// This node on the notification channel: its id (so it can ignore its own),
+    /// its schema, and the other nodes it has heard.
+    channel: Arc<notify::Channel>,
 }
 
 impl PostgresStore {
@@ -225,11 +226,14 @@ impl PostgresStore {
         });
         clock.sync(&pool).await?;
         DbClock::keep_synced(&clock, pool.clone());
+        let scope: String = sqlx::query_scalar("SELECT current_schema()::TEXT")
+            .fetch_one(&pool)
+            .await?;
         Ok(Self {
             clock,
             pool,
             readers,
-            node: uuid::Uuid::now_v7().to_string(),
+            channel: notify::Channel::new(uuid::Uuid::now_v7().to_string(), scope),
         })
     }
 }
@@ -400,11 +404,11 @@ impl Store for PostgresStore {
     }
 
     async fn publish(&self, events: Vec<Event>) -> Result<(), Error> {
-        notify::publish(&self.pool, &self.node, events).await
+        notify::publish(&self.pool, &self.channel, events).await
     }
 
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, Error> {
-        notify::subscribe(self.pool.clone(), self.node.clone())
+        notify::subscribe(self.pool.clone(), self.channel.clone())
             .await
             .map(Some)
     }
@@ -456,16 +460,22 @@ mod tests {
         }
     }
 
-    /// Publish/subscribe between two nodes: one's events reach the other, not
-    /// itself; a listener whose connection is cut comes back and says `Resync`.
+    /// Publish/subscribe between two nodes on one schema: once they have heard
+    /// each other, one's events reach the other, not itself; a listener whose
+    /// connection is cut comes back and says `Resync`.
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
         ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
     async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
-        let a = store_with(&[]).await;
-        let b = store_with(&[]).await;
+        let url = crate::fixtures::postgres_schema("pgstore").await;
+        let open = || async {
+            PostgresStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (a, b) = (open().await, open().await);
         let mut from_a = a
             .subscribe()
             .await
@@ -478,6 +488,12 @@ mod tests {
             .ok()
             .flatten()
             .unwrap_or_else(|| panic!("no listener"));
+        crate::fixtures::eventually_for(
+            std::time::Duration::from_secs(5),
+            "the two nodes to hear each other",
+            || async { (a.channel.others_present() && b.channel.others_present()).then_some(()) },
+        )
+        .await;
         let key = Key {
             namespace: "default".into(),
             workflow_id: format!("wf-{}", uuid::Uuid::new_v4().simple()),
@@ -517,6 +533,48 @@ mod tests {
             next_matching(&mut from_a, |r| matches!(r, Remote::Resync)).await,
             Remote::Resync
         ));
+    }
+
+    /// A node alone in its schema publishes nothing, though nodes of other
+    /// schemas (other tests) talk on the same channel of the same database.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_node_alone_in_its_schema_publishes_nothing() {
+        let alone = store_with(&[]).await;
+        let _events = alone.subscribe().await.unwrap_or_else(|e| panic!("{e}"));
+        let mut watcher = sqlx::postgres::PgListener::connect_with(&alone.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        watcher
+            .listen(notify::CHANNEL)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Past a few hellos, in case another node were there to be heard.
+        tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+        assert!(!alone.channel.others_present());
+        let key = Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: "a".into(),
+        };
+        alone
+            .publish(vec![Event::Finished { key }])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(1_500);
+        while let Ok(received) = tokio::time::timeout_at(deadline, watcher.recv()).await {
+            let payload = received.unwrap_or_else(|e| panic!("{e}"));
+            let envelope: serde_json::Value =
+                serde_json::from_str(payload.payload()).unwrap_or_default();
+            let from_alone = envelope["node"].as_str() == Some(alone.channel.node());
+            let has_events = envelope["events"]
+                .as_array()
+                .is_some_and(|events| !events.is_empty());
+            assert!(!(from_alone && has_events), "published alone: {envelope}");
+        }
     }
 
     /// The claim's generic plan (what a prepared statement runs after a few calls)
