@@ -111,6 +111,29 @@ pub(super) fn page_bounds(sizes: &[(i64, i64)], limit: u32, max_bytes: usize) ->
     (last, taken < sizes.len())
 }
 
+/// The statements that read a list page's ids and sizes in one order, one for each
+/// way rows of a status are indexed (each store's `sql::LIST_SIZES`).
+pub(super) struct ListSizes {
+    pub any: &'static str,
+    pub scheduled: &'static str,
+    pub running: &'static str,
+    pub ended: &'static str,
+}
+
+impl ListSizes {
+    /// The statement for rows of `status` (every status when `None`).
+    pub fn of(&self, status: Option<ActivityStatus>) -> &'static str {
+        match status {
+            None | Some(ActivityStatus::Unspecified) => self.any,
+            Some(ActivityStatus::Scheduled) => self.scheduled,
+            Some(ActivityStatus::Running) => self.running,
+            Some(
+                ActivityStatus::Completed | ActivityStatus::Failed | ActivityStatus::Cancelled,
+            ) => self.ended,
+        }
+    }
+}
+
 /// The ids of a page whose last row is `last`, in the order `sizes` has them.
 pub(super) fn page_ids(sizes: &[(i64, i64)], last: i64, newest_first: bool) -> Vec<i64> {
     sizes

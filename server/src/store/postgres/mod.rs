@@ -31,9 +31,8 @@ use sqlx::{
 use tokio::sync::mpsc;
 
 use super::{
-    ActivityRow, ActivityStatus, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery,
-    Op, Outcome, Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts,
-    rows,
+    ActivityRow, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome,
+    Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts, rows,
 };
 
 mod notify;
@@ -268,14 +267,7 @@ impl Store for PostgresStore {
         } else {
             (&sql::LIST_SIZES, sql::LIST)
         };
-        let sizes_sql = match query.status {
-            None | Some(ActivityStatus::Unspecified) => paths.any,
-            Some(ActivityStatus::Scheduled) => paths.scheduled,
-            Some(ActivityStatus::Running) => paths.running,
-            Some(
-                ActivityStatus::Completed | ActivityStatus::Failed | ActivityStatus::Cancelled,
-            ) => paths.ended,
-        };
+        let sizes_sql = paths.of(query.status);
         // Planned for these values each time (an unnamed statement): a generic plan
         // cannot tell a namespace or a status of a hundred rows from one of a
         // million, and walked the primary key through every row of the table for

@@ -270,7 +270,7 @@ macro_rules! list_sizes {
 /// Which rows a list reads, by the status asked for.
 macro_rules! list_paths {
     ($after:literal, $order:literal) => {
-        ListSizes {
+        crate::store::rows::ListSizes {
             any: list_sizes!("namespace = $1", $after, $order),
             scheduled: list_sizes!("namespace = $1 AND status = 1", $after, $order),
             running: list_sizes!("status = 2 AND namespace = $1", $after, $order),
@@ -285,17 +285,9 @@ macro_rules! list_paths {
     };
 }
 
-/// The sizes statements of one order, by the status asked for.
-pub struct ListSizes {
-    pub any: &'static str,
-    pub scheduled: &'static str,
-    pub running: &'static str,
-    pub ended: &'static str,
-}
-
-pub const LIST_SIZES: ListSizes = list_paths!(">", "");
+pub const LIST_SIZES: crate::store::rows::ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `$2`.
-pub const LIST_SIZES_NEWEST: ListSizes = list_paths!("<", "DESC");
+pub const LIST_SIZES_NEWEST: crate::store::rows::ListSizes = list_paths!("<", "DESC");
 
 /// The rows of a page: the ids `$1` that still have status `$2` (or any, when
 /// NULL), since a row may have moved on after its size was read.

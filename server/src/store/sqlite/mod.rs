@@ -16,8 +16,8 @@
 use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
-    ActivityRow, ActivityStatus, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op,
-    Outcome, RunningPage, StatusCounts, Store, TypeCounts, rows,
+    ActivityRow, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome,
+    RunningPage, StatusCounts, Store, TypeCounts, rows,
 };
 
 mod raw;
@@ -143,14 +143,7 @@ impl Store for SqliteStore {
         } else {
             (&sql::LIST_SIZES, sql::LIST)
         };
-        let sizes_sql = match query.status {
-            None | Some(ActivityStatus::Unspecified) => paths.any,
-            Some(ActivityStatus::Scheduled) => paths.scheduled,
-            Some(ActivityStatus::Running) => paths.running,
-            Some(
-                ActivityStatus::Completed | ActivityStatus::Failed | ActivityStatus::Cancelled,
-            ) => paths.ended,
-        };
+        let sizes_sql = paths.of(query.status);
         let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
             .bind(&query.namespace)
             .bind(query.cursor())

@@ -139,7 +139,7 @@ macro_rules! list_sizes {
 /// Which rows a list reads, and along which index.
 macro_rules! list_paths {
     ($after:literal, $order:literal) => {
-        ListSizes {
+        crate::store::rows::ListSizes {
             any: list_sizes!(
                 "INDEXED BY activities_namespace WHERE namespace = ?1",
                 $after,
@@ -169,17 +169,9 @@ macro_rules! list_paths {
     };
 }
 
-/// The sizes statements of one order, by the status asked for.
-pub struct ListSizes {
-    pub any: &'static str,
-    pub scheduled: &'static str,
-    pub running: &'static str,
-    pub ended: &'static str,
-}
-
-pub const LIST_SIZES: ListSizes = list_paths!(">", "");
+pub const LIST_SIZES: crate::store::rows::ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `?2`.
-pub const LIST_SIZES_NEWEST: ListSizes = list_paths!("<", "DESC");
+pub const LIST_SIZES_NEWEST: crate::store::rows::ListSizes = list_paths!("<", "DESC");
 
 /// The rows of a page: the ids in the JSON array `?1` that still have status `?2`
 /// (or any, when NULL), since a row may have moved on after its size was read.
