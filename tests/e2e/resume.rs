@@ -619,6 +619,9 @@ async fn a_stopping_node_hands_its_sessions_over() {
     assert_eq!(seen.runs(), [("deploy".to_owned(), 1)]);
 }
 
+/// Each run's activity id, attempt and input.
+type RunsWithInput = Arc<Mutex<Vec<(String, u32, Vec<u8>)>>>;
+
 /// On PostgreSQL, a session that moves to another node while its first node holds
 /// rows claimed ahead for it (claimed and counted, not yet sent): the new node
 /// takes over the attempts the worker holds and gives the rest back, and every
@@ -633,7 +636,7 @@ async fn a_stopping_node_hands_its_sessions_over() {
 async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
     const N: usize = 2_000;
     let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
-    let runs: Arc<Mutex<Vec<(String, u32, Vec<u8>)>>> = Arc::default();
+    let runs: RunsWithInput = Arc::default();
     let worker = {
         let runs = runs.clone();
         Worker::new(format!("http://{}", proxy.addr))
