@@ -349,8 +349,10 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
 
 #[tokio::test]
 async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
+    // Keep-alives every 250 ms: on three nodes and two loaded cores, a worker was
+    // found silent for the 300 ms that three 100 ms intervals allow.
     let server =
-        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(100)).await;
+        TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(250)).await;
     // 1.5 s of work against a 600 ms heartbeat timeout: only the beats, every
     // 50 ms, keep the attempt alive (with room for a loaded machine's pauses).
     let _worker = server.worker(|w| {
