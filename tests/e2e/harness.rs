@@ -354,6 +354,29 @@ where
     crate::fixtures::eventually_for(WAIT, what, check).await
 }
 
+/// Polls the default namespace's Stats through `client` until `done` accepts
+/// them, failing the test after `within`; returns the Stats that did.
+pub async fn stats_until(
+    client: &ActivityServiceClient<Channel>,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&v1::StatsResponse) -> bool,
+) -> v1::StatsResponse {
+    let done = &done;
+    crate::fixtures::eventually_for(within, what, || {
+        let mut client = client.clone();
+        async move {
+            let stats = client
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()?
+                .into_inner();
+            done(&stats).then_some(stats)
+        }
+    })
+    .await
+}
+
 pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
     v1::ActivityKey {
         namespace: String::new(),

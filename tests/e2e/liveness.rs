@@ -232,18 +232,7 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
     for i in 0..3 {
         submit(&mut client, request("short", "wf", &format!("d{i}"))).await;
     }
-    eventually("3 running", || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (stats.running == 3).then_some(())
-        }
-    })
-    .await;
+    stats_until(&client, WAIT, "3 running", |s| s.running == 3).await;
     let report = server
         .admin()
         .await

@@ -681,17 +681,12 @@ async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
             .await
             .expect("submit a batch");
     }
-    eventually("rows claimed ahead on the worker's node", || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (stats.claimed_ahead > 0).then_some(())
-        }
-    })
+    stats_until(
+        &client,
+        WAIT,
+        "rows claimed ahead on the worker's node",
+        |s| s.claimed_ahead > 0,
+    )
     .await;
     proxy.send_next_to(to_index);
     proxy.cut();
@@ -700,19 +695,13 @@ async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
         "resumed on the other node"
     );
     let mut other = to.client().await;
-    let stats =
-        crate::fixtures::eventually_for(Duration::from_secs(60), "every activity to end", || {
-            let mut other = other.clone();
-            async move {
-                let stats = other
-                    .stats(v1::StatsRequest::default())
-                    .await
-                    .ok()?
-                    .into_inner();
-                (stats.completed + stats.failed + stats.cancelled == N as u64).then_some(stats)
-            }
-        })
-        .await;
+    let stats = stats_until(
+        &other,
+        Duration::from_secs(60),
+        "every activity to end",
+        |s| s.completed + s.failed + s.cancelled == N as u64,
+    )
+    .await;
     assert_eq!((stats.completed, stats.failed), (N as u64, 0), "{stats:?}");
 
     let runs = runs.lock().unwrap_or_else(|e| e.into_inner()).clone();
