@@ -486,6 +486,14 @@ mod tests {
             || async { (a.channel.others_present() && b.channel.others_present()).then_some(()) },
         )
         .await;
+        // Each, on first hearing the other, reads the store again: the other did not
+        // publish for it until then.
+        for from in [&mut from_a, &mut from_b] {
+            assert!(matches!(
+                next_matching(from, |r| matches!(r, Remote::Resync)).await,
+                Remote::Resync
+            ));
+        }
         let key = Key {
             namespace: "default".into(),
             workflow_id: format!("wf-{}", uuid::Uuid::new_v4().simple()),

@@ -7,10 +7,10 @@
 //! it: each node says hello every [`HELLO_EVERY`], answers at once a node it had
 //! not heard from, and counts another as present for [`PRESENT_FOR`] after its
 //! last word. A node alone on its database so spends nothing on notifications
-//! (measured at about a seventh of PostgreSQL's CPU per activity). Events sent in the
-//! moment before two nodes have heard each other are missed, as a dropped
-//! notification is: waiters read again every few seconds, and a node reads due
-//! rows again when it starts and periodically.
+//! (measured at about a seventh of PostgreSQL's CPU per activity). What another
+//! node committed before it heard this one, it did not publish: on first hearing
+//! a node, this one says `Resync` (due times are read from the store again), and
+//! waiters read again every few seconds in any case.
 //!
 //! Nodes whose tables are in other schemas of the same database share the
 //! channel; their envelopes name their schema and are ignored.
@@ -148,8 +148,8 @@ pub(super) async fn subscribe(
 ) -> Result<mpsc::Receiver<Remote>, Error> {
     let mut listener = listen(&pool).await?;
     let (tx, rx) = mpsc::channel(1024);
-    hello(&pool, &channel);
-    // On a task of its own: receiving is not cancel-safe, so nothing may interrupt it.
+    // Hellos on a task of their own (the interval's first tick, at once, is the
+    // first hello): receiving is not cancel-safe, so nothing may interrupt it.
     tokio::spawn({
         let (pool, channel, tx) = (pool.clone(), channel.clone(), tx.clone());
         async move {
@@ -178,6 +178,12 @@ pub(super) async fn subscribe(
                         {
                             if channel.presence.heard(&envelope.node, Instant::now()) {
                                 hello(&pool, &channel);
+                                // Until it heard us, that node published nothing
+                                // for us: what it committed meanwhile is read
+                                // from the store instead.
+                                if tx.send(Remote::Resync).await.is_err() {
+                                    return;
+                                }
                             }
                             envelope.events
                         }
