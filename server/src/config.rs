@@ -123,6 +123,10 @@ pub struct Config {
     /// attempts (`--resume-grace`); zero: never, its attempts are lost at once.
     /// `None`: [`DEFAULT_RESUME_GRACE`], or half the lease if that is shorter.
     pub resume_grace: Option<Duration>,
+    /// How much waiting outweighs one level of priority (`--priority-aging`), so a
+    /// low priority is never starved; `None`: strict priority. Stored in the
+    /// database for every node: the last node started sets it.
+    pub priority_aging: Option<Duration>,
 }
 
 /// How long a dropped session waits for its worker by default.
@@ -167,6 +171,7 @@ impl Config {
             ui_listen: None,
             ui_read_only: false,
             resume_grace: None,
+            priority_aging: None,
         }
     }
 
@@ -256,6 +261,18 @@ impl Config {
                     "({}) must be shorter than --lease-timeout ({}): a session is resumed while its attempts' leases hold",
                     spool_proto::duration::format(self.resume_grace()),
                     spool_proto::duration::format(self.lease_timeout)
+                ),
+            );
+        }
+        if let Some(aging) = self.priority_aging
+            && (aging < Duration::from_millis(1) || aging > crate::store::MAX_PRIORITY_AGING)
+        {
+            return fail(
+                "--priority-aging",
+                format!(
+                    "({}) must be from 1ms to {} (0s: strict priority)",
+                    spool_proto::duration::format(aging),
+                    spool_proto::duration::format(crate::store::MAX_PRIORITY_AGING)
                 ),
             );
         }
@@ -397,7 +414,7 @@ mod tests {
     #[test]
     fn absurd_settings_name_their_flag() {
         type Break = fn(&mut Config);
-        let bad: [(&str, Break); 6] = [
+        let bad: [(&str, Break); 8] = [
             ("--heartbeat-interval", |c| {
                 c.heartbeat_interval = Duration::ZERO
             }),
@@ -409,6 +426,12 @@ mod tests {
             ("--max-connections", |c| c.limits.max_connections = 0),
             ("--max-worker-concurrency", |c| {
                 c.limits.max_worker_concurrency = u32::MAX
+            }),
+            ("--priority-aging", |c| {
+                c.priority_aging = Some(Duration::from_micros(500))
+            }),
+            ("--priority-aging", |c| {
+                c.priority_aging = Some(Duration::from_secs(2 * 86_400))
             }),
         ];
         for (flag, break_it) in bad {

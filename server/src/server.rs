@@ -119,6 +119,17 @@ async fn serve(
     if store.single_node() {
         reclaim(&store).await?;
     }
+    if let Some(ranked) = store.set_priority_aging(config.priority_aging).await? {
+        // Every node ranks by the stored setting: this one just changed it for all.
+        tracing::info!(
+            priority_aging = %config.priority_aging.map_or_else(
+                || "off".to_owned(),
+                spool_proto::duration::format,
+            ),
+            waiting_rows = ranked,
+            "the priority aging changed; waiting rows were ranked again"
+        );
+    }
     // Several nodes share the store: listen before anything commits, so no change
     // another node makes from now on goes unheard.
     let remote = store.subscribe().await?;

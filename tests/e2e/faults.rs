@@ -91,6 +91,12 @@ impl Store for Faulty {
         );
         self.inner.due_times(after, limit).await
     }
+    async fn set_priority_aging(
+        &self,
+        per_level: Option<std::time::Duration>,
+    ) -> Result<Option<u64>, store::Error> {
+        self.inner.set_priority_aging(per_level).await
+    }
     fn single_node(&self) -> bool {
         self.inner.single_node()
     }

@@ -319,6 +319,94 @@ async fn higher_priority_first_then_oldest_first() {
     assert_eq!(order, ["high", "low-1", "low-2", "low-3"]);
 }
 
+/// With aging, a stream of higher-priority rows the worker cannot keep up with
+/// overtakes a low one only while they came due less than (difference × aging)
+/// after it; with strict priority the low one would wait for the stream to end.
+#[tokio::test]
+async fn an_aged_low_priority_runs_under_a_stream_of_higher_ones() {
+    const AGING: Duration = Duration::from_millis(20);
+    const LEVELS: i32 = 10;
+    // The bound (10 × 20 ms), and room for the low row's commit to be seen by a
+    // claim that began after it was stamped.
+    let bound = AGING * LEVELS as u32;
+    let slack = Duration::from_millis(50);
+    let server = TestServer::start_with(|c| c.priority_aging = Some(AGING)).await;
+    let client = server.client().await;
+
+    // About 200 rows a second, against a worker that takes 10 ms over each.
+    let stream = tokio::spawn({
+        let client = client.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            for n in 0.. {
+                tick.tick().await;
+                let mut client = client.clone();
+                tokio::spawn(async move {
+                    let mut req = request("t", "wf", &format!("h{n}"));
+                    req.priority = LEVELS;
+                    submit(&mut client, req).await;
+                });
+            }
+        }
+    });
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut order = Vec::new();
+    let run_one = |order: &mut Vec<String>, message| match message {
+        server_message::Message::Task(task) => {
+            order.push(task.activity_id.clone());
+            Some(task)
+        }
+        server_message::Message::Ack(ack) => {
+            assert!(ack.accepted);
+            None
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    // A backlog builds up first.
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        if let Some(task) = run_one(&mut order, raw.next().await) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            raw.complete(&task, task.attempt).await;
+        }
+    }
+    submit(&mut client.clone(), request("t", "wf", "low")).await;
+    let low_submitted = tokio::time::Instant::now();
+    while !order.iter().any(|id| id == "low") {
+        assert!(
+            low_submitted.elapsed() < Duration::from_secs(10),
+            "the low row waited 10 s behind {} higher ones",
+            order.len()
+        );
+        if let Some(task) = run_one(&mut order, raw.next().await) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            raw.complete(&task, task.attempt).await;
+        }
+    }
+    stream.abort();
+
+    let mut client = client.clone();
+    let due = |activity: &v1::Activity| {
+        let at = activity.next_at.expect("next_at");
+        Duration::new(at.seconds as u64, at.nanos as u32)
+    };
+    let low = due(&get(&mut client, key("wf", "low")).await);
+    let mut overtook = 0;
+    for id in &order[..order.len() - 1] {
+        let high = due(&get(&mut client, key("wf", id)).await);
+        assert!(
+            high < low + bound + slack,
+            "{id} came due {:?} after the low row and still ran before it",
+            high - low
+        );
+        overtook += u32::from(high > low);
+    }
+    assert!(
+        overtook > 0,
+        "rows of higher priority due just after it overtake it: none did"
+    );
+}
+
 #[tokio::test]
 async fn namespaces_do_not_mix() {
     // `connected_workers` is the node's own.

@@ -741,6 +741,12 @@ mod tests {
         async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, store::Error> {
             self.inner.due_times(after, limit).await
         }
+        async fn set_priority_aging(
+            &self,
+            per_level: Option<std::time::Duration>,
+        ) -> Result<Option<u64>, store::Error> {
+            self.inner.set_priority_aging(per_level).await
+        }
         fn single_node(&self) -> bool {
             true
         }

@@ -107,6 +107,7 @@ conformance!(
     submit_conflicts_on_another_type,
     submit_batch_is_all_or_nothing,
     claim_takes_due_rows_by_priority_then_age,
+    priority_ages_once_set_and_is_strict_again_when_unset,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -326,6 +327,63 @@ async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store, _raw: &Raw
     assert!(claim(store, &["t"], 10, T0).await.is_empty());
     let rows = claim(store, &["t"], 10, T0 + 1_000).await;
     assert_eq!(rows[0].key.activity_id, "later");
+}
+
+/// Claims the due rows of type `t` one at a time, and names them in that order.
+async fn claim_order(store: &dyn Store, now: i64) -> Vec<String> {
+    let mut order = Vec::new();
+    while let Some(row) = claim(store, &["t"], 1, now).await.pop() {
+        order.push(row.key.activity_id.to_string());
+    }
+    order
+}
+
+async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store, _raw: &Raw) {
+    let second = Some(std::time::Duration::from_secs(1));
+    let row = |id: &str, priority: i32, next_at: i64| {
+        let mut row = new(id, "t");
+        row.priority = priority;
+        row.next_at = next_at;
+        row
+    };
+    let set = |aging| async move {
+        store
+            .set_priority_aging(aging)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // Strict by default: the higher priority first, however long the other waited.
+    submit(store, row("a1", 0, T0 - 10_000)).await;
+    submit(store, row("u1", 5, T0)).await;
+    assert_eq!(set(None).await, None, "strict is the default");
+    assert_eq!(claim(store, &["t"], 1, T0).await[0].key.activity_id, "u1");
+
+    // A second per level: a1's 10 s of waiting outweigh u2's 5 levels and its
+    // 6 s; a2 waited 9.5 s, u2 in effect 9 s. Rows submitted since rank alike.
+    assert_eq!(set(second).await, Some(1), "a1 was ranked again");
+    assert_eq!(set(second).await, None, "unchanged");
+    submit(store, row("u2", 5, T0 - 4_000)).await;
+    submit(store, row("a2", 0, T0 - 9_500)).await;
+    assert_eq!(claim_order(store, T0).await, ["a1", "a2", "u2"]);
+
+    // A retry is ranked by its new due time: x (one level up) due at T0 + 1 s
+    // counts as due at T0, after y, due at T0 - 0.5 s.
+    submit(store, row("x", 1, T0)).await;
+    let x = claim(store, &["t"], 1, T0).await.remove(0);
+    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into());
+    let retry = Transition::Retry {
+        next_at: T0 + 1_000,
+        error,
+    };
+    assert!(finish(store, &x, retry, T0).await);
+    submit(store, row("y", 0, T0 - 500)).await;
+    assert_eq!(claim_order(store, T0 + 1_000).await, ["y", "x"]);
+
+    // Back to strict: the waiting rows are ranked by priority again.
+    submit(store, row("z1", 0, T0 - 5_000)).await;
+    submit(store, row("z2", 2, T0)).await;
+    assert_eq!(set(None).await, Some(2));
+    assert_eq!(claim_order(store, T0).await, ["z2", "z1"]);
 }
 
 async fn claim_respects_limit_types_and_namespace(store: &dyn Store, _raw: &Raw) {

@@ -62,7 +62,7 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use spool_proto::time::UnixMillis;
 pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
@@ -569,6 +569,12 @@ pub trait Store: Send + Sync + 'static {
     /// most `limit` rows: what arms the dispatch timer.
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
 
+    /// Sets how much waiting outweighs one level of priority in the claim order
+    /// (`None`: priority is strict), for every node sharing the database. When that
+    /// changes the setting, every waiting row is ranked again in the same
+    /// transaction, and their number is returned.
+    async fn set_priority_aging(&self, per_level: Option<Duration>) -> Result<Option<u64>, Error>;
+
     /// The time every write is stamped with and judged by: what `apply`'s `now`,
     /// leases and due times mean. A single-node store uses the wall clock; a shared
     /// one the database's, so clock skew between nodes cannot reclaim a live
@@ -610,6 +616,18 @@ pub trait Store: Send + Sync + 'static {
     async fn subscribe(&self) -> Result<Option<tokio::sync::mpsc::Receiver<Remote>>, Error> {
         Ok(None)
     }
+}
+
+/// The most waiting one level of priority may be worth: any `i32` priority times
+/// this, plus a due time, stays far inside the `i64` a rank is stored in.
+pub const MAX_PRIORITY_AGING: Duration = Duration::from_secs(86_400);
+
+/// [`Store::set_priority_aging`]'s setting as stored: whole milliseconds, 0 for
+/// strict priority, at most [`MAX_PRIORITY_AGING`].
+fn priority_aging_ms(per_level: Option<Duration>) -> i64 {
+    per_level.map_or(0, |d| {
+        i64::try_from(d.min(MAX_PRIORITY_AGING).as_millis()).unwrap_or(0)
+    })
 }
 
 /// One embedded migration (`sql` from `migrations/<dialect>/`), numbered the same

@@ -81,6 +81,11 @@ fn migrator() -> Migrator {
             "transition_free_lists",
             include_str!("../migrations/postgres/0007_transition_free_lists.sql"),
         ),
+        migration(
+            8,
+            "priority_aging",
+            include_str!("../migrations/postgres/0008_priority_aging.sql"),
+        ),
     ])
 }
 
@@ -416,6 +421,24 @@ impl Store for PostgresStore {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok(rows::due_times(rows, limit))
+    }
+
+    async fn set_priority_aging(
+        &self,
+        per_level: Option<std::time::Duration>,
+    ) -> Result<Option<u64>, Error> {
+        let mut tx = self.pool.begin().await?;
+        let changed = sqlx::query(sql::SET_PRIORITY_AGING)
+            .bind(super::priority_aging_ms(per_level))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if changed == 0 {
+            return Ok(None);
+        }
+        let ranked = sqlx::query(sql::RERANK).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Some(ranked.rows_affected()))
     }
 }
 

@@ -14,6 +14,36 @@
 //! table against the subquery (a sequential scan per claim, growing with the
 //! table), while `ANY(ARRAY(…))` is always one index probe per picked id.
 
+/// The one setting the claim order depends on (see the `0008_priority_aging`
+/// migration): how many milliseconds of waiting one level of priority is worth,
+/// 0 for strict priority. An uncorrelated subquery: run once a statement.
+macro_rules! aging {
+    () => {
+        "(SELECT priority_aging_ms FROM dispatch_settings)"
+    };
+}
+
+/// Where a row of priority `$priority` goes in the claim order (`claim_band`).
+macro_rules! band {
+    ($priority:literal) => {
+        concat!(
+            "CASE WHEN ",
+            aging!(),
+            " > 0 THEN 0 ELSE -",
+            $priority,
+            " END"
+        )
+    };
+}
+
+/// Where a row of priority `$priority` due at `$at` goes within its band
+/// (`claim_rank`); NULL when `$at` is.
+macro_rules! rank {
+    ($at:literal, $priority:literal) => {
+        concat!($at, " - ", $priority, " * ", aging!())
+    };
+}
+
 /// The values of endings (`change::Ending`), one array each, bound as `$1`…`$14` in
 /// the order `write::Endings` binds them and named `e_*` (apart from the table's
 /// own columns); a statement's own arrays follow, named by `$extra`.
@@ -33,6 +63,7 @@ macro_rules! endings {
 /// The one `SET` clause of every ending, over `endings!`' `v`.
 macro_rules! ending {
     () => {
+        concat!(
         "status = v.e_status, next_at = COALESCE(v.e_next_at, a.next_at), \
          finished_at = v.e_finished_at, uncounted = a.uncounted + v.e_uncounted, \
          lease_expires_at = NULL, output_type = v.e_output_type, output = v.e_output, \
@@ -43,7 +74,10 @@ macro_rules! ending {
            ELSE a.error_details_type END, \
          error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END, \
          attempt_outcome = CASE WHEN a.status = 2 THEN v.e_outcome ELSE a.attempt_outcome END, \
-         attempt_ended_at = CASE WHEN a.status = 2 THEN v.e_ended_at ELSE a.attempt_ended_at END"
+         attempt_ended_at = CASE WHEN a.status = 2 THEN v.e_ended_at ELSE a.attempt_ended_at END, \
+         claim_band = CASE WHEN v.e_next_at IS NULL THEN a.claim_band ELSE ", band!("a.priority"), " END, \
+         claim_rank = COALESCE(", rank!("v.e_next_at", "a.priority"), ", a.claim_rank)"
+        )
     };
 }
 
@@ -77,20 +111,25 @@ pub const SUBMIT: Savepoint = Savepoint {
 
 /// Inserts activities (one array per column) whose keys do not exist yet; returns
 /// the id and key of each row it inserted. `$17` is the submit time.
-pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
+pub const INSERT: &str = concat!(
+    "INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers) \
+     headers, claim_band, claim_rank) \
      SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex, \
-            hd \
-     FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
+            hd, ",
+    band!("pr"),
+    ", ",
+    rank!("nx", "pr"),
+    " FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
                  $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
                  $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
                  $18::BIGINT[], $19::TEXT[]) \
        AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
-     RETURNING id, namespace, workflow_id, activity_id";
+     RETURNING id, namespace, workflow_id, activity_id"
+);
 
 pub const SELECT_BY_KEY: &str = concat!(
     "SELECT ",
@@ -141,7 +180,7 @@ macro_rules! claim {
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
             ") \
-               ORDER BY priority DESC, next_at, id LIMIT ",
+               ORDER BY claim_band, claim_rank, id LIMIT ",
             $limit,
             " FOR UPDATE SKIP LOCKED)) RETURNING ",
             columns!()
@@ -222,8 +261,11 @@ pub const REDRIVE: &str = concat!(
     "UPDATE activities SET status = 1, next_at = $2, uncounted = attempt, \
      finished_at = NULL, output_type = NULL, output = NULL, error_kind = NULL, \
      error_type = NULL, error_message = NULL, error_details_type = NULL, error_details = NULL, \
-     expires_at = $3 \
-     WHERE id = $1 RETURNING ",
+     expires_at = $3, claim_band = ",
+    band!("priority"),
+    ", claim_rank = ",
+    rank!("$2", "priority"),
+    " WHERE id = $1 RETURNING ",
     columns!()
 );
 
@@ -380,6 +422,20 @@ pub const EXPIRED_LEASES: &str = concat!(
     light!(),
     " FROM activities WHERE status = 2 AND lease_expires_at < $1 \
       ORDER BY lease_expires_at LIMIT $2"
+);
+
+/// Sets the priority aging to `$1` ms, when it is not that already; the row lock
+/// makes nodes changing it at once take turns.
+pub const SET_PRIORITY_AGING: &str =
+    "UPDATE dispatch_settings SET priority_aging_ms = $1 WHERE priority_aging_ms <> $1";
+
+/// Puts every waiting row where the current setting ranks it.
+pub const RERANK: &str = concat!(
+    "UPDATE activities SET claim_band = ",
+    band!("priority"),
+    ", claim_rank = ",
+    rank!("next_at", "priority"),
+    " WHERE status = 1"
 );
 
 pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \

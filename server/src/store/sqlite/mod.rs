@@ -63,6 +63,11 @@ fn migrator() -> Migrator {
             "transition_free_lists",
             include_str!("../migrations/sqlite/0005_transition_free_lists.sql"),
         ),
+        migration(
+            6,
+            "priority_aging",
+            include_str!("../migrations/sqlite/0006_priority_aging.sql"),
+        ),
     ])
 }
 
@@ -237,6 +242,26 @@ impl Store for SqliteStore {
             .map(|r| Ok((rows::int(r, "next_at")?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(rows::due_times(rows, limit))
+    }
+
+    async fn set_priority_aging(
+        &self,
+        per_level: Option<std::time::Duration>,
+    ) -> Result<Option<u64>, Error> {
+        // On a connection beside the writer's: this runs before dispatch starts,
+        // and the busy timeout covers a write the writer has under way.
+        let mut tx = self.internal.begin().await?;
+        let changed = sqlx::query(sql::SET_PRIORITY_AGING)
+            .bind(super::priority_aging_ms(per_level))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if changed == 0 {
+            return Ok(None);
+        }
+        let ranked = sqlx::query(sql::RERANK).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(Some(ranked.rows_affected()))
     }
 }
 

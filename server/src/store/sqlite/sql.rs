@@ -2,12 +2,43 @@
 //! in `store::change`; these only say it in SQLite's SQL. Statuses appear as the
 //! wire enum's numbers: 1 SCHEDULED, 2 RUNNING, 3 COMPLETED, 4 FAILED, 5 CANCELLED.
 
+/// The one setting the claim order depends on (see the `0006_priority_aging`
+/// migration): how many milliseconds of waiting one level of priority is worth,
+/// 0 for strict priority. A constant subquery: SQLite runs it once a statement.
+macro_rules! aging {
+    () => {
+        "(SELECT priority_aging_ms FROM dispatch_settings)"
+    };
+}
+
+/// Where a row of priority `$priority` goes in the claim order (`claim_band`).
+macro_rules! band {
+    ($priority:literal) => {
+        concat!(
+            "CASE WHEN ",
+            aging!(),
+            " > 0 THEN 0 ELSE -",
+            $priority,
+            " END"
+        )
+    };
+}
+
+/// Where a row of priority `$priority` due at `$at` goes within its band
+/// (`claim_rank`); NULL when `$at` is.
+macro_rules! rank {
+    ($at:literal, $priority:literal) => {
+        concat!($at, " - ", $priority, " * ", aging!())
+    };
+}
+
 /// The one `SET` clause of every ending (`change::Ending`), its values bound as
 /// `?1`…`?14` in the order `writer::bind_ending` binds them; each statement's own
 /// parameters start at `?15`.
 macro_rules! ending {
     () => {
-        "status = ?1, next_at = COALESCE(?2, next_at), finished_at = ?3, \
+        concat!(
+            "status = ?1, next_at = COALESCE(?2, next_at), finished_at = ?3, \
          uncounted = uncounted + ?4, lease_expires_at = NULL, output_type = ?5, output = ?6, \
          error_kind = CASE WHEN ?7 THEN ?8 ELSE error_kind END, \
          error_type = CASE WHEN ?7 THEN ?9 ELSE error_type END, \
@@ -15,7 +46,14 @@ macro_rules! ending {
          error_details_type = CASE WHEN ?7 THEN ?11 ELSE error_details_type END, \
          error_details = CASE WHEN ?7 THEN ?12 ELSE error_details END, \
          attempt_outcome = CASE WHEN status = 2 THEN ?13 ELSE attempt_outcome END, \
-         attempt_ended_at = CASE WHEN status = 2 THEN ?14 ELSE attempt_ended_at END"
+         attempt_ended_at = CASE WHEN status = 2 THEN ?14 ELSE attempt_ended_at END, \
+         claim_band = CASE WHEN ?2 IS NULL THEN claim_band ELSE ",
+            band!("priority"),
+            " END, \
+         claim_rank = COALESCE(",
+            rank!("?2", "priority"),
+            ", claim_rank)"
+        )
     };
 }
 
@@ -27,14 +65,19 @@ macro_rules! light {
 }
 
 /// Inserts one activity unless its key exists.
-pub const INSERT: &str = "INSERT INTO activities (namespace, workflow_id, activity_id, \
+pub const INSERT: &str = concat!(
+    "INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers) \
+     headers, claim_band, claim_rank) \
      VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
-             ?19) \
-     ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id";
+             ?19, ",
+    band!("?13"),
+    ", ",
+    rank!("?17", "?13"),
+    ") ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id"
+);
 
 pub const SELECT_BY_KEY: &str = concat!(
     "SELECT ",
@@ -58,7 +101,7 @@ pub const CLAIM: &str = concat!(
      WHERE id IN (SELECT id FROM activities \
        WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
          AND (expires_at IS NULL OR expires_at > ?1) \
-       ORDER BY priority DESC, next_at, id LIMIT ?6) \
+       ORDER BY claim_band, claim_rank, id LIMIT ?6) \
      RETURNING ",
     columns!()
 );
@@ -95,8 +138,11 @@ pub const REDRIVE: &str = concat!(
     "UPDATE activities SET status = 1, next_at = ?2, uncounted = attempt, \
      finished_at = NULL, output_type = NULL, output = NULL, error_kind = NULL, \
      error_type = NULL, error_message = NULL, error_details_type = NULL, error_details = NULL, \
-     expires_at = ?3 \
-     WHERE id = ?1 RETURNING ",
+     expires_at = ?3, claim_band = ",
+    band!("priority"),
+    ", claim_rank = ",
+    rank!("?2", "priority"),
+    " WHERE id = ?1 RETURNING ",
     columns!()
 );
 
@@ -245,6 +291,20 @@ pub const EXPIRED_LEASES: &str = concat!(
     light!(),
     " FROM activities WHERE status = 2 AND lease_expires_at < ?1 \
       ORDER BY lease_expires_at LIMIT ?2"
+);
+
+/// Sets the priority aging to `?1` ms, when it is not that already (the first
+/// statement of its transaction: it takes the write lock at once).
+pub const SET_PRIORITY_AGING: &str =
+    "UPDATE dispatch_settings SET priority_aging_ms = ?1 WHERE priority_aging_ms <> ?1";
+
+/// Puts every waiting row where the current setting ranks it.
+pub const RERANK: &str = concat!(
+    "UPDATE activities SET claim_band = ",
+    band!("priority"),
+    ", claim_rank = ",
+    rank!("next_at", "priority"),
+    " WHERE status = 1"
 );
 
 /// Walks the narrow `(next_at)` index in order and stops at `?2` rows; rows sharing
