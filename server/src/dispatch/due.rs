@@ -19,6 +19,10 @@ use crate::store::Store;
 /// re-read anyway, so a lost notification delays work by this much at most.
 const SAFETY_NET_MS: i64 = 5_000;
 
+/// With other nodes: well beyond how far two nodes' readings of the database's
+/// clock differ.
+const CLOCK_SLACK_MS: i64 = 1_000;
+
 /// The longest the loop sleeps towards a due time before looking at the wall
 /// clock again.
 const WALL_RECHECK: Duration = Duration::from_secs(1);
@@ -54,6 +58,10 @@ pub(super) async fn fire(
                 );
                 if sharing {
                     timer.read_again_by(now.saturating_add(SAFETY_NET_MS));
+                    // The read leaves out rows due when written. One another node
+                    // wrote (its notice lost, so this read) may be a few
+                    // milliseconds ahead of our clock: due again once that passed.
+                    timer.insert(now.saturating_add(CLOCK_SLACK_MS), None);
                 }
             }
             Err(e) => {
@@ -71,4 +79,30 @@ pub(super) async fn fire(
 pub(super) fn instant_for(at: UnixMillis, now: UnixMillis) -> Instant {
     let wait = u64::try_from(at.saturating_sub(now).max(0)).unwrap_or(0);
     Instant::now() + Duration::from_millis(wait).min(WALL_RECHECK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+
+    #[tokio::test]
+    async fn with_other_nodes_everything_is_due_again_once_their_clocks_agree() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = SqliteStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let registry = Registry::new("n");
+
+        let mut shared = Timer::default();
+        fire(&mut shared, &store, &registry, 1_000, true).await;
+        assert_eq!(shared.next(), Some(1_000 + CLOCK_SLACK_MS));
+        assert_eq!(shared.take_due(1_000 + CLOCK_SLACK_MS), vec![None]);
+        assert_eq!(shared.next(), Some(1_000 + SAFETY_NET_MS));
+
+        let mut alone = Timer::default();
+        fire(&mut alone, &store, &registry, 1_000, false).await;
+        assert_eq!(alone.next(), None, "one node's clock is the only one");
+    }
 }

@@ -436,6 +436,12 @@ async fn retry_and_snooze_reschedule(store: &dyn Store, _raw: &Raw) {
     let row = get(store, "a").await;
     assert_eq!(row.status, ActivityStatus::Scheduled);
     assert_eq!(row.next_at, T0 + 500);
+    let due = store.due_times(T0, 10).await.unwrap_or_default();
+    assert_eq!(
+        due.times,
+        vec![(T0 + 500, "default".to_string(), "t".to_string())],
+        "the retry arms the dispatch timer"
+    );
     assert_eq!(
         row.last_error.as_ref().map(|e| e.r#type.as_str()),
         Some("Boom")
@@ -729,7 +735,11 @@ async fn running_and_due_times(store: &dyn Store, _raw: &Raw) {
     );
     assert!(all.complete);
     let first = due(T0 - 1, 1).await;
-    assert_eq!(first.times, vec![(T0, ns(), "t".to_string())]);
+    assert_eq!(
+        first.times,
+        vec![(T0 + 5_000, ns(), "t".to_string())],
+        "a row due when written ('now') is not read: its type was marked due then"
+    );
     assert!(!first.complete, "a read that stopped at its limit says so");
     claim(store, &["t"], 2, T0 + 5_000).await;
     let first = store.running(0, 1).await.unwrap_or_default();

@@ -566,7 +566,9 @@ pub trait Store: Send + Sync + 'static {
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error>;
 
     /// The next times after `after` at which SCHEDULED rows come due, read from at
-    /// most `limit` rows: what arms the dispatch timer.
+    /// most `limit` rows: what arms the dispatch timer. Only rows that were not yet
+    /// due when written count: one due on its commit had its type marked due then
+    /// (by another node's clock, a few milliseconds ahead of ours at most).
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order

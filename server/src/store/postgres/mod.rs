@@ -86,6 +86,11 @@ fn migrator() -> Migrator {
             "priority_aging",
             include_str!("../migrations/postgres/0008_priority_aging.sql"),
         ),
+        migration(
+            9,
+            "upcoming_rows_only",
+            include_str!("../migrations/postgres/0009_upcoming_rows_only.sql"),
+        ),
     ])
 }
 

@@ -438,5 +438,8 @@ pub const RERANK: &str = concat!(
     " WHERE status = 1"
 );
 
+/// The next due times, along `activities_upcoming`: rows that were not due when
+/// written (see the `0009_upcoming_rows_only` migration).
 pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
-     WHERE status = 1 AND next_at > $1 ORDER BY next_at LIMIT $2";
+     WHERE status = 1 AND next_at > created_at AND next_at > $1 \
+     ORDER BY next_at LIMIT $2";

@@ -68,6 +68,11 @@ fn migrator() -> Migrator {
             "priority_aging",
             include_str!("../migrations/sqlite/0006_priority_aging.sql"),
         ),
+        migration(
+            7,
+            "upcoming_rows_only",
+            include_str!("../migrations/sqlite/0007_upcoming_rows_only.sql"),
+        ),
     ])
 }
 

@@ -307,8 +307,10 @@ pub const RERANK: &str = concat!(
     " WHERE status = 1"
 );
 
-/// Walks the narrow `(next_at)` index in order and stops at `?2` rows; rows sharing
+/// Walks the narrow `(next_at)` index of rows that were not due when written (see
+/// the `0007_upcoming_rows_only` migration) in order and stops at `?2` rows; rows sharing
 /// a time, namespace and type are folded by the caller, not by a GROUP BY (which
 /// would read every row before the limit applies).
 pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
-     WHERE status = 1 AND next_at > ?1 ORDER BY next_at LIMIT ?2";
+     WHERE status = 1 AND next_at > created_at AND next_at > ?1 \
+     ORDER BY next_at LIMIT ?2";
