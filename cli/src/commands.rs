@@ -428,6 +428,77 @@ impl Commands {
         Ok(exit::OK)
     }
 
+    pub async fn set_rate_limit(&self, limit: v1::RateLimit) -> Result<i32, Error> {
+        let set = self.client.set_rate_limit(limit).await?;
+        self.print_rate_limits(std::slice::from_ref(&set));
+        Ok(exit::OK)
+    }
+
+    pub async fn rate_limits(&self, namespace: String) -> Result<i32, Error> {
+        let limits = self.client.list_rate_limits(namespace).await?;
+        self.print_rate_limits(&limits);
+        Ok(exit::OK)
+    }
+
+    pub async fn delete_rate_limit(
+        &self,
+        namespace: String,
+        activity_type: String,
+    ) -> Result<i32, Error> {
+        let deleted = self
+            .client
+            .delete_rate_limit(namespace, activity_type.clone())
+            .await?;
+        if self.json {
+            print_json(&serde_json::json!({"deleted": deleted}));
+        } else if deleted {
+            println!("{activity_type}: no rate limit now");
+        } else {
+            println!("{activity_type} had no rate limit: nothing changed");
+        }
+        Ok(exit::OK)
+    }
+
+    fn print_rate_limits(&self, limits: &[v1::RateLimit]) {
+        let period = |l: &v1::RateLimit| {
+            l.period
+                .as_ref()
+                .and_then(|p| spool_proto::duration::from_proto(Some(p)).ok().flatten())
+                .map(spool_proto::duration::format)
+                .unwrap_or_default()
+        };
+        if self.json {
+            let list: Vec<serde_json::Value> = limits
+                .iter()
+                .map(|l| {
+                    serde_json::json!({
+                        "namespace": l.namespace, "activity_type": l.activity_type,
+                        "limit": l.limit, "period": period(l), "burst": l.burst,
+                        "available": l.available,
+                    })
+                })
+                .collect();
+            print_json(&serde_json::json!({"rate_limits": list}));
+            return;
+        }
+        let rows: Vec<Vec<String>> = limits
+            .iter()
+            .map(|l| {
+                vec![
+                    l.namespace.clone(),
+                    l.activity_type.clone(),
+                    format!("{}/{}", l.limit, period(l)),
+                    l.burst.to_string(),
+                    l.available.to_string(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(&["NAMESPACE", "TYPE", "LIMIT", "BURST", "AVAILABLE"], &rows)
+        );
+    }
+
     fn print_activity(&self, activity: &v1::Activity) {
         if self.json {
             print_json(&activity_json(activity));

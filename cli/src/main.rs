@@ -132,6 +132,10 @@ enum Command {
     Drain(DrainArgs),
     /// End a drain: the node takes workers and dispatches again.
     Resume(ClientOnly),
+    /// Rate limits of activity types, on every node sharing the database: a row
+    /// held back waits, using no attempt and no worker slot.
+    #[command(subcommand)]
+    RateLimit(RateLimitCommand),
     /// Print a shell completion script: `spool completions bash >
     /// /etc/bash_completion.d/spool` (or zsh, fish, elvish, powershell).
     Completions {
@@ -160,6 +164,47 @@ enum Command {
     },
 }
 
+#[derive(clap::Subcommand)]
+enum RateLimitCommand {
+    /// Set (or replace) a type's limit: at most --limit rows each --per.
+    Set(RateLimitSetArgs),
+    /// List the limits, with what each has available now.
+    List(NamespaceArgs),
+    /// Remove a type's limit.
+    Delete(RateLimitTypeArgs),
+}
+
+#[derive(clap::Args)]
+struct RateLimitSetArgs {
+    /// The activity type.
+    activity_type: String,
+    /// Rows per period.
+    #[arg(long)]
+    limit: u32,
+    /// The period (whole milliseconds, up to 1h).
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    per: Duration,
+    /// Rows at once after a quiet spell (default: --limit).
+    #[arg(long, default_value_t = 0)]
+    burst: u32,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct RateLimitTypeArgs {
+    /// The activity type.
+    activity_type: String,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
 /// Only the connection flags.
 #[derive(clap::Args)]
 struct ClientOnly {
@@ -169,7 +214,8 @@ struct ClientOnly {
 
 #[derive(clap::Args)]
 struct NamespaceArgs {
-    /// The namespace (default: "default"; for `workers`, every namespace).
+    /// The namespace (default: "default"; for `workers` and `rate-limit list`,
+    /// every namespace).
     #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
     #[command(flatten)]
@@ -951,6 +997,26 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         Command::Workers(n) => connect(&n.client).await?.workers(n.namespace).await,
         Command::Drain(d) => connect(&d.client).await?.drain(d.timeout).await,
         Command::Resume(r) => connect(&r.client).await?.resume().await,
+        Command::RateLimit(RateLimitCommand::Set(a)) => {
+            let limit = v1::RateLimit {
+                namespace: a.namespace,
+                activity_type: a.activity_type,
+                limit: a.limit,
+                period: Some(spool_proto::duration::to_proto(a.per)),
+                burst: a.burst,
+                available: 0,
+            };
+            connect(&a.client).await?.set_rate_limit(limit).await
+        }
+        Command::RateLimit(RateLimitCommand::List(n)) => {
+            connect(&n.client).await?.rate_limits(n.namespace).await
+        }
+        Command::RateLimit(RateLimitCommand::Delete(a)) => {
+            connect(&a.client)
+                .await?
+                .delete_rate_limit(a.namespace, a.activity_type)
+                .await
+        }
     }
 }
 

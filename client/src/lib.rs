@@ -555,6 +555,59 @@ impl Client {
             .into_inner())
     }
 
+    /// Sets the rate limit of a namespace's activity type, on every node: at most
+    /// `limit.limit` rows each `limit.period`, `limit.burst` at once (0: the
+    /// limit). Answers the limit as stored, with what is available of it now.
+    pub async fn set_rate_limit(&self, limit: v1::RateLimit) -> Result<v1::RateLimit, Error> {
+        let request = v1::SetRateLimitRequest {
+            rate_limit: Some(limit),
+        };
+        self.admin()
+            .set_rate_limit(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .rate_limit
+            .ok_or_else(|| self.failed(tonic::Status::internal("no rate limit in the answer")))
+    }
+
+    /// The rate limits of `namespace` (every namespace when empty), with what is
+    /// available of each now.
+    pub async fn list_rate_limits(
+        &self,
+        namespace: impl Into<String>,
+    ) -> Result<Vec<v1::RateLimit>, Error> {
+        let request = v1::ListRateLimitsRequest {
+            namespace: namespace.into(),
+        };
+        Ok(self
+            .admin()
+            .list_rate_limits(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .rate_limits)
+    }
+
+    /// Removes a type's rate limit; false when it had none.
+    pub async fn delete_rate_limit(
+        &self,
+        namespace: impl Into<String>,
+        activity_type: impl Into<String>,
+    ) -> Result<bool, Error> {
+        let request = v1::DeleteRateLimitRequest {
+            namespace: namespace.into(),
+            activity_type: activity_type.into(),
+        };
+        Ok(self
+            .admin()
+            .delete_rate_limit(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .deleted)
+    }
+
     /// What the server is (version, protocol versions) and what it accepts (payload
     /// size, batch size, worker concurrency, heartbeat interval, longest wait).
     pub async fn server_info(&self) -> Result<v1::ServerInfo, Error> {

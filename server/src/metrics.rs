@@ -114,6 +114,10 @@ fn describe() {
         "spool_worker_slots",
         "Slots of connected worker sessions, state=used or free, by namespace and group (the types a session serves, joined by +)."
     );
+    describe_counter!(
+        "spool_claims_throttled_total",
+        "Claims a type's rate limit held back, by namespace and type."
+    );
     describe_counter!("spool_submitted_total", "Activities stored by submits.");
     describe_counter!("spool_dispatched_total", "Attempts sent to workers.");
     describe_counter!(
@@ -205,6 +209,17 @@ pub fn picked_up(namespace: &str, activity_type: &str, waited: f64) {
     let (ns, ty) = labels(namespace, activity_type);
     metrics::histogram!("spool_pickup_seconds", "namespace" => ns, "activity_type" => ty)
         .record(waited.max(0.0));
+}
+
+/// A claim of this type took fewer rows than it could have: its rate limit
+/// held the rest back.
+pub fn throttled(namespace: &str, activity_type: &str) {
+    if !enabled() {
+        return;
+    }
+    let (ns, ty) = labels(namespace, activity_type);
+    metrics::counter!("spool_claims_throttled_total", "namespace" => ns, "activity_type" => ty)
+        .increment(1);
 }
 
 /// An attempt of this type ran for `ran` seconds and ended so; `dead_lettered` when

@@ -67,3 +67,15 @@ pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
         headers: row.headers.into_iter().collect(),
     }
 }
+
+pub fn rate_limit(used: crate::store::rate::RateLimitUse) -> v1::RateLimit {
+    let limit = used.limit;
+    v1::RateLimit {
+        namespace: limit.namespace,
+        activity_type: limit.activity_type,
+        limit: limit.per_period,
+        period: Some(spool_proto::duration::to_proto(limit.period)),
+        burst: limit.burst,
+        available: used.available,
+    }
+}

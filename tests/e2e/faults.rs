@@ -97,6 +97,13 @@ impl Store for Faulty {
     ) -> Result<Option<u64>, store::Error> {
         self.inner.set_priority_aging(per_level).await
     }
+    async fn rate_limits(
+        &self,
+        namespace: Option<&str>,
+        now: UnixMillis,
+    ) -> Result<Vec<store::rate::RateLimitUse>, store::Error> {
+        self.inner.rate_limits(namespace, now).await
+    }
     fn single_node(&self) -> bool {
         self.inner.single_node()
     }

@@ -17,6 +17,7 @@ mod limits;
 mod liveness;
 mod multinode;
 mod protocol;
+mod rate_limits;
 mod resume;
 mod sdk;
 mod supervision;

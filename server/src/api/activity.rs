@@ -11,7 +11,7 @@ use prost::Message;
 use super::{
     Error,
     auth::{Principal, Role, authorize, authorize_principal},
-    validate, within,
+    unexpected, validate, within,
 };
 use crate::dispatch::Core;
 use crate::store::{ActivityStatus, ListPage, ListQuery, NewActivity, Op, Outcome};
@@ -66,13 +66,6 @@ impl ActivityApi {
             .await?
             .ok_or_else(|| Error::NotFound(key.clone()))
     }
-}
-
-/// An outcome the store contract rules out; reported, never panicked on.
-fn unexpected(what: &str) -> Error {
-    Error::Store(Arc::new(crate::store::Error::Corrupt(format!(
-        "unexpected store answer: {what}"
-    ))))
 }
 
 #[tonic::async_trait]

@@ -1,16 +1,19 @@
-//! `AdminService`: the operator's view of this node.
+//! `AdminService`: the operator's view of this node, and the settings that hold
+//! for every node (rate limits, stored in the database).
 
 use std::sync::Arc;
 
 use spool_proto::v1::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
+use super::{Error, unexpected};
 use super::{
     auth::{Role, authorize, authorize_everywhere},
     validate,
 };
 use crate::dispatch::Core;
 use crate::drain::Drainer;
+use crate::store::{Op, Outcome};
 
 pub struct AdminApi {
     core: Arc<Core>,
@@ -71,5 +74,87 @@ impl AdminService for AdminApi {
             .await
             .map_err(|e| Status::from(super::Error::from(e)))?;
         Ok(Response::new(v1::ResumeResponse { was_draining }))
+    }
+
+    async fn set_rate_limit(
+        &self,
+        request: Request<v1::SetRateLimitRequest>,
+    ) -> Result<Response<v1::SetRateLimitResponse>, Status> {
+        let limit = validate::rate_limit(request.get_ref().rate_limit.clone())?;
+        authorize(&request, Role::Admin, &limit.namespace)?;
+        let (namespace, activity_type) = (limit.namespace.clone(), limit.activity_type.clone());
+        match self.commit(Op::SetRateLimit(limit)).await? {
+            Outcome::RateLimitSet => {}
+            other => return Err(unexpected(&format!("set answered {other:?}")).into()),
+        }
+        let now = self.core.store.now();
+        let set = self
+            .core
+            .store
+            .rate_limits(Some(&namespace), now)
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .find(|u| u.limit.activity_type == activity_type)
+            .map(crate::wire::rate_limit);
+        // A raised limit may let waiting rows go now.
+        self.core.registry.mark_due(&namespace, &activity_type);
+        Ok(Response::new(v1::SetRateLimitResponse { rate_limit: set }))
+    }
+
+    async fn list_rate_limits(
+        &self,
+        request: Request<v1::ListRateLimitsRequest>,
+    ) -> Result<Response<v1::ListRateLimitsResponse>, Status> {
+        let namespace = &request.get_ref().namespace;
+        let namespace = if namespace.is_empty() {
+            authorize_everywhere(&request, Role::Viewer)?;
+            None
+        } else {
+            let namespace = validate::namespace(namespace)?;
+            authorize(&request, Role::Viewer, &namespace)?;
+            Some(namespace)
+        };
+        let now = self.core.store.now();
+        let limits = self
+            .core
+            .store
+            .rate_limits(namespace.as_deref(), now)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(v1::ListRateLimitsResponse {
+            rate_limits: limits.into_iter().map(crate::wire::rate_limit).collect(),
+        }))
+    }
+
+    async fn delete_rate_limit(
+        &self,
+        request: Request<v1::DeleteRateLimitRequest>,
+    ) -> Result<Response<v1::DeleteRateLimitResponse>, Status> {
+        let namespace = validate::namespace(&request.get_ref().namespace)?;
+        let activity_type = request.get_ref().activity_type.clone();
+        validate::name("activity_type", &activity_type)?;
+        authorize(&request, Role::Admin, &namespace)?;
+        let op = Op::RemoveRateLimit {
+            namespace: namespace.clone(),
+            activity_type: activity_type.clone(),
+        };
+        let deleted = match self.commit(op).await? {
+            Outcome::RateLimitRemoved(deleted) => deleted,
+            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
+        };
+        // Rows it held back may go now.
+        self.core.registry.mark_due(&namespace, &activity_type);
+        Ok(Response::new(v1::DeleteRateLimitResponse { deleted }))
+    }
+}
+
+impl AdminApi {
+    /// Commits one op and returns its outcome.
+    async fn commit(&self, op: Op) -> Result<Outcome, Error> {
+        let mut outcomes = self.core.committer.commit(vec![op]).await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| unexpected("a commit without an outcome"))
     }
 }

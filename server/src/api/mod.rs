@@ -19,6 +19,13 @@ use crate::{
     store::{self, ActivityStatus, Key},
 };
 
+/// An outcome the store contract rules out; reported, never panicked on.
+fn unexpected(what: &str) -> Error {
+    Error::Store(Arc::new(crate::store::Error::Corrupt(format!(
+        "unexpected store answer: {what}"
+    ))))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request is malformed; the message names the field and the rule.

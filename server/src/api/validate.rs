@@ -29,7 +29,10 @@ use super::Error;
 use crate::{
     config::{Config, RetryDefaults},
     dispatch::registry::Registration,
-    store::{Key, NewActivity, Payload, RetrySpec, Timeouts},
+    store::{
+        Key, NewActivity, Payload, RetrySpec, Timeouts,
+        rate::{self, RateLimit},
+    },
 };
 
 pub use crate::limits::*;
@@ -140,6 +143,50 @@ pub fn check_size(field: &str, value: &Payload, limit: usize) -> Result<(), Erro
         });
     }
     Ok(())
+}
+
+/// A rate limit to set: a named type, a limit and burst from 1 to
+/// [`rate::MAX_PER_PERIOD`] (a burst of 0 is the limit), a period of whole
+/// milliseconds from 1 ms to [`rate::MAX_PERIOD`].
+pub fn rate_limit(limit: Option<v1::RateLimit>) -> Result<RateLimit, Error> {
+    let Some(limit) = limit else {
+        return Err(invalid("rate_limit is required".to_owned()));
+    };
+    let namespace = namespace(&limit.namespace)?;
+    name("rate_limit.activity_type", &limit.activity_type)?;
+    let in_range = |field: &str, value: u32| {
+        if (1..=rate::MAX_PER_PERIOD).contains(&value) {
+            Ok(value)
+        } else {
+            Err(invalid(format!(
+                "{field} is {value}; it must be from 1 to {}",
+                rate::MAX_PER_PERIOD
+            )))
+        }
+    };
+    let per_period = in_range("rate_limit.limit", limit.limit)?;
+    let burst = match limit.burst {
+        0 => per_period,
+        burst => in_range("rate_limit.burst", burst)?,
+    };
+    let period = duration("rate_limit.period", limit.period.as_ref())?.unwrap_or_default();
+    if period < Duration::from_millis(1)
+        || period > rate::MAX_PERIOD
+        || period.subsec_nanos() % 1_000_000 != 0
+    {
+        return Err(invalid(format!(
+            "rate_limit.period is {}; it must be whole milliseconds from 1ms to {}",
+            duration::format(period),
+            duration::format(rate::MAX_PERIOD)
+        )));
+    }
+    Ok(RateLimit {
+        namespace,
+        activity_type: limit.activity_type,
+        per_period,
+        period,
+        burst,
+    })
 }
 
 /// A client's duration: not negative, valid as protobuf, at most

@@ -455,7 +455,14 @@ impl Loop {
                         );
                     }
                 }
-                (Op::Claim(claim), Outcome::Claimed(rows)) => {
+                (Op::Claim(claim), Outcome::Claimed { rows, throttled }) => {
+                    // The rate limit held the type back: it is due again when its
+                    // bucket gives a row (every node reads the same bucket, so
+                    // this is not told to the others).
+                    for (activity_type, at) in throttled.iter() {
+                        crate::metrics::throttled(&claim.namespace, activity_type);
+                        self.due(&claim.namespace, activity_type, *at, now);
+                    }
                     crate::metrics::dispatched(rows.len() as u64);
                     for row in rows.iter() {
                         crate::metrics::picked_up(
@@ -746,6 +753,13 @@ mod tests {
             per_level: Option<std::time::Duration>,
         ) -> Result<Option<u64>, store::Error> {
             self.inner.set_priority_aging(per_level).await
+        }
+        async fn rate_limits(
+            &self,
+            namespace: Option<&str>,
+            now: UnixMillis,
+        ) -> Result<Vec<store::rate::RateLimitUse>, store::Error> {
+            self.inner.rate_limits(namespace, now).await
         }
         fn single_node(&self) -> bool {
             true

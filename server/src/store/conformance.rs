@@ -108,6 +108,7 @@ conformance!(
     submit_batch_is_all_or_nothing,
     claim_takes_due_rows_by_priority_then_age,
     priority_ages_once_set_and_is_strict_again_when_unset,
+    a_rate_limit_holds_claims_to_its_bucket,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -211,7 +212,7 @@ fn claim_for(types: &[&str], limit: u32) -> Op {
 
 async fn claim(store: &dyn Store, types: &[&str], limit: u32, now: i64) -> Vec<ActivityRow> {
     match one(store, claim_for(types, limit), now).await {
-        Outcome::Claimed(rows) => rows,
+        Outcome::Claimed { rows, .. } => rows,
         other => panic!("expected Claimed, got {other:?}"),
     }
 }
@@ -296,7 +297,7 @@ async fn submit_batch_is_all_or_nothing(store: &dyn Store, _raw: &Raw) {
     )
     .await;
     match &outcomes[1] {
-        Outcome::Claimed(rows) => assert!(rows.iter().any(|r| r.key.activity_id == "e")),
+        Outcome::Claimed { rows, .. } => assert!(rows.iter().any(|r| r.key.activity_id == "e")),
         other => panic!("expected Claimed, got {other:?}"),
     }
 }
@@ -327,6 +328,94 @@ async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store, _raw: &Raw
     assert!(claim(store, &["t"], 10, T0).await.is_empty());
     let rows = claim(store, &["t"], 10, T0 + 1_000).await;
     assert_eq!(rows[0].key.activity_id, "later");
+}
+
+async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _raw: &Raw) {
+    let limit = |namespace: &str| rate::RateLimit {
+        namespace: namespace.into(),
+        activity_type: "t".into(),
+        per_period: 2,
+        period: std::time::Duration::from_secs(1),
+        burst: 2,
+    };
+    assert!(matches!(
+        one(store, Op::SetRateLimit(limit("default")), T0).await,
+        Outcome::RateLimitSet
+    ));
+    // The same type of another namespace is not limited by it.
+    let mut elsewhere = new("x", "t");
+    elsewhere.key.namespace = "other".into();
+    submit(store, elsewhere).await;
+    for id in ["a", "b", "c", "d", "e"] {
+        submit(store, new(id, "t")).await;
+    }
+    submit(store, new("u1", "u")).await;
+    let claimed = |outcome| match outcome {
+        Outcome::Claimed { rows, throttled } => (
+            rows.len(),
+            throttled
+                .into_iter()
+                .map(|(ty, at)| (ty.to_string(), at))
+                .collect::<Vec<_>>(),
+        ),
+        other => panic!("expected Claimed, got {other:?}"),
+    };
+    // Two a second, two at once: the burst, then one each 500 ms.
+    let at = |now| async move { claimed(one(store, claim_for(&["t", "u"], 10), now).await) };
+    assert_eq!(
+        at(T0).await,
+        (3, vec![("t".into(), T0 + 500)]),
+        "2 of t, u1"
+    );
+    assert_eq!(at(T0 + 499).await, (0, vec![("t".into(), T0 + 500)]));
+    assert_eq!(at(T0 + 500).await, (1, vec![("t".into(), T0 + 1_000)]));
+    let uses = store
+        .rate_limits(None, T0 + 500)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        uses,
+        [rate::RateLimitUse {
+            limit: limit("default"),
+            available: 0
+        }]
+    );
+    let later = store
+        .rate_limits(Some("default"), T0 + 60_000)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(later[0].available, 2, "a bucket fills up to its burst");
+    assert!(
+        store
+            .rate_limits(Some("other"), T0)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_empty()
+    );
+
+    let mut other = claim_for(&["t"], 10);
+    if let Op::Claim(claim) = &mut other {
+        claim.namespace = "other".into();
+    }
+    assert_eq!(claimed(one(store, other, T0 + 500).await), (1, vec![]));
+
+    let remove = || Op::RemoveRateLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+    };
+    assert!(matches!(
+        one(store, remove(), T0).await,
+        Outcome::RateLimitRemoved(true)
+    ));
+    assert!(matches!(
+        one(store, remove(), T0).await,
+        Outcome::RateLimitRemoved(false)
+    ));
+    assert_eq!(
+        at(T0 + 600).await,
+        (2, vec![]),
+        "no limit: the rest at once"
+    );
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.
@@ -979,7 +1068,7 @@ async fn endings_and_the_claim_that_refills_their_slots_share_a_batch(
         Outcome::Finished { accepted: false }
     ));
     match &outcomes[2] {
-        Outcome::Claimed(rows) => {
+        Outcome::Claimed { rows, .. } => {
             let ids: Vec<(&str, u32)> = rows
                 .iter()
                 .map(|r| (&*r.key.activity_id, r.attempt))
@@ -1012,7 +1101,7 @@ async fn endings_and_the_claim_that_refills_their_slots_share_a_batch(
             .all(|o| matches!(o, Outcome::Finished { accepted: true })),
         "{outcomes:?}"
     );
-    assert!(matches!(&outcomes[3], Outcome::Claimed(rows) if rows.is_empty()));
+    assert!(matches!(&outcomes[3], Outcome::Claimed { rows, .. } if rows.is_empty()));
     for id in ["y", "z", "w"] {
         assert_eq!(
             get(store, id).await.status,
@@ -1085,7 +1174,7 @@ async fn every_status_lists_in_order_and_counts_apart_from_other_namespaces(
                 other => panic!("{other:?}"),
             }
         });
-        let Outcome::Claimed(rows) = one(store, claim, T0).await else {
+        let Outcome::Claimed { rows, .. } = one(store, claim, T0).await else {
             panic!("expected Claimed");
         };
         let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.as_str()).collect();

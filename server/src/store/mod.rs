@@ -59,6 +59,7 @@ macro_rules! light_columns {
 
 mod change;
 pub mod postgres;
+pub mod rate;
 mod rows;
 pub mod sqlite;
 
@@ -354,6 +355,14 @@ pub enum Op {
     Redrive { key: Key },
     /// Delete up to `limit` rows finished before `before`. Outcome: `Pruned`.
     Prune { before: UnixMillis, limit: u32 },
+    /// Set (or replace) the rate limit of a namespace's type; its bucket keeps what
+    /// was taken from it. Outcome: `RateLimitSet`.
+    SetRateLimit(rate::RateLimit),
+    /// Outcome: `RateLimitRemoved`, true when there was one.
+    RemoveRateLimit {
+        namespace: String,
+        activity_type: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -364,7 +373,12 @@ pub enum Outcome {
         index: usize,
         existing_type: String,
     },
-    Claimed(Vec<ActivityRow>),
+    Claimed {
+        rows: Vec<ActivityRow>,
+        /// Types whose rate limit held the claim back, and when a claim may take
+        /// a row of them again.
+        throttled: Vec<(Arc<str>, UnixMillis)>,
+    },
     Finished {
         accepted: bool,
     },
@@ -382,6 +396,8 @@ pub enum Outcome {
     Renewed(Vec<(i64, u32)>),
     Recorded(u64),
     Expired(Vec<Key>),
+    RateLimitSet,
+    RateLimitRemoved(bool),
 }
 
 /// The latest progress an attempt reported.
@@ -570,6 +586,14 @@ pub trait Store: Send + Sync + 'static {
     /// due when written count: one due on its commit had its type marked due then
     /// (by another node's clock, a few milliseconds ahead of ours at most).
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error>;
+
+    /// The rate limits of `namespace` (all namespaces when `None`), sorted by
+    /// namespace and type, with what a claim could take of each at `now`.
+    async fn rate_limits(
+        &self,
+        namespace: Option<&str>,
+        now: UnixMillis,
+    ) -> Result<Vec<rate::RateLimitUse>, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. When that

@@ -435,3 +435,32 @@ pub(super) fn due_times(rows: Vec<(UnixMillis, String, String)>, limit: u32) -> 
         complete,
     }
 }
+
+/// A rate limit and what is left of it at `now`, from the columns of the
+/// dialects' `RATE_LIMITS`: namespace, type, per_period, period_ms, burst,
+/// interval_ns, tat_ns.
+pub(super) fn rate_limit_use(
+    row: &impl Columns,
+    now: UnixMillis,
+) -> Result<super::rate::RateLimitUse, Error> {
+    let count = |i: usize, what: &str| {
+        u32::try_from(row.int(i)?).map_err(|_| Error::Corrupt(format!("rate limit {what}")))
+    };
+    let period_ms =
+        u64::try_from(row.int(3)?).map_err(|_| Error::Corrupt("rate limit period".to_owned()))?;
+    let bucket = super::rate::Bucket {
+        interval_ns: row.int(5)?.max(1),
+        burst: row.int(4)?.max(1),
+        tat_ns: row.int(6)?,
+    };
+    Ok(super::rate::RateLimitUse {
+        limit: super::rate::RateLimit {
+            namespace: row.text(0)?,
+            activity_type: row.text(1)?,
+            per_period: count(2, "per period")?,
+            period: std::time::Duration::from_millis(period_ms),
+            burst: count(4, "burst")?,
+        },
+        available: u32::try_from(bucket.available(super::rate::nanos(now))).unwrap_or(u32::MAX),
+    })
+}

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ActivityRow, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome,
-    Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts, rows,
+    Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts, rate, rows,
 };
 
 mod notify;
@@ -90,6 +90,11 @@ fn migrator() -> Migrator {
             9,
             "upcoming_rows_only",
             include_str!("../migrations/postgres/0009_upcoming_rows_only.sql"),
+        ),
+        migration(
+            10,
+            "rate_limits",
+            include_str!("../migrations/postgres/0010_rate_limits.sql"),
         ),
     ])
 }
@@ -426,6 +431,20 @@ impl Store for PostgresStore {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         Ok(rows::due_times(rows, limit))
+    }
+
+    async fn rate_limits(
+        &self,
+        namespace: Option<&str>,
+        now: UnixMillis,
+    ) -> Result<Vec<rate::RateLimitUse>, Error> {
+        let rows = sqlx::query(sql::RATE_LIMITS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
+            .collect()
     }
 
     async fn set_priority_aging(

@@ -152,15 +152,26 @@ pub const LOCK_BY_KEY: &str = concat!(
       FOR UPDATE"
 );
 
-/// The claim, with its parameters' placeholders: up to `$limit` due rows of one
-/// type, at `$now`, for `$worker` (its identity, and the node it is connected
-/// to), leased until `$lease`. Rows another node is claiming are skipped, not
-/// waited for.
-macro_rules! claim {
+/// The claim's common table expressions, with its parameters' placeholders: up
+/// to `$limit` due rows of one type, at `$now`, for `$worker` (its identity, and
+/// the node it is connected to), leased until `$lease`. Rows another node is
+/// claiming are skipped, not waited for.
+/// - `b`: the type's rate limit bucket (see `store::rate`), locked, so nodes
+///   claiming the type take turns with it; no row when the type is not limited;
+/// - `c`: the rows claimed, no more than the bucket allows;
+/// - `s`: what they took from the bucket.
+macro_rules! claim_ctes {
     ($now:literal, $worker:literal, $lease:literal, $namespace:literal, $type:literal,
      $limit:literal, $identity:literal, $node:literal) => {
         concat!(
-            "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ",
+            "b AS (SELECT interval_ns, burst, GREATEST(tat_ns, ",
+            $now,
+            " * 1000000) AS base FROM rate_limits WHERE namespace = ",
+            $namespace,
+            " AND activity_type = ",
+            $type,
+            " FOR UPDATE), \
+             c AS (UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ",
             $now,
             ", worker_id = ",
             $worker,
@@ -180,17 +191,44 @@ macro_rules! claim {
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
             ") \
-               ORDER BY claim_band, claim_rank, id LIMIT ",
+               ORDER BY claim_band, claim_rank, id LIMIT LEAST(",
             $limit,
-            " FOR UPDATE SKIP LOCKED)) RETURNING ",
-            columns!()
+            ", COALESCE((SELECT GREATEST(0, LEAST(burst, (",
+            $now,
+            " * 1000000 + burst * interval_ns - base) / interval_ns)) FROM b), ",
+            $limit,
+            ")) FOR UPDATE SKIP LOCKED)) RETURNING ",
+            columns!(),
+            "), \
+             s AS (UPDATE rate_limits AS r SET tat_ns = b.base + (SELECT COUNT(*) FROM c) * b.interval_ns \
+               FROM b WHERE r.namespace = ",
+            $namespace,
+            " AND r.activity_type = ",
+            $type,
+            " AND EXISTS (SELECT 1 FROM c))"
         )
     };
 }
 
+/// After `claim_ctes!`: when the bucket gives a row again (`rate::Bucket::refills_at`,
+/// in nanoseconds); NULL when the type is not limited.
+macro_rules! refill {
+    () => {
+        "(SELECT base + ((SELECT COUNT(*) FROM c) - burst + 1) * interval_ns FROM b)"
+    };
+}
+
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
-/// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node.
-pub const CLAIM: &str = claim!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8");
+/// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. One row
+/// at least: the claimed row's columns (all NULL when it claimed none), then
+/// `refill!`.
+pub const CLAIM: &str = concat!(
+    "WITH ",
+    claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
+    " SELECT c.*, ",
+    refill!(),
+    " FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
+);
 
 /// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
 /// `$17[i]` is not NULL, only if its lease expired before then; where `$18[i]` is
@@ -223,15 +261,16 @@ pub const FINISH: &str = finish!();
 /// batch of endings and a claim commits without a transaction around it. They
 /// cannot meet: the endings touch RUNNING rows, the claim SCHEDULED ones, and
 /// one statement sees one snapshot (a row an ending reschedules is claimed by
-/// the next batch). One row back: the claim's columns (all NULL when it claimed
-/// nothing), then the array of ids ended.
+/// the next batch). One row back at least: the claim's columns (all NULL when it
+/// claimed nothing), then the array of ids ended, then `refill!`.
 pub const FINISH_AND_CLAIM: &str = concat!(
     "WITH f AS (",
     finish!(),
-    "), c AS (",
-    claim!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
-    ") SELECT c.*, e.ended FROM (SELECT array_agg(id) AS ended FROM f) AS e \
-     LEFT JOIN c ON TRUE"
+    "), ",
+    claim_ctes!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
+    " SELECT c.*, e.ended, ",
+    refill!(),
+    " FROM (SELECT array_agg(id) AS ended FROM f) AS e LEFT JOIN c ON TRUE"
 );
 
 /// Ends row `$15`, locked and found cancellable by the same transaction.
@@ -443,3 +482,20 @@ pub const RERANK: &str = concat!(
 pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
      WHERE status = 1 AND next_at > created_at AND next_at > $1 \
      ORDER BY next_at LIMIT $2";
+
+/// Sets a rate limit (`$3` rows per `$4` ms, `$5` at once, one per `$6` ns); a
+/// replaced one keeps its bucket.
+pub const SET_RATE_LIMIT: &str = "INSERT INTO rate_limits \
+       (namespace, activity_type, per_period, period_ms, burst, interval_ns) \
+     VALUES ($1, $2, $3, $4, $5, $6) \
+     ON CONFLICT (namespace, activity_type) DO UPDATE SET per_period = excluded.per_period, \
+       period_ms = excluded.period_ms, burst = excluded.burst, \
+       interval_ns = excluded.interval_ns";
+
+pub const REMOVE_RATE_LIMIT: &str =
+    "DELETE FROM rate_limits WHERE namespace = $1 AND activity_type = $2";
+
+/// The rate limits of namespace `$1` (of all, when NULL), in order.
+pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
+       interval_ns, tat_ns FROM rate_limits WHERE $1::TEXT IS NULL OR namespace = $1 \
+     ORDER BY namespace, activity_type";

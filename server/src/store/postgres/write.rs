@@ -7,15 +7,22 @@
 //! FROM UNNEST` (split where a row repeats, so each ending sees the one before).
 //! A submit is all or nothing through a savepoint.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
-use sqlx::{PgConnection, Row, postgres::PgArguments, query::Query};
+use sqlx::{
+    PgConnection, Row,
+    postgres::{PgArguments, PgRow},
+    query::Query,
+};
 
 use super::{decode, sql};
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Found},
-    rows,
+    rate, rows,
 };
 use spool_proto::time::UnixMillis;
 
@@ -121,9 +128,32 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             .await?
             .pop()
             .ok_or_else(|| Error::Corrupt("an ending without an outcome".to_owned())),
-        Op::Claim(claim) => claim_rows(conn, claim, now).await.map(Outcome::Claimed),
+        Op::Claim(claim) => claim_rows(conn, claim, now).await,
         Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
         Op::Redrive { key } => redrive(conn, key, now).await,
+        Op::SetRateLimit(limit) => {
+            sqlx::query(sql::SET_RATE_LIMIT)
+                .bind(&limit.namespace)
+                .bind(&limit.activity_type)
+                .bind(i64::from(limit.per_period))
+                .bind(limit.period_ms())
+                .bind(i64::from(limit.burst))
+                .bind(limit.interval_ns())
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::RateLimitSet)
+        }
+        Op::RemoveRateLimit {
+            namespace,
+            activity_type,
+        } => {
+            let done = sqlx::query(sql::REMOVE_RATE_LIMIT)
+                .bind(namespace)
+                .bind(activity_type)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::RateLimitRemoved(done.rows_affected() > 0))
+        }
         Op::Prune { before, limit } => {
             let done = sqlx::query(sql::PRUNE)
                 .bind(before)
@@ -381,8 +411,9 @@ async fn claim_rows(
     conn: &mut PgConnection,
     claim: &Claim,
     now: UnixMillis,
-) -> Result<Vec<ActivityRow>, Error> {
+) -> Result<Outcome, Error> {
     let mut claimed = Vec::new();
+    let mut throttled = Vec::new();
     for activity_type in &claim.activity_types {
         let Some(left) = claim.left_after(claimed.len()) else {
             break;
@@ -390,9 +421,50 @@ async fn claim_rows(
         let rows = bind_claim(sqlx::query(sql::CLAIM), claim, activity_type, left, now)
             .fetch_all(&mut *conn)
             .await?;
-        // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
-        // must not stop every other claim.
-        claimed.extend(rows::decode_all(&rows, "claim"));
+        let took = claimed_rows(
+            &rows,
+            rows::COLUMNS,
+            activity_type,
+            now,
+            left,
+            &mut throttled,
+        )?;
+        claimed.extend(took);
+    }
+    Ok(Outcome::Claimed {
+        rows: claimed,
+        throttled,
+    })
+}
+
+/// The rows a claim of `asked` rows returned (the claim's columns, NULL when it
+/// took none, with the bucket's refill time at `refill`), noting in `throttled`
+/// when the type's rate limit held rows back and gives one again.
+fn claimed_rows(
+    rows: &[PgRow],
+    refill: usize,
+    activity_type: &Arc<str>,
+    now: UnixMillis,
+    asked: i64,
+    throttled: &mut Vec<(Arc<str>, UnixMillis)>,
+) -> Result<Vec<ActivityRow>, Error> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    let mut taken = 0;
+    for row in rows {
+        if row.try_get::<Option<i64>, _>(0)?.is_some() {
+            taken += 1;
+            // An unreadable row stays RUNNING, undelivered, until its lease lapses;
+            // it must not stop every other claim.
+            claimed.extend(rows::decode_all(std::slice::from_ref(row), "claim"));
+        }
+    }
+    // Held back: fewer rows than asked, and none left in the bucket.
+    if taken < asked
+        && let Some(first) = rows.first()
+        && let Some(at) = first.try_get::<Option<i64>, _>(refill)?
+        && let Some(at) = rate::refill_millis(at, rate::nanos(now))
+    {
+        throttled.push((activity_type.clone(), at));
     }
     Ok(claimed)
 }
@@ -603,7 +675,7 @@ pub(super) async fn apply_one_statement(
         return finish(conn, &refs, now).await;
     };
     if endings.is_empty() {
-        return Ok(vec![Outcome::Claimed(claim_rows(conn, claim, now).await?)]);
+        return Ok(vec![claim_rows(conn, claim, now).await?]);
     }
     let mut fenced = Fenced::default();
     for op in endings {
@@ -618,19 +690,25 @@ pub(super) async fn apply_one_statement(
         .fetch_all(&mut *conn)
         .await?;
     let mut ended = HashSet::new();
-    let mut claimed = Vec::new();
-    for row in &rows {
-        if let Some(all) = row.try_get::<Option<Vec<i64>>, _>(rows::COLUMNS)? {
-            ended = all.into_iter().collect();
-        }
-        if row.try_get::<Option<i64>, _>(0)?.is_some() {
-            // As in `claim_rows`: an unreadable row stays RUNNING until its lease
-            // lapses, and must not stop the others.
-            claimed.extend(rows::decode_all(std::slice::from_ref(row), "claim"));
-        }
+    if let Some(first) = rows.first()
+        && let Some(all) = first.try_get::<Option<Vec<i64>>, _>(rows::COLUMNS)?
+    {
+        ended = all.into_iter().collect();
     }
+    let mut throttled = Vec::new();
+    let claimed = claimed_rows(
+        &rows,
+        rows::COLUMNS + 1,
+        activity_type,
+        now,
+        left,
+        &mut throttled,
+    )?;
     let mut outcomes: Vec<Outcome> = finished(&ids, &ended).collect();
-    outcomes.push(Outcome::Claimed(claimed));
+    outcomes.push(Outcome::Claimed {
+        rows: claimed,
+        throttled,
+    });
     Ok(outcomes)
 }
 

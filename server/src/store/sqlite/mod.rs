@@ -17,7 +17,7 @@ use std::{fs::File, str::FromStr, sync::Arc, time::Duration};
 
 use super::{
     ActivityRow, AttemptRecord, DueTimes, Error, Key, ListPage, ListQuery, Op, Outcome,
-    RunningPage, StatusCounts, Store, TypeCounts, rows,
+    RunningPage, StatusCounts, Store, TypeCounts, rate, rows,
 };
 
 mod raw;
@@ -72,6 +72,11 @@ fn migrator() -> Migrator {
             7,
             "upcoming_rows_only",
             include_str!("../migrations/sqlite/0007_upcoming_rows_only.sql"),
+        ),
+        migration(
+            8,
+            "rate_limits",
+            include_str!("../migrations/sqlite/0008_rate_limits.sql"),
         ),
     ])
 }
@@ -247,6 +252,20 @@ impl Store for SqliteStore {
             .map(|r| Ok((rows::int(r, "next_at")?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(rows::due_times(rows, limit))
+    }
+
+    async fn rate_limits(
+        &self,
+        namespace: Option<&str>,
+        now: UnixMillis,
+    ) -> Result<Vec<rate::RateLimitUse>, Error> {
+        let rows = sqlx::query(sql::RATE_LIMITS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
+            .collect()
     }
 
     async fn set_priority_aging(

@@ -314,3 +314,29 @@ pub const RERANK: &str = concat!(
 pub const DUE_TIMES: &str = "SELECT next_at, namespace, activity_type FROM activities \
      WHERE status = 1 AND next_at > created_at AND next_at > ?1 \
      ORDER BY next_at LIMIT ?2";
+
+/// The bucket of type `?2` of namespace `?1`, when the type is rate limited (see
+/// `store::rate` and the `0008_rate_limits` migration).
+pub const BUCKET: &str = "SELECT interval_ns, burst, tat_ns FROM rate_limits \
+     WHERE namespace = ?1 AND activity_type = ?2";
+
+/// What a claim took from that bucket: `?3` its new `tat_ns`.
+pub const SPEND: &str =
+    "UPDATE rate_limits SET tat_ns = ?3 WHERE namespace = ?1 AND activity_type = ?2";
+
+/// Sets a rate limit (`?3` rows per `?4` ms, `?5` at once, one per `?6` ns); a
+/// replaced one keeps its bucket.
+pub const SET_RATE_LIMIT: &str = "INSERT INTO rate_limits \
+       (namespace, activity_type, per_period, period_ms, burst, interval_ns) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+     ON CONFLICT (namespace, activity_type) DO UPDATE SET per_period = excluded.per_period, \
+       period_ms = excluded.period_ms, burst = excluded.burst, \
+       interval_ns = excluded.interval_ns";
+
+pub const REMOVE_RATE_LIMIT: &str =
+    "DELETE FROM rate_limits WHERE namespace = ?1 AND activity_type = ?2";
+
+/// The rate limits of namespace `?1` (of all, when NULL), in order.
+pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
+       interval_ns, tat_ns FROM rate_limits WHERE ?1 IS NULL OR namespace = ?1 \
+     ORDER BY namespace, activity_type";

@@ -22,6 +22,7 @@ use super::{
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Entry, Found},
+    rate,
     rows::{self, encode_list},
 };
 
@@ -145,7 +146,7 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
 fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
     match op {
         Op::Submit(batch) => submit(conn, batch, now),
-        Op::Claim(claim) => claim_rows(conn, claim, now).map(Outcome::Claimed),
+        Op::Claim(claim) => claim_rows(conn, claim, now),
         Op::Finish {
             attempt,
             transition,
@@ -165,6 +166,28 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
         }
         Op::Cancel { key, reason } => cancel(conn, key, reason, now),
         Op::Redrive { key } => redrive(conn, key, now),
+        Op::SetRateLimit(limit) => conn
+            .query(sql::SET_RATE_LIMIT)
+            .map(|q| {
+                q.bind(limit.namespace.as_str())
+                    .bind(limit.activity_type.as_str())
+                    .bind(&i64::from(limit.per_period))
+                    .bind(&limit.period_ms())
+                    .bind(&i64::from(limit.burst))
+                    .bind(&limit.interval_ns())
+            })
+            .and_then(Query::execute)
+            .map(|_| Outcome::RateLimitSet)
+            .map_err(sqlite),
+        Op::RemoveRateLimit {
+            namespace,
+            activity_type,
+        } => conn
+            .query(sql::REMOVE_RATE_LIMIT)
+            .map(|q| q.bind(namespace.as_str()).bind(activity_type.as_str()))
+            .and_then(Query::execute)
+            .map(|removed| Outcome::RateLimitRemoved(removed > 0))
+            .map_err(sqlite),
         Op::Prune { before, limit } => conn
             .query(sql::PRUNE)
             .map(|q| q.bind(before).bind(&i64::from(*limit)))
@@ -278,37 +301,85 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
     })
 }
 
-fn claim_rows(
-    conn: &mut Connection,
-    claim: &Claim,
-    now: UnixMillis,
-) -> Result<Vec<ActivityRow>, Error> {
+fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<Outcome, Error> {
+    let now_ns = rate::nanos(now);
     let mut claimed = Vec::new();
+    let mut throttled = Vec::new();
     for activity_type in &claim.activity_types {
-        let Some(left) = claim.left_after(claimed.len()) else {
+        let Some(asked) = claim.left_after(claimed.len()) else {
             break;
         };
-        let mut q = conn
-            .query(sql::CLAIM)
-            .map_err(sqlite)?
-            .bind(&now)
-            .bind(&*claim.worker_id)
-            .bind(&claim.lease_expires_at)
-            .bind(&*claim.namespace)
-            .bind(&**activity_type)
-            .bind(&left)
-            .bind(&*claim.identity)
-            .bind(&*claim.node);
-        while q.step().map_err(sqlite)? {
-            // An unreadable row stays RUNNING, undelivered, until its lease lapses;
-            // it must not stop every other claim.
-            match decode(&q) {
-                Ok(row) => claimed.push(row),
-                Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
+        let bucket = bucket(conn, &claim.namespace, activity_type)?;
+        let left = bucket.map_or(asked, |b| asked.min(b.available(now_ns)));
+        let before = claimed.len();
+        if left > 0 {
+            let mut q = conn
+                .query(sql::CLAIM)
+                .map_err(sqlite)?
+                .bind(&now)
+                .bind(&*claim.worker_id)
+                .bind(&claim.lease_expires_at)
+                .bind(&*claim.namespace)
+                .bind(&**activity_type)
+                .bind(&left)
+                .bind(&*claim.identity)
+                .bind(&*claim.node);
+            while q.step().map_err(sqlite)? {
+                // An unreadable row stays RUNNING, undelivered, until its lease
+                // lapses; it must not stop every other claim.
+                match decode(&q) {
+                    Ok(row) => claimed.push(row),
+                    Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
+                }
+            }
+        }
+        if let Some(bucket) = bucket {
+            let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
+            let spent = bucket.take(now_ns, taken);
+            if taken > 0 {
+                conn.query(sql::SPEND)
+                    .map(|q| {
+                        q.bind(&*claim.namespace)
+                            .bind(&**activity_type)
+                            .bind(&spent.tat_ns)
+                    })
+                    .and_then(Query::execute)
+                    .map_err(sqlite)?;
+            }
+            // Held back: fewer rows than asked, and none left in the bucket.
+            if taken < asked
+                && let Some(at) = spent.refills_at(now_ns)
+            {
+                throttled.push((activity_type.clone(), at));
             }
         }
     }
-    Ok(claimed)
+    Ok(Outcome::Claimed {
+        rows: claimed,
+        throttled,
+    })
+}
+
+/// The rate limit bucket of a namespace's type, if it has one.
+fn bucket(
+    conn: &mut Connection,
+    namespace: &str,
+    activity_type: &str,
+) -> Result<Option<rate::Bucket>, Error> {
+    let mut q = conn
+        .query(sql::BUCKET)
+        .map_err(sqlite)?
+        .bind(namespace)
+        .bind(activity_type);
+    Ok(if q.step().map_err(sqlite)? {
+        Some(rate::Bucket {
+            interval_ns: q.int(0).max(1),
+            burst: q.int(1).max(1),
+            tat_ns: q.int(2),
+        })
+    } else {
+        None
+    })
 }
 
 /// Binds an ending's values as `?1`…`?14`, the order of `sql::ending!`.

@@ -1,0 +1,241 @@
+//! Rate limits of activity types: set through `AdminService`, kept in the
+//! database, and enforced by the claim on every node from one bucket.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use spool_proto::v1::{self, server_message};
+use tokio::time::Instant;
+use tonic::Code;
+
+use crate::harness::*;
+
+/// 50 a second, 5 at once.
+fn fifty_a_second() -> v1::RateLimit {
+    v1::RateLimit {
+        activity_type: "t".into(),
+        limit: 50,
+        period: Some(prost_types_duration(Duration::from_secs(1))),
+        burst: 5,
+        ..Default::default()
+    }
+}
+
+async fn submit_many(server: &TestServer, n: usize) {
+    let mut client = server.client().await;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let activities = chunk
+            .iter()
+            .map(|i| request("t", "wf", &format!("r{i}")))
+            .collect();
+        client
+            .submit_batch(v1::SubmitBatchRequest { activities })
+            .await
+            .unwrap();
+    }
+}
+
+/// A worker with room for everything, answering each task at once and noting
+/// when it came.
+fn run_and_time(
+    mut raw: RawWorker,
+    times: Arc<Mutex<Vec<Instant>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match raw.next().await {
+                server_message::Message::Task(task) => {
+                    times.lock().unwrap().push(Instant::now());
+                    raw.complete(&task, task.attempt).await;
+                }
+                server_message::Message::Ack(ack) => assert!(ack.accepted),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+}
+
+/// The rate over the 10 s from the first task, past the burst: within 5 % of 50/s.
+fn assert_fifty_a_second(times: &Mutex<Vec<Instant>>) {
+    let times = times.lock().unwrap();
+    let first = times[0];
+    let within = times
+        .iter()
+        .filter(|t| t.duration_since(first) < Duration::from_secs(10))
+        .count();
+    let rate = (within - 5) as f64 / 10.0;
+    assert!(
+        (47.5..=52.5).contains(&rate),
+        "{within} tasks in 10 s: {rate}/s past the burst, not 50/s ± 5 %"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let set = admin
+        .set_rate_limit(v1::SetRateLimitRequest {
+            rate_limit: Some(fifty_a_second()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .rate_limit
+        .unwrap();
+    assert_eq!(
+        (set.namespace.as_str(), set.limit, set.burst, set.available),
+        ("default", 50, 5, 5)
+    );
+    submit_many(&server, 1_000).await;
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let worker = run_and_time(
+        RawWorker::connect(&server, &["t"], 200).await,
+        times.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    worker.abort();
+    assert_fifty_a_second(&times);
+
+    // The rows held back wait: no attempt, no slot.
+    let mut client = server.client().await;
+    let last = get(&mut client, key("wf", "r999")).await;
+    assert_eq!(
+        (status(&last), last.attempt),
+        (v1::ActivityStatus::Scheduled, 0)
+    );
+    let limits = admin
+        .list_rate_limits(v1::ListRateLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .rate_limits;
+    assert_eq!(limits.len(), 1);
+    assert!(limits[0].available <= 5, "{limits:?}");
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn two_nodes_take_from_one_bucket() {
+    let database = postgres_schema().await;
+    let a = TestServer::start_on_database(&database).await;
+    let b = TestServer::start_on_database(&database).await;
+    a.admin()
+        .await
+        .set_rate_limit(v1::SetRateLimitRequest {
+            rate_limit: Some(fifty_a_second()),
+        })
+        .await
+        .unwrap();
+    submit_many(&a, 1_000).await;
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let on_a = run_and_time(RawWorker::connect(&a, &["t"], 200).await, times.clone());
+    let on_b = run_and_time(RawWorker::connect(&b, &["t"], 200).await, times.clone());
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    on_a.abort();
+    on_b.abort();
+    times.lock().unwrap().sort();
+    assert_fifty_a_second(&times);
+}
+
+#[tokio::test]
+async fn rate_limits_refuse_what_cannot_be_enforced_and_delete_once() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let bad = [
+        (
+            v1::RateLimit {
+                limit: 0,
+                ..fifty_a_second()
+            },
+            "rate_limit.limit is 0",
+        ),
+        (
+            v1::RateLimit {
+                limit: 2_000_000,
+                ..fifty_a_second()
+            },
+            "rate_limit.limit is 2000000",
+        ),
+        (
+            v1::RateLimit {
+                period: None,
+                ..fifty_a_second()
+            },
+            "rate_limit.period is 0s",
+        ),
+        (
+            v1::RateLimit {
+                period: Some(prost_types_duration(Duration::from_secs(7_200))),
+                ..fifty_a_second()
+            },
+            "whole milliseconds from 1ms to 1h",
+        ),
+        (
+            v1::RateLimit {
+                period: Some(prost_types_duration(Duration::from_micros(1_500))),
+                ..fifty_a_second()
+            },
+            "whole milliseconds",
+        ),
+        (
+            v1::RateLimit {
+                activity_type: String::new(),
+                ..fifty_a_second()
+            },
+            "rate_limit.activity_type is required",
+        ),
+    ];
+    for (limit, says) in bad {
+        let err = admin
+            .set_rate_limit(v1::SetRateLimitRequest {
+                rate_limit: Some(limit.clone()),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{limit:?}");
+        assert!(err.message().contains(says), "{limit:?}: {}", err.message());
+    }
+    assert!(
+        admin
+            .list_rate_limits(v1::ListRateLimitsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .rate_limits
+            .is_empty(),
+        "nothing refused was stored"
+    );
+
+    admin
+        .set_rate_limit(v1::SetRateLimitRequest {
+            rate_limit: Some(fifty_a_second()),
+        })
+        .await
+        .unwrap();
+    let delete = || v1::DeleteRateLimitRequest {
+        namespace: String::new(),
+        activity_type: "t".into(),
+    };
+    assert!(
+        admin
+            .delete_rate_limit(delete())
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+    assert!(
+        !admin
+            .delete_rate_limit(delete())
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+}
