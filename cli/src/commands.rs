@@ -459,6 +459,69 @@ impl Commands {
         Ok(exit::OK)
     }
 
+    pub async fn set_concurrency_limit(&self, limit: v1::ConcurrencyLimit) -> Result<i32, Error> {
+        let set = self.client.set_concurrency_limit(limit).await?;
+        self.print_concurrency_limits(std::slice::from_ref(&set));
+        Ok(exit::OK)
+    }
+
+    pub async fn concurrency_limits(&self, namespace: String) -> Result<i32, Error> {
+        let limits = self.client.list_concurrency_limits(namespace).await?;
+        self.print_concurrency_limits(&limits);
+        Ok(exit::OK)
+    }
+
+    pub async fn delete_concurrency_limit(
+        &self,
+        namespace: String,
+        activity_type: String,
+    ) -> Result<i32, Error> {
+        let deleted = self
+            .client
+            .delete_concurrency_limit(namespace, activity_type.clone())
+            .await?;
+        if self.json {
+            print_json(&serde_json::json!({"deleted": deleted}));
+        } else if deleted {
+            println!("{activity_type}: no concurrency limit now");
+        } else {
+            println!("{activity_type} had no concurrency limit: nothing changed");
+        }
+        Ok(exit::OK)
+    }
+
+    fn print_concurrency_limits(&self, limits: &[v1::ConcurrencyLimit]) {
+        if self.json {
+            let list: Vec<serde_json::Value> = limits
+                .iter()
+                .map(|l| {
+                    serde_json::json!({
+                        "namespace": l.namespace, "activity_type": l.activity_type,
+                        "max_running": l.max_running, "keys": l.keys, "running": l.running,
+                    })
+                })
+                .collect();
+            print_json(&serde_json::json!({"concurrency_limits": list}));
+            return;
+        }
+        let rows: Vec<Vec<String>> = limits
+            .iter()
+            .map(|l| {
+                vec![
+                    l.namespace.clone(),
+                    l.activity_type.clone(),
+                    l.max_running.to_string(),
+                    l.keys.to_string(),
+                    l.running.to_string(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(&["NAMESPACE", "TYPE", "PER_KEY", "KEYS", "RUNNING"], &rows)
+        );
+    }
+
     fn print_rate_limits(&self, limits: &[v1::RateLimit]) {
         let period = |l: &v1::RateLimit| {
             l.period

@@ -136,6 +136,11 @@ enum Command {
     /// held back waits, using no attempt and no worker slot.
     #[command(subcommand)]
     RateLimit(RateLimitCommand),
+    /// Concurrency limits of activity types, on every node: of the activities of
+    /// the type sharing a concurrency key (`submit --concurrency-key`), at most
+    /// --max run at once.
+    #[command(subcommand)]
+    ConcurrencyLimit(ConcurrencyLimitCommand),
     /// Print a shell completion script: `spool completions bash >
     /// /etc/bash_completion.d/spool` (or zsh, fish, elvish, powershell).
     Completions {
@@ -172,6 +177,30 @@ enum RateLimitCommand {
     List(NamespaceArgs),
     /// Remove a type's limit.
     Delete(RateLimitTypeArgs),
+}
+
+#[derive(clap::Subcommand)]
+enum ConcurrencyLimitCommand {
+    /// Set (or replace) a type's limit: at most --max running per key.
+    Set(ConcurrencyLimitSetArgs),
+    /// List the limits, with their keys and what runs now.
+    List(NamespaceArgs),
+    /// Remove a type's limit.
+    Delete(RateLimitTypeArgs),
+}
+
+#[derive(clap::Args)]
+struct ConcurrencyLimitSetArgs {
+    /// The activity type.
+    activity_type: String,
+    /// Activities per concurrency key running at once.
+    #[arg(long)]
+    max: u32,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -563,6 +592,10 @@ struct SubmitArgs {
     /// Higher runs first among due activities of its type (may be negative).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     priority: i32,
+    /// Activities of the type sharing this key run at most the type's concurrency
+    /// limit at once (`spool concurrency-limit set`).
+    #[arg(long, default_value = "")]
+    concurrency_key: String,
     /// Wait for the outcome (exit 3 if it FAILED or was CANCELLED).
     #[arg(long)]
     wait: bool,
@@ -957,6 +990,7 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                     ..Default::default()
                 }),
                 priority: a.priority,
+                concurrency_key: a.concurrency_key,
                 ..Default::default()
             };
             let wait = a.wait.then_some(a.timeout);
@@ -1007,6 +1041,27 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                 available: 0,
             };
             connect(&a.client).await?.set_rate_limit(limit).await
+        }
+        Command::ConcurrencyLimit(ConcurrencyLimitCommand::Set(a)) => {
+            let limit = v1::ConcurrencyLimit {
+                namespace: a.namespace,
+                activity_type: a.activity_type,
+                max_running: a.max,
+                ..Default::default()
+            };
+            connect(&a.client).await?.set_concurrency_limit(limit).await
+        }
+        Command::ConcurrencyLimit(ConcurrencyLimitCommand::List(n)) => {
+            connect(&n.client)
+                .await?
+                .concurrency_limits(n.namespace)
+                .await
+        }
+        Command::ConcurrencyLimit(ConcurrencyLimitCommand::Delete(a)) => {
+            connect(&a.client)
+                .await?
+                .delete_concurrency_limit(a.namespace, a.activity_type)
+                .await
         }
         Command::RateLimit(RateLimitCommand::List(n)) => {
             connect(&n.client).await?.rate_limits(n.namespace).await

@@ -608,6 +608,62 @@ impl Client {
             .deleted)
     }
 
+    /// Sets the concurrency limit of a namespace's activity type, on every node:
+    /// at most `limit.max_running` activities sharing a concurrency key run at
+    /// once. Answers the limit as stored, with its keys' use now.
+    pub async fn set_concurrency_limit(
+        &self,
+        limit: v1::ConcurrencyLimit,
+    ) -> Result<v1::ConcurrencyLimit, Error> {
+        let request = v1::SetConcurrencyLimitRequest {
+            concurrency_limit: Some(limit),
+        };
+        self.admin()
+            .set_concurrency_limit(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .concurrency_limit
+            .ok_or_else(|| self.failed(tonic::Status::internal("no limit in the answer")))
+    }
+
+    /// The concurrency limits of `namespace` (every namespace when empty), with
+    /// their keys' use now.
+    pub async fn list_concurrency_limits(
+        &self,
+        namespace: impl Into<String>,
+    ) -> Result<Vec<v1::ConcurrencyLimit>, Error> {
+        let request = v1::ListConcurrencyLimitsRequest {
+            namespace: namespace.into(),
+        };
+        Ok(self
+            .admin()
+            .list_concurrency_limits(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .concurrency_limits)
+    }
+
+    /// Removes a type's concurrency limit; false when it had none.
+    pub async fn delete_concurrency_limit(
+        &self,
+        namespace: impl Into<String>,
+        activity_type: impl Into<String>,
+    ) -> Result<bool, Error> {
+        let request = v1::DeleteConcurrencyLimitRequest {
+            namespace: namespace.into(),
+            activity_type: activity_type.into(),
+        };
+        Ok(self
+            .admin()
+            .delete_concurrency_limit(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .deleted)
+    }
+
     /// What the server is (version, protocol versions) and what it accepts (payload
     /// size, batch size, worker concurrency, heartbeat interval, longest wait).
     pub async fn server_info(&self) -> Result<v1::ServerInfo, Error> {

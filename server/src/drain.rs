@@ -269,6 +269,7 @@ mod tests {
             timeouts: Timeouts::default(),
             priority: 0,
             headers: Default::default(),
+            concurrency_key: None,
         };
         committer
             .commit(vec![store::Op::Submit(vec![new])])

@@ -27,6 +27,7 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         max_attempts: row.retry.max_attempts,
         counted_attempts: row.attempt.saturating_sub(row.uncounted),
         headers: row.headers.into_iter().collect(),
+        concurrency_key: row.concurrency_key.unwrap_or_default(),
         history: Vec::new(),
     }
 }
@@ -65,6 +66,18 @@ pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
         last_heartbeat_details: row.heartbeat_details,
         started_at: row.started_at.map(time::to_proto),
         headers: row.headers.into_iter().collect(),
+    }
+}
+
+pub fn concurrency_limit(
+    limit: crate::store::concurrency::ConcurrencyLimit,
+) -> v1::ConcurrencyLimit {
+    v1::ConcurrencyLimit {
+        namespace: limit.namespace,
+        activity_type: limit.activity_type,
+        max_running: limit.max_running,
+        keys: limit.keys,
+        running: limit.running,
     }
 }
 

@@ -97,6 +97,12 @@ impl Store for Faulty {
     ) -> Result<Option<u64>, store::Error> {
         self.inner.set_priority_aging(per_level).await
     }
+    async fn concurrency_limits(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
+        self.inner.concurrency_limits(namespace).await
+    }
     async fn rate_limits(
         &self,
         namespace: Option<&str>,

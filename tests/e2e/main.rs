@@ -10,6 +10,7 @@ mod hostile;
 mod http2;
 
 mod api;
+mod concurrency;
 mod interop;
 mod invariants;
 mod lifecycle;

@@ -47,16 +47,8 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::ListWorkersRequest>,
     ) -> Result<Response<v1::ListWorkersResponse>, Status> {
-        let namespace = &request.get_ref().namespace;
         // A read: any role that may read activities may see who runs them.
-        let namespace = if namespace.is_empty() {
-            authorize_everywhere(&request, Role::Viewer)?;
-            None
-        } else {
-            let namespace = validate::namespace(namespace)?;
-            authorize(&request, Role::Viewer, &namespace)?;
-            Some(namespace)
-        };
+        let namespace = Self::readable(&request, &request.get_ref().namespace)?;
         Ok(Response::new(v1::ListWorkersResponse {
             workers: self.core.registry.workers(namespace.as_deref()),
             draining: self.core.registry.is_draining(),
@@ -106,15 +98,7 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::ListRateLimitsRequest>,
     ) -> Result<Response<v1::ListRateLimitsResponse>, Status> {
-        let namespace = &request.get_ref().namespace;
-        let namespace = if namespace.is_empty() {
-            authorize_everywhere(&request, Role::Viewer)?;
-            None
-        } else {
-            let namespace = validate::namespace(namespace)?;
-            authorize(&request, Role::Viewer, &namespace)?;
-            Some(namespace)
-        };
+        let namespace = Self::readable(&request, &request.get_ref().namespace)?;
         let now = self.core.store.now();
         let limits = self
             .core
@@ -147,9 +131,96 @@ impl AdminService for AdminApi {
         self.core.registry.mark_due(&namespace, &activity_type);
         Ok(Response::new(v1::DeleteRateLimitResponse { deleted }))
     }
+
+    async fn set_concurrency_limit(
+        &self,
+        request: Request<v1::SetConcurrencyLimitRequest>,
+    ) -> Result<Response<v1::SetConcurrencyLimitResponse>, Status> {
+        let (namespace, activity_type, max_running) =
+            validate::concurrency_limit(request.get_ref().concurrency_limit.clone())?;
+        authorize(&request, Role::Admin, &namespace)?;
+        let op = Op::SetConcurrencyLimit {
+            namespace: namespace.clone(),
+            activity_type: activity_type.clone(),
+            max_running,
+        };
+        match self.commit(op).await? {
+            Outcome::ConcurrencyLimitSet => {}
+            other => return Err(unexpected(&format!("set answered {other:?}")).into()),
+        }
+        let set = self
+            .core
+            .store
+            .concurrency_limits(Some(&namespace))
+            .await
+            .map_err(Error::from)?
+            .into_iter()
+            .find(|l| l.activity_type == activity_type)
+            .map(crate::wire::concurrency_limit);
+        // A raised limit may let waiting rows go now.
+        self.core.registry.mark_due(&namespace, &activity_type);
+        Ok(Response::new(v1::SetConcurrencyLimitResponse {
+            concurrency_limit: set,
+        }))
+    }
+
+    async fn list_concurrency_limits(
+        &self,
+        request: Request<v1::ListConcurrencyLimitsRequest>,
+    ) -> Result<Response<v1::ListConcurrencyLimitsResponse>, Status> {
+        let namespace = Self::readable(&request, &request.get_ref().namespace)?;
+        let limits = self
+            .core
+            .store
+            .concurrency_limits(namespace.as_deref())
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(v1::ListConcurrencyLimitsResponse {
+            concurrency_limits: limits
+                .into_iter()
+                .map(crate::wire::concurrency_limit)
+                .collect(),
+        }))
+    }
+
+    async fn delete_concurrency_limit(
+        &self,
+        request: Request<v1::DeleteConcurrencyLimitRequest>,
+    ) -> Result<Response<v1::DeleteConcurrencyLimitResponse>, Status> {
+        let namespace = validate::namespace(&request.get_ref().namespace)?;
+        let activity_type = request.get_ref().activity_type.clone();
+        validate::name("activity_type", &activity_type)?;
+        authorize(&request, Role::Admin, &namespace)?;
+        let op = Op::RemoveConcurrencyLimit {
+            namespace: namespace.clone(),
+            activity_type: activity_type.clone(),
+        };
+        let deleted = match self.commit(op).await? {
+            Outcome::ConcurrencyLimitRemoved(deleted) => deleted,
+            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
+        };
+        // Rows it held back may go now.
+        self.core.registry.mark_due(&namespace, &activity_type);
+        Ok(Response::new(v1::DeleteConcurrencyLimitResponse {
+            deleted,
+        }))
+    }
 }
 
 impl AdminApi {
+    /// The namespace a list call names (`None`: every one), once the caller may
+    /// read it.
+    fn readable<T>(request: &Request<T>, namespace: &str) -> Result<Option<String>, Error> {
+        if namespace.is_empty() {
+            authorize_everywhere(request, Role::Viewer)?;
+            Ok(None)
+        } else {
+            let namespace = validate::namespace(namespace)?;
+            authorize(request, Role::Viewer, &namespace)?;
+            Ok(Some(namespace))
+        }
+    }
+
     /// Commits one op and returns its outcome.
     async fn commit(&self, op: Op) -> Result<Outcome, Error> {
         let mut outcomes = self.core.committer.commit(vec![op]).await?;

@@ -30,7 +30,7 @@ use crate::{
     config::{Config, RetryDefaults},
     dispatch::registry::Registration,
     store::{
-        Key, NewActivity, Payload, RetrySpec, Timeouts,
+        Key, NewActivity, Payload, RetrySpec, Timeouts, concurrency,
         rate::{self, RateLimit},
     },
 };
@@ -189,6 +189,26 @@ pub fn rate_limit(limit: Option<v1::RateLimit>) -> Result<RateLimit, Error> {
     })
 }
 
+/// A concurrency limit to set: a named type and from 1 to
+/// [`concurrency::MAX_RUNNING`] running per key. Answers (namespace, type, limit).
+pub fn concurrency_limit(
+    limit: Option<v1::ConcurrencyLimit>,
+) -> Result<(String, String, u32), Error> {
+    let Some(limit) = limit else {
+        return Err(invalid("concurrency_limit is required".to_owned()));
+    };
+    let namespace = namespace(&limit.namespace)?;
+    name("concurrency_limit.activity_type", &limit.activity_type)?;
+    if !(1..=concurrency::MAX_RUNNING).contains(&limit.max_running) {
+        return Err(invalid(format!(
+            "concurrency_limit.max_running is {}; it must be from 1 to {}",
+            limit.max_running,
+            concurrency::MAX_RUNNING
+        )));
+    }
+    Ok((namespace, limit.activity_type, limit.max_running))
+}
+
 /// A client's duration: not negative, valid as protobuf, at most
 /// [`MAX_DURATION`]; unset stays unset.
 pub fn duration(
@@ -321,6 +341,13 @@ pub fn submit(
         timeouts,
         priority: request.priority,
         headers: headers(request.headers)?,
+        concurrency_key: match request.concurrency_key.as_str() {
+            "" => None,
+            key => {
+                name("concurrency_key", key)?;
+                Some(request.concurrency_key)
+            }
+        },
     })
 }
 
@@ -630,6 +657,7 @@ mod tests {
         let config = Config::new("sqlite://x.db");
         let request = v1::SubmitRequest {
             headers: [("tenant".to_owned(), "acme".to_owned())].into(),
+            concurrency_key: "customer-7".into(),
             namespace: "orders".into(),
             workflow_id: "wf-1".into(),
             activity_id: "act-1".into(),
@@ -674,6 +702,7 @@ mod tests {
             "a zero timeout is no timeout"
         );
         assert_eq!(new.priority, -7);
+        assert_eq!(new.concurrency_key.as_deref(), Some("customer-7"));
         assert_eq!(
             new.retry,
             RetrySpec {

@@ -490,6 +490,11 @@ impl Loop {
                         Some(seconds(now.saturating_sub(attempt.started_at))),
                         matches!(transition, Transition::Fail { .. }),
                     );
+                    if attempt.keyed {
+                        // Room for another row of its concurrency key, here or on
+                        // another node.
+                        self.came_due(&attempt.key.namespace, &attempt.activity_type, now, now);
+                    }
                     match transition {
                         Transition::Complete { .. } | Transition::Fail { .. } => {
                             self.finished(&attempt.key)
@@ -522,6 +527,9 @@ impl Loop {
                         false,
                     );
                     self.finished(&row.key);
+                    if *prior == ActivityStatus::Running && row.concurrency_key.is_some() {
+                        self.came_due(&row.key.namespace, &row.activity_type, now, now);
+                    }
                     if *prior == ActivityStatus::Running
                         && let Some(worker_id) = &row.worker_id
                     {
@@ -754,6 +762,12 @@ mod tests {
         ) -> Result<Option<u64>, store::Error> {
             self.inner.set_priority_aging(per_level).await
         }
+        async fn concurrency_limits(
+            &self,
+            namespace: Option<&str>,
+        ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
+            self.inner.concurrency_limits(namespace).await
+        }
         async fn rate_limits(
             &self,
             namespace: Option<&str>,
@@ -786,6 +800,7 @@ mod tests {
             timeouts: Timeouts::default(),
             priority: 0,
             headers: Default::default(),
+            concurrency_key: None,
         }
     }
 

@@ -252,6 +252,7 @@ mod tests {
             started_at: 0,
             expires_at: None,
             owner_node: None,
+            keyed: false,
         })
     }
 

@@ -328,6 +328,7 @@ pub(crate) fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRo
         worker_id: None,
         expires_at: expires_at(now, new.timeouts.schedule_to_close_ms),
         headers: new.headers.clone(),
+        concurrency_key: new.concurrency_key.clone(),
     }
 }
 

@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::{lifecycle, store::Attempt};
+use crate::{
+    lifecycle,
+    store::{Attempt, concurrency},
+};
 
 /// A fresh, empty store of one backend, and what keeps it alive.
 struct Fixture {
@@ -109,6 +112,7 @@ conformance!(
     claim_takes_due_rows_by_priority_then_age,
     priority_ages_once_set_and_is_strict_again_when_unset,
     a_rate_limit_holds_claims_to_its_bucket,
+    a_concurrency_key_runs_at_most_its_limit,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -166,6 +170,7 @@ fn new(id: &str, ty: &str) -> NewActivity {
         timeouts: Timeouts::default(),
         priority: 0,
         headers: Default::default(),
+        concurrency_key: None,
     }
 }
 
@@ -415,6 +420,110 @@ async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _raw: &Raw) 
         at(T0 + 600).await,
         (2, vec![]),
         "no limit: the rest at once"
+    );
+}
+
+async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: &str, ty: &str, key: Option<&str>| {
+        let mut row = new(id, ty);
+        row.concurrency_key = key.map(str::to_owned);
+        row
+    };
+    let set = Op::SetConcurrencyLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        max_running: 2,
+    };
+    assert!(matches!(
+        one(store, set, T0).await,
+        Outcome::ConcurrencyLimitSet
+    ));
+    for i in 0..5 {
+        submit(store, keyed(&format!("a{i}"), "t", Some("k1"))).await;
+    }
+    submit(store, keyed("b0", "t", Some("k2"))).await;
+    submit(store, keyed("free0", "t", None)).await;
+    submit(store, keyed("free1", "t", None)).await;
+    submit(store, keyed("other", "u", Some("k1"))).await;
+    let running = |rows: &[ActivityRow], key: &str| {
+        rows.iter()
+            .filter(|r| r.concurrency_key.as_deref() == Some(key))
+            .count()
+    };
+
+    let first = claim(store, &["t", "u"], 20, T0).await;
+    assert_eq!(first.len(), 6, "two of k1, k2's one, both unkeyed, u's");
+    assert_eq!(
+        running(&first, "k1"),
+        2 + 1,
+        "two of t, and u's (not limited)"
+    );
+    let a: Vec<_> = first
+        .iter()
+        .filter(|r| r.key.activity_id.starts_with('a'))
+        .collect();
+    assert_eq!(
+        a.iter()
+            .map(|r| r.key.activity_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a0", "a1"],
+        "a key's rows in claim order"
+    );
+    assert!(claim(store, &["t"], 20, T0).await.is_empty(), "k1 is full");
+    let uses = store
+        .concurrency_limits(None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        uses,
+        [concurrency::ConcurrencyLimit {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            max_running: 2,
+            keys: 2,
+            running: 3,
+        }]
+    );
+
+    // A row that ends makes room; one that goes back to waiting too.
+    assert!(finish(store, a[0], output("done"), T0).await);
+    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into());
+    let retry = Transition::Retry {
+        next_at: T0 + 1_000,
+        error,
+    };
+    assert!(finish(store, a[1], retry, T0).await);
+    let next = claim(store, &["t"], 20, T0).await;
+    assert_eq!(
+        next.iter()
+            .map(|r| r.key.activity_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a2", "a3"]
+    );
+    assert!(
+        claim(store, &["t"], 20, T0 + 1_000).await.is_empty(),
+        "full again"
+    );
+
+    // Without a limit, a key holds nothing back.
+    let remove = Op::RemoveConcurrencyLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+    };
+    assert!(matches!(
+        one(store, remove, T0).await,
+        Outcome::ConcurrencyLimitRemoved(true)
+    ));
+    let mut rest: Vec<_> = claim(store, &["t"], 20, T0 + 1_000)
+        .await
+        .into_iter()
+        .map(|r| r.key.activity_id.to_string())
+        .collect();
+    rest.sort();
+    assert_eq!(rest, ["a1", "a4"]);
+    assert_eq!(
+        get(store, "a4").await.concurrency_key.as_deref(),
+        Some("k1")
     );
 }
 
@@ -1557,6 +1666,11 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
                     } else {
                         Default::default()
                     },
+                    concurrency_key: if priority % 3 == 0 {
+                        format!("customer-{priority}")
+                    } else {
+                        String::new()
+                    },
                 }
             },
         );
@@ -1644,6 +1758,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             row.expires_at,
             row.status,
             &row.headers,
+            &row.concurrency_key,
         );
         let sent = (
             &new.key,
@@ -1656,6 +1771,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             change::expires_at(T0, new.timeouts.schedule_to_close_ms),
             ActivityStatus::Scheduled,
             &asked.headers.clone().into_iter().collect::<Headers>(),
+            &Some(asked.concurrency_key.clone()).filter(|k| !k.is_empty()),
         );
         assert_eq!(read_back, sent, "case {case}: {shown}");
         stored += 1;

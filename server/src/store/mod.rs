@@ -22,7 +22,7 @@ macro_rules! columns {
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, output_type, output, error_kind, error_type, error_message, error_details_type, \
          error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
-         finished_at, lease_expires_at, worker_id, expires_at, headers"
+         finished_at, lease_expires_at, worker_id, expires_at, headers, concurrency_key"
     };
 }
 
@@ -52,12 +52,13 @@ macro_rules! light_columns {
             " AS heartbeat_type, ",
             $null_blob,
             " AS heartbeat_details, created_at, next_at, started_at, finished_at, \
-             lease_expires_at, worker_id, expires_at, headers"
+             lease_expires_at, worker_id, expires_at, headers, concurrency_key"
         )
     };
 }
 
 mod change;
+pub mod concurrency;
 pub mod postgres;
 pub mod rate;
 mod rows;
@@ -227,6 +228,8 @@ pub struct NewActivity {
     pub priority: i32,
     /// Delivered with every attempt; validated at the edge.
     pub headers: Headers,
+    /// Rows sharing it run at most the type's concurrency limit at once.
+    pub concurrency_key: Option<String>,
 }
 
 /// An activity's headers, in key order.
@@ -258,6 +261,7 @@ pub struct ActivityRow {
     /// `schedule_to_close_ms`.
     pub expires_at: Option<UnixMillis>,
     pub headers: Headers,
+    pub concurrency_key: Option<String>,
 }
 
 impl ActivityRow {
@@ -363,6 +367,18 @@ pub enum Op {
         namespace: String,
         activity_type: String,
     },
+    /// Set (or replace) how many rows of each concurrency key of a namespace's
+    /// type may run at once. Outcome: `ConcurrencyLimitSet`.
+    SetConcurrencyLimit {
+        namespace: String,
+        activity_type: String,
+        max_running: u32,
+    },
+    /// Outcome: `ConcurrencyLimitRemoved`, true when there was one.
+    RemoveConcurrencyLimit {
+        namespace: String,
+        activity_type: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -398,6 +414,8 @@ pub enum Outcome {
     Expired(Vec<Key>),
     RateLimitSet,
     RateLimitRemoved(bool),
+    ConcurrencyLimitSet,
+    ConcurrencyLimitRemoved(bool),
 }
 
 /// The latest progress an attempt reported.
@@ -595,6 +613,13 @@ pub trait Store: Send + Sync + 'static {
         now: UnixMillis,
     ) -> Result<Vec<rate::RateLimitUse>, Error>;
 
+    /// The concurrency limits of `namespace` (all namespaces when `None`), sorted
+    /// by namespace and type, with their keys' use now.
+    async fn concurrency_limits(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<concurrency::ConcurrencyLimit>, Error>;
+
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. When that
     /// changes the setting, every waiting row is ranked again in the same
@@ -709,6 +734,7 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
         worker_id: Some(worker_id.to_owned()),
         expires_at: None,
         headers: Headers::new(),
+        concurrency_key: None,
     }
 }
 
@@ -741,6 +767,7 @@ pub(crate) fn new_activity_for_tests(activity_id: &str, activity_type: &str) -> 
         timeouts: Timeouts::default(),
         priority: 0,
         headers: Headers::new(),
+        concurrency_key: None,
     }
 }
 
@@ -786,6 +813,8 @@ pub struct Attempt {
     /// Set on a lost session's endings: only while the row is still this node's
     /// (`worker_node`), so an attempt another node took over is not ended here.
     pub owner_node: Option<Arc<str>>,
+    /// The row has a concurrency key: its ending makes room for another row.
+    pub keyed: bool,
 }
 
 impl Attempt {
@@ -802,6 +831,7 @@ impl Attempt {
             started_at: row.started_at.unwrap_or(row.created_at),
             expires_at: row.expires_at,
             owner_node: None,
+            keyed: row.concurrency_key.is_some(),
         }
     }
 

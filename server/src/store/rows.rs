@@ -182,10 +182,11 @@ mod col {
     pub const WORKER_ID: usize = 33;
     pub const EXPIRES_AT: usize = 34;
     pub const HEADERS: usize = 35;
+    pub const CONCURRENCY_KEY: usize = 36;
 }
 
 /// How many columns `columns!()` has: a statement may return more after them.
-pub(super) const COLUMNS: usize = col::HEADERS + 1;
+pub(super) const COLUMNS: usize = col::CONCURRENCY_KEY + 1;
 
 /// A result row read by column position: what every dialect's rows offer the one
 /// decoder. Each read is strict (a NULL in a required column, text that is not
@@ -318,6 +319,7 @@ pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
             }
             None => super::Headers::new(),
         },
+        concurrency_key: row.opt_text(col::CONCURRENCY_KEY)?,
     })
 }
 
@@ -462,5 +464,23 @@ pub(super) fn rate_limit_use(
             burst: count(4, "burst")?,
         },
         available: u32::try_from(bucket.available(super::rate::nanos(now))).unwrap_or(u32::MAX),
+    })
+}
+
+/// A concurrency limit and its use, from the columns of the dialects'
+/// `CONCURRENCY_LIMITS`: namespace, type, max_running, keys, running.
+pub(super) fn concurrency_limit(
+    row: &impl Columns,
+) -> Result<super::concurrency::ConcurrencyLimit, Error> {
+    let count = |i: usize| {
+        u64::try_from(row.int(i)?).map_err(|_| Error::Corrupt("a negative count".to_owned()))
+    };
+    Ok(super::concurrency::ConcurrencyLimit {
+        namespace: row.text(0)?,
+        activity_type: row.text(1)?,
+        max_running: u32::try_from(row.int(2)?)
+            .map_err(|_| Error::Corrupt("concurrency limit out of range".to_owned()))?,
+        keys: count(3)?,
+        running: count(4)?,
     })
 }

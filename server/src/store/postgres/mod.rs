@@ -96,6 +96,11 @@ fn migrator() -> Migrator {
             "rate_limits",
             include_str!("../migrations/postgres/0010_rate_limits.sql"),
         ),
+        migration(
+            11,
+            "concurrency_keys",
+            include_str!("../migrations/postgres/0011_concurrency_keys.sql"),
+        ),
     ])
 }
 
@@ -444,6 +449,19 @@ impl Store for PostgresStore {
             .await?;
         rows.iter()
             .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
+            .collect()
+    }
+
+    async fn concurrency_limits(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
+        let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
             .collect()
     }
 

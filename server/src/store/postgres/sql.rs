@@ -23,11 +23,15 @@ macro_rules! aging {
     };
 }
 
-/// Where a row of priority `$priority` goes in the claim order (`claim_band`).
+/// Where a row of priority `$priority` and concurrency key `$key` goes in the
+/// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
+/// the concurrency keys migration), so the claim of unkeyed rows stops before them.
 macro_rules! band {
-    ($priority:literal) => {
+    ($priority:literal, $key:literal) => {
         concat!(
             "CASE WHEN ",
+            $key,
+            " IS NULL THEN 0 ELSE 1099511627776 END + CASE WHEN ",
             aging!(),
             " > 0 THEN 0 ELSE -",
             $priority,
@@ -75,7 +79,7 @@ macro_rules! ending {
          error_details = CASE WHEN v.e_set_error THEN v.e_error_details ELSE a.error_details END, \
          attempt_outcome = CASE WHEN a.status = 2 THEN v.e_outcome ELSE a.attempt_outcome END, \
          attempt_ended_at = CASE WHEN a.status = 2 THEN v.e_ended_at ELSE a.attempt_ended_at END, \
-         claim_band = CASE WHEN v.e_next_at IS NULL THEN a.claim_band ELSE ", band!("a.priority"), " END, \
+         claim_band = CASE WHEN v.e_next_at IS NULL THEN a.claim_band ELSE ", band!("a.priority", "a.concurrency_key"), " END, \
          claim_rank = COALESCE(", rank!("v.e_next_at", "a.priority"), ", a.claim_rank)"
         )
     };
@@ -116,17 +120,17 @@ pub const INSERT: &str = concat!(
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers, claim_band, claim_rank) \
+     headers, concurrency_key, claim_band, claim_rank) \
      SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex, \
-            hd, ",
-    band!("pr"),
+            hd, ck, ",
+    band!("pr", "ck"),
     ", ",
     rank!("nx", "pr"),
     " FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
                  $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
                  $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
-                 $18::BIGINT[], $19::TEXT[]) \
-       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd) \
+                 $18::BIGINT[], $19::TEXT[], $20::TEXT[]) \
+       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
      RETURNING id, namespace, workflow_id, activity_id"
 );
@@ -158,8 +162,13 @@ pub const LOCK_BY_KEY: &str = concat!(
 /// claiming are skipped, not waited for.
 /// - `b`: the type's rate limit bucket (see `store::rate`), locked, so nodes
 ///   claiming the type take turns with it; no row when the type is not limited;
-/// - `c`: the rows claimed, no more than the bucket allows;
-/// - `s`: what they took from the bucket.
+/// - `kc`: the concurrency keys with rows waiting and room to run more, least
+///   recently served first, locked (one another node is serving is skipped);
+/// - `k`: rows of those keys, each key's room at most, in claim order;
+/// - `c`: rows without a key, for what is left;
+/// - `s`: what `k` and `c` took from the bucket.
+///
+/// Together no more than the bucket allows.
 macro_rules! claim_ctes {
     ($now:literal, $worker:literal, $lease:literal, $namespace:literal, $type:literal,
      $limit:literal, $identity:literal, $node:literal) => {
@@ -171,16 +180,43 @@ macro_rules! claim_ctes {
             " AND activity_type = ",
             $type,
             " FOR UPDATE), \
-             c AS (UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ",
+             kc AS (SELECT k.concurrency_key AS ck, COALESCE((SELECT max_running \
+                 FROM concurrency_limits AS l WHERE l.namespace = ",
+            $namespace,
+            " AND l.activity_type = ",
+            $type,
+            "), 2147483647) - k.running AS room FROM concurrency_keys AS k \
+               WHERE k.namespace = ",
+            $namespace,
+            " AND k.activity_type = ",
+            $type,
+            " AND k.waiting > 0 AND k.running < COALESCE((SELECT max_running \
+                 FROM concurrency_limits AS l WHERE l.namespace = ",
+            $namespace,
+            " AND l.activity_type = ",
+            $type,
+            "), 2147483647) ORDER BY k.served_at, k.concurrency_key LIMIT ",
+            $limit,
+            " FOR UPDATE OF k SKIP LOCKED), \
+             k AS (UPDATE activities SET ",
+            claimed!($now, $worker, $lease, $identity, $node),
+            " WHERE id = ANY(ARRAY(SELECT a.id FROM kc CROSS JOIN LATERAL (SELECT id \
+                 FROM activities WHERE namespace = ",
+            $namespace,
+            " AND activity_type = ",
+            $type,
+            " AND concurrency_key = kc.ck AND status = 1 AND next_at <= ",
             $now,
-            ", worker_id = ",
-            $worker,
-            ", lease_expires_at = ",
-            $lease,
-            ", worker_identity = ",
-            $identity,
-            ", worker_node = ",
-            $node,
+            " AND (expires_at IS NULL OR expires_at > ",
+            $now,
+            ") ORDER BY claim_band, claim_rank, id LIMIT kc.room FOR UPDATE SKIP LOCKED) AS a \
+               LIMIT ",
+            allowed!($now, $limit),
+            ")) RETURNING ",
+            columns!(),
+            "), \
+             c AS (UPDATE activities SET ",
+            claimed!($now, $worker, $lease, $identity, $node),
             " WHERE id = ANY(ARRAY(SELECT id FROM activities \
                WHERE namespace = ",
             $namespace,
@@ -190,23 +226,60 @@ macro_rules! claim_ctes {
             $now,
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
-            ") \
-               ORDER BY claim_band, claim_rank, id LIMIT LEAST(",
+            ") AND claim_band < 1099511627776 \
+               ORDER BY claim_band, claim_rank, id LIMIT GREATEST(0, ",
+            allowed!($now, $limit),
+            " - (SELECT COUNT(*) FROM k)) FOR UPDATE SKIP LOCKED)) RETURNING ",
+            columns!(),
+            "), \
+             s AS (UPDATE rate_limits AS r SET tat_ns = b.base + ",
+            taken!(),
+            " * b.interval_ns FROM b WHERE r.namespace = ",
+            $namespace,
+            " AND r.activity_type = ",
+            $type,
+            " AND (EXISTS (SELECT 1 FROM k) OR EXISTS (SELECT 1 FROM c)))"
+        )
+    };
+}
+
+/// The `SET` clause of a claimed row.
+macro_rules! claimed {
+    ($now:literal, $worker:literal, $lease:literal, $identity:literal, $node:literal) => {
+        concat!(
+            "status = 2, attempt = attempt + 1, started_at = ",
+            $now,
+            ", worker_id = ",
+            $worker,
+            ", lease_expires_at = ",
+            $lease,
+            ", worker_identity = ",
+            $identity,
+            ", worker_node = ",
+            $node
+        )
+    };
+}
+
+/// How many rows the claim may take: `$limit`, or fewer if the bucket `b` says so.
+macro_rules! allowed {
+    ($now:literal, $limit:literal) => {
+        concat!(
+            "LEAST(",
             $limit,
             ", COALESCE((SELECT GREATEST(0, LEAST(burst, (",
             $now,
             " * 1000000 + burst * interval_ns - base) / interval_ns)) FROM b), ",
             $limit,
-            ")) FOR UPDATE SKIP LOCKED)) RETURNING ",
-            columns!(),
-            "), \
-             s AS (UPDATE rate_limits AS r SET tat_ns = b.base + (SELECT COUNT(*) FROM c) * b.interval_ns \
-               FROM b WHERE r.namespace = ",
-            $namespace,
-            " AND r.activity_type = ",
-            $type,
-            " AND EXISTS (SELECT 1 FROM c))"
+            "))"
         )
+    };
+}
+
+/// After `claim_ctes!`: the rows it took.
+macro_rules! taken {
+    () => {
+        "((SELECT COUNT(*) FROM k) + (SELECT COUNT(*) FROM c))"
     };
 }
 
@@ -214,7 +287,11 @@ macro_rules! claim_ctes {
 /// in nanoseconds); NULL when the type is not limited.
 macro_rules! refill {
     () => {
-        "(SELECT base + ((SELECT COUNT(*) FROM c) - burst + 1) * interval_ns FROM b)"
+        concat!(
+            "(SELECT base + (",
+            taken!(),
+            " - burst + 1) * interval_ns FROM b)"
+        )
     };
 }
 
@@ -225,9 +302,10 @@ macro_rules! refill {
 pub const CLAIM: &str = concat!(
     "WITH ",
     claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
-    " SELECT c.*, ",
+    " SELECT r.*, ",
     refill!(),
-    " FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
+    " FROM (SELECT 1) AS one \
+     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
 );
 
 /// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
@@ -268,9 +346,10 @@ pub const FINISH_AND_CLAIM: &str = concat!(
     finish!(),
     "), ",
     claim_ctes!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
-    " SELECT c.*, e.ended, ",
+    " SELECT r.*, e.ended, ",
     refill!(),
-    " FROM (SELECT array_agg(id) AS ended FROM f) AS e LEFT JOIN c ON TRUE"
+    " FROM (SELECT array_agg(id) AS ended FROM f) AS e \
+     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
 );
 
 /// Ends row `$15`, locked and found cancellable by the same transaction.
@@ -301,7 +380,7 @@ pub const REDRIVE: &str = concat!(
      finished_at = NULL, output_type = NULL, output = NULL, error_kind = NULL, \
      error_type = NULL, error_message = NULL, error_details_type = NULL, error_details = NULL, \
      expires_at = $3, claim_band = ",
-    band!("priority"),
+    band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("$2", "priority"),
     " WHERE id = $1 RETURNING ",
@@ -471,7 +550,7 @@ pub const SET_PRIORITY_AGING: &str =
 /// Puts every waiting row where the current setting ranks it.
 pub const RERANK: &str = concat!(
     "UPDATE activities SET claim_band = ",
-    band!("priority"),
+    band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("next_at", "priority"),
     " WHERE status = 1"
@@ -499,3 +578,22 @@ pub const REMOVE_RATE_LIMIT: &str =
 pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
        interval_ns, tat_ns FROM rate_limits WHERE $1::TEXT IS NULL OR namespace = $1 \
      ORDER BY namespace, activity_type";
+
+/// Sets the concurrency limit of type `$2` of namespace `$1` to `$3` running rows
+/// per key.
+pub const SET_CONCURRENCY_LIMIT: &str = "INSERT INTO concurrency_limits \
+       (namespace, activity_type, max_running) VALUES ($1, $2, $3) \
+     ON CONFLICT (namespace, activity_type) DO UPDATE SET max_running = excluded.max_running";
+
+pub const REMOVE_CONCURRENCY_LIMIT: &str =
+    "DELETE FROM concurrency_limits WHERE namespace = $1 AND activity_type = $2";
+
+/// The concurrency limits of namespace `$1` (of all, when NULL), in order, with
+/// how many keys of each have rows waiting or running, and how many run.
+pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max_running, \
+       (SELECT COUNT(*) FROM concurrency_keys AS k \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
+       (SELECT COALESCE(SUM(running), 0)::BIGINT FROM concurrency_keys AS k \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type) \
+     FROM concurrency_limits AS l WHERE $1::TEXT IS NULL OR l.namespace = $1 \
+     ORDER BY l.namespace, l.activity_type";

@@ -143,6 +143,30 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .await?;
             Ok(Outcome::RateLimitSet)
         }
+        Op::SetConcurrencyLimit {
+            namespace,
+            activity_type,
+            max_running,
+        } => {
+            sqlx::query(sql::SET_CONCURRENCY_LIMIT)
+                .bind(namespace)
+                .bind(activity_type)
+                .bind(i64::from(*max_running))
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::ConcurrencyLimitSet)
+        }
+        Op::RemoveConcurrencyLimit {
+            namespace,
+            activity_type,
+        } => {
+            let done = sqlx::query(sql::REMOVE_CONCURRENCY_LIMIT)
+                .bind(namespace)
+                .bind(activity_type)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::ConcurrencyLimitRemoved(done.rows_affected() > 0))
+        }
         Op::RemoveRateLimit {
             namespace,
             activity_type,
@@ -391,6 +415,11 @@ async fn insert(
         .bind(
             all.iter()
                 .map(|n| rows::encode_headers(&n.headers))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            all.iter()
+                .map(|n| n.concurrency_key.clone())
                 .collect::<Vec<_>>(),
         )
         .fetch_all(&mut *conn)

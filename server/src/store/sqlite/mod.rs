@@ -78,6 +78,11 @@ fn migrator() -> Migrator {
             "rate_limits",
             include_str!("../migrations/sqlite/0008_rate_limits.sql"),
         ),
+        migration(
+            9,
+            "concurrency_keys",
+            include_str!("../migrations/sqlite/0009_concurrency_keys.sql"),
+        ),
     ])
 }
 
@@ -265,6 +270,19 @@ impl Store for SqliteStore {
             .await?;
         rows.iter()
             .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
+            .collect()
+    }
+
+    async fn concurrency_limits(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
+        let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
             .collect()
     }
 

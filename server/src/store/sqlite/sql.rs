@@ -11,11 +11,15 @@ macro_rules! aging {
     };
 }
 
-/// Where a row of priority `$priority` goes in the claim order (`claim_band`).
+/// Where a row of priority `$priority` and concurrency key `$key` goes in the
+/// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
+/// the concurrency keys migration), so the claim of unkeyed rows stops before them.
 macro_rules! band {
-    ($priority:literal) => {
+    ($priority:literal, $key:literal) => {
         concat!(
             "CASE WHEN ",
+            $key,
+            " IS NULL THEN 0 ELSE 1099511627776 END + CASE WHEN ",
             aging!(),
             " > 0 THEN 0 ELSE -",
             $priority,
@@ -48,7 +52,7 @@ macro_rules! ending {
          attempt_outcome = CASE WHEN status = 2 THEN ?13 ELSE attempt_outcome END, \
          attempt_ended_at = CASE WHEN status = 2 THEN ?14 ELSE attempt_ended_at END, \
          claim_band = CASE WHEN ?2 IS NULL THEN claim_band ELSE ",
-            band!("priority"),
+            band!("priority", "concurrency_key"),
             " END, \
          claim_rank = COALESCE(",
             rank!("?2", "priority"),
@@ -70,10 +74,10 @@ pub const INSERT: &str = concat!(
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers, claim_band, claim_rank) \
+     headers, concurrency_key, claim_band, claim_rank) \
      VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
-             ?19, ",
-    band!("?13"),
+             ?19, ?20, ",
+    band!("?13", "?20"),
     ", ",
     rank!("?17", "?13"),
     ") ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id"
@@ -100,11 +104,56 @@ pub const CLAIM: &str = concat!(
      worker_node = ?8 \
      WHERE id IN (SELECT id FROM activities \
        WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
-         AND (expires_at IS NULL OR expires_at > ?1) \
+         AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 1099511627776 \
        ORDER BY claim_band, claim_rank, id LIMIT ?6) \
      RETURNING ",
     columns!()
 );
+
+/// [`CLAIM`] of the rows of concurrency key `?9` (see the `0009_concurrency_keys`
+/// migration), in claim order.
+pub const CLAIM_KEYED: &str = concat!(
+    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+     worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
+     worker_node = ?8 \
+     WHERE id IN (SELECT id FROM activities INDEXED BY activities_keyed \
+       WHERE namespace = ?4 AND activity_type = ?5 AND concurrency_key = ?9 AND status = 1 \
+         AND next_at <= ?1 AND (expires_at IS NULL OR expires_at > ?1) \
+       ORDER BY claim_band, claim_rank, id LIMIT ?6) \
+     RETURNING ",
+    columns!()
+);
+
+/// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting
+/// and room to run more, least recently served first, with that room.
+pub const READY_KEYS: &str = "SELECT concurrency_key, room FROM (\
+       SELECT k.concurrency_key, k.served_at, \
+         COALESCE((SELECT max_running FROM concurrency_limits AS l \
+                   WHERE l.namespace = ?1 AND l.activity_type = ?2), 2147483647) - k.running \
+           AS room \
+       FROM concurrency_keys AS k INDEXED BY concurrency_keys_ready \
+       WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
+       ORDER BY k.served_at, k.concurrency_key) \
+     WHERE room > 0 LIMIT ?3";
+
+/// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows
+/// per key.
+pub const SET_CONCURRENCY_LIMIT: &str = "INSERT INTO concurrency_limits \
+       (namespace, activity_type, max_running) VALUES (?1, ?2, ?3) \
+     ON CONFLICT (namespace, activity_type) DO UPDATE SET max_running = excluded.max_running";
+
+pub const REMOVE_CONCURRENCY_LIMIT: &str =
+    "DELETE FROM concurrency_limits WHERE namespace = ?1 AND activity_type = ?2";
+
+/// The concurrency limits of namespace `?1` (of all, when NULL), in order, with
+/// how many keys of each have rows waiting or running, and how many run.
+pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max_running, \
+       (SELECT COUNT(*) FROM concurrency_keys AS k \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
+       (SELECT COALESCE(SUM(running), 0) FROM concurrency_keys AS k \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type) \
+     FROM concurrency_limits AS l WHERE ?1 IS NULL OR l.namespace = ?1 \
+     ORDER BY l.namespace, l.activity_type";
 
 /// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
 /// lease expired before then; with `?18`, only while it is that node's).
@@ -139,7 +188,7 @@ pub const REDRIVE: &str = concat!(
      finished_at = NULL, output_type = NULL, output = NULL, error_kind = NULL, \
      error_type = NULL, error_message = NULL, error_details_type = NULL, error_details = NULL, \
      expires_at = ?3, claim_band = ",
-    band!("priority"),
+    band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("?2", "priority"),
     " WHERE id = ?1 RETURNING ",
@@ -301,7 +350,7 @@ pub const SET_PRIORITY_AGING: &str =
 /// Puts every waiting row where the current setting ranks it.
 pub const RERANK: &str = concat!(
     "UPDATE activities SET claim_band = ",
-    band!("priority"),
+    band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("next_at", "priority"),
     " WHERE status = 1"

@@ -179,6 +179,29 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             .and_then(Query::execute)
             .map(|_| Outcome::RateLimitSet)
             .map_err(sqlite),
+        Op::SetConcurrencyLimit {
+            namespace,
+            activity_type,
+            max_running,
+        } => conn
+            .query(sql::SET_CONCURRENCY_LIMIT)
+            .map(|q| {
+                q.bind(namespace.as_str())
+                    .bind(activity_type.as_str())
+                    .bind(&i64::from(*max_running))
+            })
+            .and_then(Query::execute)
+            .map(|_| Outcome::ConcurrencyLimitSet)
+            .map_err(sqlite),
+        Op::RemoveConcurrencyLimit {
+            namespace,
+            activity_type,
+        } => conn
+            .query(sql::REMOVE_CONCURRENCY_LIMIT)
+            .map(|q| q.bind(namespace.as_str()).bind(activity_type.as_str()))
+            .and_then(Query::execute)
+            .map(|removed| Outcome::ConcurrencyLimitRemoved(removed > 0))
+            .map_err(sqlite),
         Op::RemoveRateLimit {
             namespace,
             activity_type,
@@ -293,7 +316,8 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
         .bind(&now)
         .bind(&new.next_at)
         .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms))
-        .bind(&rows::encode_headers(&new.headers));
+        .bind(&rows::encode_headers(&new.headers))
+        .bind(&new.concurrency_key.as_deref());
     Ok(if q.step().map_err(sqlite)? {
         Some(q.int(0))
     } else {
@@ -312,26 +336,37 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
         let bucket = bucket(conn, &claim.namespace, activity_type)?;
         let left = bucket.map_or(asked, |b| asked.min(b.available(now_ns)));
         let before = claimed.len();
+        // Rows with a concurrency key first, round the keys with room, then the
+        // rest (see the `0009_concurrency_keys` migration).
         if left > 0 {
-            let mut q = conn
-                .query(sql::CLAIM)
-                .map_err(sqlite)?
-                .bind(&now)
-                .bind(&*claim.worker_id)
-                .bind(&claim.lease_expires_at)
-                .bind(&*claim.namespace)
-                .bind(&**activity_type)
-                .bind(&left)
-                .bind(&*claim.identity)
-                .bind(&*claim.node);
-            while q.step().map_err(sqlite)? {
-                // An unreadable row stays RUNNING, undelivered, until its lease
-                // lapses; it must not stop every other claim.
-                match decode(&q) {
-                    Ok(row) => claimed.push(row),
-                    Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
+            for (key, room) in ready_keys(conn, &claim.namespace, activity_type, left)? {
+                let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
+                let limit = room.min(left - taken);
+                if limit <= 0 {
+                    break;
                 }
+                run_claim(
+                    conn,
+                    claim,
+                    activity_type,
+                    limit,
+                    Some(&key),
+                    now,
+                    &mut claimed,
+                )?;
             }
+        }
+        let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
+        if left > taken {
+            run_claim(
+                conn,
+                claim,
+                activity_type,
+                left - taken,
+                None,
+                now,
+                &mut claimed,
+            )?;
         }
         if let Some(bucket) = bucket {
             let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
@@ -358,6 +393,71 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
         rows: claimed,
         throttled,
     })
+}
+
+/// Claims up to `limit` due rows of one type, of concurrency key `key` or (`None`)
+/// without one, onto `claimed`.
+fn run_claim(
+    conn: &mut Connection,
+    claim: &Claim,
+    activity_type: &str,
+    limit: i64,
+    key: Option<&str>,
+    now: UnixMillis,
+    claimed: &mut Vec<ActivityRow>,
+) -> Result<(), Error> {
+    let q = conn
+        .query(if key.is_some() {
+            sql::CLAIM_KEYED
+        } else {
+            sql::CLAIM
+        })
+        .map_err(sqlite)?
+        .bind(&now)
+        .bind(&*claim.worker_id)
+        .bind(&claim.lease_expires_at)
+        .bind(&*claim.namespace)
+        .bind(activity_type)
+        .bind(&limit)
+        .bind(&*claim.identity)
+        .bind(&*claim.node);
+    let mut q = match key {
+        Some(key) => q.bind(key),
+        None => q,
+    };
+    while q.step().map_err(sqlite)? {
+        // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
+        // must not stop every other claim.
+        match decode(&q) {
+            Ok(row) => claimed.push(row),
+            Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
+        }
+    }
+    Ok(())
+}
+
+/// The concurrency keys of a namespace's type with rows waiting and room to run
+/// more, least recently served first (at most `limit`), with that room.
+fn ready_keys(
+    conn: &mut Connection,
+    namespace: &str,
+    activity_type: &str,
+    limit: i64,
+) -> Result<Vec<(String, i64)>, Error> {
+    let mut q = conn
+        .query(sql::READY_KEYS)
+        .map_err(sqlite)?
+        .bind(namespace)
+        .bind(activity_type)
+        .bind(&limit);
+    let mut keys = Vec::new();
+    while q.step().map_err(sqlite)? {
+        let key = q
+            .text(0)
+            .map_err(|_| Error::Corrupt("a concurrency key that is not UTF-8".to_owned()))?;
+        keys.push((key, q.int(1)));
+    }
+    Ok(keys)
 }
 
 /// The rate limit bucket of a namespace's type, if it has one.

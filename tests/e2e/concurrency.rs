@@ -1,0 +1,191 @@
+//! Concurrency keys: at most the type's limit of the activities sharing a key run
+//! at once, over all workers and nodes, and every one of them completes.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use spool_proto::v1::{self, ActivityStatus};
+
+use crate::harness::*;
+
+/// How many run now, and the most that ever ran at once.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicU32,
+    most: AtomicU32,
+}
+
+/// A worker with room for 10 whose activity of type `t` holds its slot 30 ms,
+/// counting how many of key `k` run at once.
+fn counting_worker(server: &TestServer, keyed: Arc<Gauge>) -> WorkerGuard {
+    server.worker(move |w| {
+        w.max_concurrency(10).activity("t", move |_, input| {
+            let keyed = keyed.clone();
+            async move {
+                let is_keyed = input.data.starts_with(br#"{"id":"k"#);
+                if is_keyed {
+                    let now = keyed.now.fetch_add(1, Ordering::SeqCst) + 1;
+                    keyed.most.fetch_max(now, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                if is_keyed {
+                    keyed.now.fetch_sub(1, Ordering::SeqCst);
+                }
+                spool_worker::json(&"done")
+            }
+        })
+    })
+}
+
+async fn limit_two(server: &TestServer) {
+    let set = server
+        .admin()
+        .await
+        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+            concurrency_limit: Some(v1::ConcurrencyLimit {
+                activity_type: "t".into(),
+                max_running: 2,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limit
+        .unwrap();
+    assert_eq!((set.namespace.as_str(), set.max_running), ("default", 2));
+}
+
+/// 20 rows of key "customer-1" and 10 without a key; all complete.
+async fn submit_and_wait(server: &TestServer) {
+    let mut client = server.client().await;
+    let activities = (0..20)
+        .map(|i| {
+            let mut req = request("t", "wf", &format!("k{i}"));
+            req.concurrency_key = "customer-1".into();
+            req
+        })
+        .chain((0..10).map(|i| request("t", "wf", &format!("free{i}"))))
+        .collect();
+    client
+        .submit_batch(v1::SubmitBatchRequest { activities })
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let done = wait(&mut client, key("wf", &format!("k{i}"))).await;
+        assert_eq!(status(&done), ActivityStatus::Completed);
+        assert_eq!(done.concurrency_key, "customer-1");
+    }
+    for i in 0..10 {
+        let done = wait(&mut client, key("wf", &format!("free{i}"))).await;
+        assert_eq!(status(&done), ActivityStatus::Completed);
+    }
+}
+
+#[tokio::test]
+async fn a_key_never_runs_more_than_its_limit() {
+    let server = TestServer::start().await;
+    limit_two(&server).await;
+    let keyed = Arc::new(Gauge::default());
+    let _worker = counting_worker(&server, keyed.clone());
+    server.await_workers(1).await;
+    submit_and_wait(&server).await;
+    assert_eq!(
+        keyed.most.load(Ordering::SeqCst),
+        2,
+        "at most 2 at once, and the limit was used"
+    );
+    let limits = server
+        .admin()
+        .await
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits;
+    assert_eq!(
+        (limits.len(), limits[0].keys, limits[0].running),
+        (1, 0, 0),
+        "a key with nothing left is forgotten"
+    );
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn two_nodes_keep_one_limit() {
+    let database = postgres_schema().await;
+    let a = TestServer::start_on_database(&database).await;
+    let b = TestServer::start_on_database(&database).await;
+    limit_two(&a).await;
+    let keyed = Arc::new(Gauge::default());
+    let _on_a = counting_worker(&a, keyed.clone());
+    let _on_b = counting_worker(&b, keyed.clone());
+    a.await_workers(1).await;
+    b.await_workers(1).await;
+    submit_and_wait(&a).await;
+    assert_eq!(keyed.most.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn concurrency_limits_refuse_what_cannot_be_enforced() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    for (max_running, activity_type, says) in [
+        (0, "t", "max_running is 0"),
+        (2_000_000, "t", "max_running is 2000000"),
+        (2, "", "activity_type is required"),
+    ] {
+        let err = admin
+            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                concurrency_limit: Some(v1::ConcurrencyLimit {
+                    activity_type: activity_type.into(),
+                    max_running,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(says), "{}", err.message());
+    }
+    let mut client = server.client().await;
+    let mut bad = request("t", "wf", "x");
+    bad.concurrency_key = "a\u{7}b".into();
+    let err = client.submit(bad).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("concurrency_key"),
+        "{}",
+        err.message()
+    );
+
+    let delete = || v1::DeleteConcurrencyLimitRequest {
+        namespace: String::new(),
+        activity_type: "t".into(),
+    };
+    assert!(
+        !admin
+            .delete_concurrency_limit(delete())
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+    limit_two(&server).await;
+    assert!(
+        admin
+            .delete_concurrency_limit(delete())
+            .await
+            .unwrap()
+            .into_inner()
+            .deleted
+    );
+}
