@@ -113,6 +113,7 @@ conformance!(
     priority_ages_once_set_and_is_strict_again_when_unset,
     a_rate_limit_holds_claims_to_its_bucket,
     a_concurrency_key_runs_at_most_its_limit,
+    keys_share_a_claim_and_take_turns,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -525,6 +526,36 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
         get(store, "a4").await.concurrency_key.as_deref(),
         Some("k1")
     );
+}
+
+async fn keys_share_a_claim_and_take_turns(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: String, key: &str| {
+        let mut row = new(&id, "t");
+        row.concurrency_key = Some(key.to_owned());
+        row
+    };
+    for i in 0..10 {
+        submit(store, keyed(format!("a{i}"), "big")).await;
+    }
+    submit(store, keyed("b0".into(), "small")).await;
+    submit(store, keyed("b1".into(), "small")).await;
+    let keys = |rows: Vec<ActivityRow>| {
+        let mut keys: Vec<_> = rows
+            .iter()
+            .filter_map(|r| r.concurrency_key.clone())
+            .collect();
+        keys.sort();
+        keys
+    };
+    // Unlimited, a big backlog still takes only its share while others wait.
+    assert_eq!(
+        keys(claim(store, &["t"], 4, T0).await),
+        ["big", "big", "small", "small"]
+    );
+    submit(store, keyed("c0".into(), "new")).await;
+    // The key not served yet goes first.
+    assert_eq!(keys(claim(store, &["t"], 1, T0 + 1).await), ["new"]);
+    assert_eq!(keys(claim(store, &["t"], 3, T0 + 2).await), ["big"; 3]);
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.

@@ -164,7 +164,8 @@ pub const LOCK_BY_KEY: &str = concat!(
 ///   claiming the type take turns with it; no row when the type is not limited;
 /// - `kc`: the concurrency keys with rows waiting and room to run more, least
 ///   recently served first, locked (one another node is serving is skipped);
-/// - `k`: rows of those keys, each key's room at most, in claim order;
+/// - `k`: rows of those keys, each key's room at most, and an even share of the
+///   claim, in claim order;
 /// - `c`: rows without a key, for what is left;
 /// - `s`: what `k` and `c` took from the bucket.
 ///
@@ -209,7 +210,10 @@ macro_rules! claim_ctes {
             $now,
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
-            ") ORDER BY claim_band, claim_rank, id LIMIT kc.room FOR UPDATE SKIP LOCKED) AS a \
+            ") ORDER BY claim_band, claim_rank, id LIMIT LEAST(kc.room, (",
+            allowed!($now, $limit),
+            " + (SELECT COUNT(*) FROM kc) - 1) / (SELECT COUNT(*) FROM kc)) \
+                 FOR UPDATE SKIP LOCKED) AS a \
                LIMIT ",
             allowed!($now, $limit),
             ")) RETURNING ",

@@ -339,9 +339,13 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
         // Rows with a concurrency key first, round the keys with room, then the
         // rest (see the `0009_concurrency_keys` migration).
         if left > 0 {
-            for (key, room) in ready_keys(conn, &claim.namespace, activity_type, left)? {
+            let keys = ready_keys(conn, &claim.namespace, activity_type, left)?;
+            // An even share each, so one key's backlog does not take every slot.
+            let count = i64::try_from(keys.len()).unwrap_or(i64::MAX).max(1);
+            let share = (left + count - 1) / count;
+            for (key, room) in keys {
                 let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
-                let limit = room.min(left - taken);
+                let limit = room.min(share).min(left - taken);
                 if limit <= 0 {
                     break;
                 }
