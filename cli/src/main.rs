@@ -359,6 +359,17 @@ struct BenchArgs {
     /// watch the queue table level off on PostgreSQL (default: the server's).
     #[arg(long, value_parser = duration, conflicts_with = "server")]
     retention: Option<Duration>,
+    /// Spread the activities over this many concurrency keys, round robin.
+    #[arg(long, default_value_t = 0)]
+    keys: usize,
+    /// With --keys: a concurrency limit of this many running per key, on the
+    /// measured types.
+    #[arg(long, requires = "keys")]
+    key_limit: Option<u32>,
+    /// A rate limit of this many activities a second (burst as many), on the
+    /// measured types.
+    #[arg(long)]
+    rate_limit: Option<u32>,
 }
 
 #[derive(clap::Args)]
@@ -904,6 +915,9 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         phases: args.phases,
         nodes: args.nodes,
         retention: args.retention,
+        keys: args.keys,
+        key_limit: args.key_limit,
+        rate_limit: args.rate_limit,
     };
     let report = bench::run(options).await?;
     if json {

@@ -25,7 +25,9 @@ mod cpu;
 mod nodes;
 mod queue_table;
 
-use spool_proto::v1::{self, activity_service_client::ActivityServiceClient};
+use spool_proto::v1::{
+    self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
+};
 use spool_worker::{Payload, Worker};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +65,16 @@ pub struct Options {
     pub nodes: usize,
     /// The started servers' retention of finished rows (default: theirs).
     pub retention: Option<Duration>,
+    /// Concurrency keys the activities are spread over, round robin (0: none).
+    pub keys: usize,
+    /// With `keys`: activities of one key running at once, on every measured type.
+    pub key_limit: Option<u32>,
+    /// Activities a second, on every measured type (burst: as many).
+    pub rate_limit: Option<u32>,
 }
+
+/// The types the phases measure: limits apply to these.
+const MEASURED: [&str; 3] = ["bench.drain", "bench.latency", "bench.e2e"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -197,6 +208,10 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
     }
     let _idle = idle.drop_guard();
     report["idle_workers"] = options.idle_workers.into();
+    bench.set_limits().await?;
+    report["keys"] = options.keys.into();
+    report["key_limit"] = options.key_limit.into();
+    report["rate_limit"] = options.rate_limit.into();
     if options.preload > 0 {
         let started = Instant::now();
         bench
@@ -385,8 +400,48 @@ impl Bench {
             activity_id: i.to_string(),
             activity_type: activity_type.to_owned(),
             input: Some(self.input()),
+            concurrency_key: match self.options.keys {
+                0 => String::new(),
+                keys => format!("key-{}", i % keys),
+            },
             ..Default::default()
         }
+    }
+
+    /// Sets the limits the options ask for on every measured type.
+    async fn set_limits(&self) -> Result<(), Error> {
+        let mut admin = AdminServiceClient::new(self.channels[0].clone());
+        for activity_type in MEASURED {
+            if let Some(max_running) = self.options.key_limit {
+                let limit = v1::ConcurrencyLimit {
+                    namespace: NAMESPACE.to_owned(),
+                    activity_type: activity_type.to_owned(),
+                    max_running,
+                    ..Default::default()
+                };
+                admin
+                    .set_concurrency_limit(self.request(v1::SetConcurrencyLimitRequest {
+                        concurrency_limit: Some(limit),
+                    }))
+                    .await?;
+            }
+            if let Some(per_second) = self.options.rate_limit {
+                let limit = v1::RateLimit {
+                    namespace: NAMESPACE.to_owned(),
+                    activity_type: activity_type.to_owned(),
+                    limit: per_second,
+                    period: Some(spool_proto::duration::to_proto(Duration::from_secs(1))),
+                    burst: per_second,
+                    available: 0,
+                };
+                admin
+                    .set_rate_limit(self.request(v1::SetRateLimitRequest {
+                        rate_limit: Some(limit),
+                    }))
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     async fn completed(&self) -> Result<u64, Error> {

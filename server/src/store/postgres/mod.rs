@@ -101,6 +101,11 @@ fn migrator() -> Migrator {
             "concurrency_keys",
             include_str!("../migrations/postgres/0011_concurrency_keys.sql"),
         ),
+        migration(
+            12,
+            "keyed_claims",
+            include_str!("../migrations/postgres/0012_keyed_claims.sql"),
+        ),
     ])
 }
 

@@ -83,6 +83,11 @@ fn migrator() -> Migrator {
             "concurrency_keys",
             include_str!("../migrations/sqlite/0009_concurrency_keys.sql"),
         ),
+        migration(
+            10,
+            "keyed_claims",
+            include_str!("../migrations/sqlite/0010_keyed_claims.sql"),
+        ),
     ])
 }
 

@@ -124,6 +124,22 @@ pub const CLAIM_KEYED: &str = concat!(
     columns!()
 );
 
+/// [`CLAIM_KEYED`] of one row of each concurrency key in the JSON array `?9`, at
+/// most `?6`: one statement where a claim serves many keys.
+pub const CLAIM_KEYED_ROUND: &str = concat!(
+    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
+     worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
+     worker_node = ?8 \
+     WHERE id IN (SELECT (SELECT a.id FROM activities AS a INDEXED BY activities_keyed \
+         WHERE a.namespace = ?4 AND a.activity_type = ?5 AND a.concurrency_key = r.value \
+           AND a.status = 1 AND a.next_at <= ?1 \
+           AND (a.expires_at IS NULL OR a.expires_at > ?1) \
+         ORDER BY a.claim_band, a.claim_rank, a.id LIMIT 1) \
+       FROM json_each(?9) AS r LIMIT ?6) \
+     RETURNING ",
+    columns!()
+);
+
 /// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting
 /// and room to run more, least recently served first, with that room.
 pub const READY_KEYS: &str = "SELECT concurrency_key, room FROM (\

@@ -343,7 +343,15 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
             // An even share each, so one key's backlog does not take every slot.
             let count = i64::try_from(keys.len()).unwrap_or(i64::MAX).max(1);
             let share = (left + count - 1) / count;
-            for (key, room) in keys {
+            if share == 1 && count > 1 {
+                // A row each, from as many keys as there are slots: one statement.
+                let names: Vec<&str> = keys.iter().map(|(key, _)| key.as_str()).collect();
+                let names = serde_json::to_string(&names)
+                    .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
+                let rows = Rows::OneOfEach(&names);
+                run_claim(conn, claim, activity_type, left, rows, now, &mut claimed)?;
+            }
+            for (key, room) in keys.into_iter().filter(|_| share > 1 || count == 1) {
                 let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
                 let limit = room.min(share).min(left - taken);
                 if limit <= 0 {
@@ -354,7 +362,7 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
                     claim,
                     activity_type,
                     limit,
-                    Some(&key),
+                    Rows::OfKey(&key),
                     now,
                     &mut claimed,
                 )?;
@@ -367,7 +375,7 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
                 claim,
                 activity_type,
                 left - taken,
-                None,
+                Rows::Unkeyed,
                 now,
                 &mut claimed,
             )?;
@@ -399,23 +407,33 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
     })
 }
 
-/// Claims up to `limit` due rows of one type, of concurrency key `key` or (`None`)
-/// without one, onto `claimed`.
+/// Which rows of a type a claim statement takes.
+enum Rows<'a> {
+    /// Those without a concurrency key.
+    Unkeyed,
+    /// Those of one key.
+    OfKey(&'a str),
+    /// One of each key in this JSON array.
+    OneOfEach(&'a str),
+}
+
+/// Claims up to `limit` due rows of one type onto `claimed`.
 fn run_claim(
     conn: &mut Connection,
     claim: &Claim,
     activity_type: &str,
     limit: i64,
-    key: Option<&str>,
+    rows: Rows<'_>,
     now: UnixMillis,
     claimed: &mut Vec<ActivityRow>,
 ) -> Result<(), Error> {
+    let (statement, key) = match rows {
+        Rows::Unkeyed => (sql::CLAIM, None),
+        Rows::OfKey(key) => (sql::CLAIM_KEYED, Some(key)),
+        Rows::OneOfEach(keys) => (sql::CLAIM_KEYED_ROUND, Some(keys)),
+    };
     let q = conn
-        .query(if key.is_some() {
-            sql::CLAIM_KEYED
-        } else {
-            sql::CLAIM
-        })
+        .query(statement)
         .map_err(sqlite)?
         .bind(&now)
         .bind(&*claim.worker_id)
