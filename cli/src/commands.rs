@@ -718,6 +718,8 @@ pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
         "started_at": a.started_at.as_ref().map(format_time),
         "finished_at": a.finished_at.as_ref().map(format_time),
         "worker_id": a.worker_id,
+        "concurrency_key": a.concurrency_key,
+        "waiting_reason": a.waiting_reason,
     })
 }
 
@@ -731,7 +733,9 @@ fn activity_text(a: &v1::Activity) -> String {
     line("key", key_text(a.key.as_ref()));
     line("type", a.activity_type.clone());
     line("status", status_label(a.status));
+    line("waiting", a.waiting_reason.clone());
     line("attempt", attempt_text(a));
+    line("concurrency", a.concurrency_key.clone());
     line(
         "input",
         a.input

@@ -167,25 +167,63 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         err.message()
     );
 
+    // Get says why a due row waits.
+    limit_two(&server).await;
+    for id in ["c0", "c1", "c2"] {
+        let mut req = request("t", "wf", id);
+        req.concurrency_key = "c".into();
+        submit(&mut client, req).await;
+    }
+    let mut raw = RawWorker::connect(&server, &["t"], 5).await;
+    let held = [raw.task().await, raw.task().await];
+    let waiting = eventually("c2 held back", || {
+        let mut client = client.clone();
+        async move {
+            let c2 = get(&mut client, key("wf", "c2")).await;
+            (!c2.waiting_reason.is_empty()).then_some(c2)
+        }
+    })
+    .await;
+    assert_eq!(status(&waiting), ActivityStatus::Scheduled);
+    assert_eq!(
+        waiting.waiting_reason,
+        r#"concurrency limited: 2 of key "c" run, and t allows 2 per key"#
+    );
+    assert!(
+        held.iter().all(|t| t.activity_id != "c2"),
+        "the oldest two run"
+    );
+    let running = get(&mut client, key("wf", &held[0].activity_id)).await;
+    assert_eq!(
+        running.waiting_reason, "",
+        "only waiting rows have a reason"
+    );
+    let limits = admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits;
+    assert_eq!((limits[0].keys, limits[0].running), (1, 2));
+    drop(raw);
+
     let delete = || v1::DeleteConcurrencyLimitRequest {
         namespace: String::new(),
         activity_type: "t".into(),
     };
-    assert!(
-        !admin
-            .delete_concurrency_limit(delete())
-            .await
-            .unwrap()
-            .into_inner()
-            .deleted
-    );
-    limit_two(&server).await;
-    assert!(
+    let deleted = |d: v1::DeleteConcurrencyLimitResponse| d.deleted;
+    assert!(deleted(
         admin
             .delete_concurrency_limit(delete())
             .await
             .unwrap()
             .into_inner()
-            .deleted
-    );
+    ));
+    assert!(!deleted(
+        admin
+            .delete_concurrency_limit(delete())
+            .await
+            .unwrap()
+            .into_inner()
+    ));
 }

@@ -103,6 +103,16 @@ impl Store for Faulty {
     ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
         self.inner.concurrency_limits(namespace).await
     }
+    async fn concurrency_key(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        key: &str,
+    ) -> Result<Option<(u64, u64)>, store::Error> {
+        self.inner
+            .concurrency_key(namespace, activity_type, key)
+            .await
+    }
     async fn rate_limits(
         &self,
         namespace: Option<&str>,

@@ -95,12 +95,23 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
         RawWorker::connect(&server, &["t"], 200).await,
         times.clone(),
     );
+    // While the worker takes every row the bucket gives, a due row is held back
+    // by the rate limit, and Get says so.
+    let mut client = server.client().await;
+    eventually("a row held back by the rate limit", || {
+        let mut client = client.clone();
+        async move {
+            let last = get(&mut client, key("wf", "r999")).await;
+            (last.waiting_reason == "rate limited: t takes 50 per 1s, and none is left now")
+                .then_some(())
+        }
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(10_500)).await;
     worker.abort();
     assert_fifty_a_second(&times);
 
     // The rows held back wait: no attempt, no slot.
-    let mut client = server.client().await;
     let last = get(&mut client, key("wf", "r999")).await;
     assert_eq!(
         (status(&last), last.attempt),

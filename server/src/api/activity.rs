@@ -59,6 +59,44 @@ impl ActivityApi {
         }
     }
 
+    /// Why `row`, due and SCHEDULED, is not running, if a limit holds it back.
+    async fn waiting_reason(&self, row: &crate::store::ActivityRow) -> Result<String, Error> {
+        let store = &self.core.store;
+        let now = store.now();
+        if row.status != ActivityStatus::Scheduled || row.next_at > now {
+            return Ok(String::new());
+        }
+        let (namespace, activity_type) = (&row.key.namespace, &row.activity_type);
+        if let Some(key) = &row.concurrency_key
+            && let Some(limit) = store
+                .concurrency_limits(Some(namespace))
+                .await?
+                .into_iter()
+                .find(|l| &l.activity_type == activity_type)
+            && let Some((_, running)) = store.concurrency_key(namespace, activity_type, key).await?
+            && running >= u64::from(limit.max_running)
+        {
+            return Ok(format!(
+                "concurrency limited: {running} of key {key:?} run, and {activity_type} allows {} per key",
+                limit.max_running
+            ));
+        }
+        if let Some(limit) = store
+            .rate_limits(Some(namespace), now)
+            .await?
+            .into_iter()
+            .find(|l| &l.limit.activity_type == activity_type)
+            && limit.available == 0
+        {
+            return Ok(format!(
+                "rate limited: {activity_type} takes {} per {}, and none is left now",
+                limit.limit.per_period,
+                spool_proto::duration::format(limit.limit.period)
+            ));
+        }
+        Ok(String::new())
+    }
+
     async fn get_row(&self, key: &crate::store::Key) -> Result<crate::store::ActivityRow, Error> {
         self.core
             .store
@@ -162,7 +200,9 @@ impl ActivityService for ActivityApi {
             } else {
                 Vec::new()
             };
+            let waiting_reason = self.waiting_reason(&row).await?;
             let mut activity = crate::wire::activity(row);
+            activity.waiting_reason = waiting_reason;
             activity.history = history
                 .into_iter()
                 .map(crate::wire::attempt_record)

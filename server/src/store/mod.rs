@@ -620,6 +620,15 @@ pub trait Store: Send + Sync + 'static {
         namespace: Option<&str>,
     ) -> Result<Vec<concurrency::ConcurrencyLimit>, Error>;
 
+    /// The waiting and running rows of one concurrency key of a namespace's type;
+    /// `None` when it has neither.
+    async fn concurrency_key(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        key: &str,
+    ) -> Result<Option<(u64, u64)>, Error>;
+
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. When that
     /// changes the setting, every waiting row is ranked again in the same

@@ -470,6 +470,30 @@ impl Store for PostgresStore {
             .collect()
     }
 
+    async fn concurrency_key(
+        &self,
+        namespace: &str,
+        activity_type: &str,
+        key: &str,
+    ) -> Result<Option<(u64, u64)>, Error> {
+        let row = sqlx::query(sql::CONCURRENCY_KEY)
+            .bind(namespace)
+            .bind(activity_type)
+            .bind(key)
+            .fetch_optional(&self.readers)
+            .await?;
+        row.map(|r| {
+            let r = rows::Sqlx(&r);
+            let count = |i| {
+                rows::Columns::int(&r, i).and_then(|n| {
+                    u64::try_from(n).map_err(|_| Error::Corrupt("a negative count".to_owned()))
+                })
+            };
+            Ok((count(0)?, count(1)?))
+        })
+        .transpose()
+    }
+
     async fn set_priority_aging(
         &self,
         per_level: Option<std::time::Duration>,

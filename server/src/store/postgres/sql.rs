@@ -601,3 +601,8 @@ pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max
          WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type) \
      FROM concurrency_limits AS l WHERE $1::TEXT IS NULL OR l.namespace = $1 \
      ORDER BY l.namespace, l.activity_type";
+
+/// The waiting and running rows of concurrency key `$3` of type `$2` of
+/// namespace `$1`.
+pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys \
+     WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3";

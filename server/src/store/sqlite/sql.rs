@@ -405,3 +405,8 @@ pub const REMOVE_RATE_LIMIT: &str =
 pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
        interval_ns, tat_ns FROM rate_limits WHERE ?1 IS NULL OR namespace = ?1 \
      ORDER BY namespace, activity_type";
+
+/// The waiting and running rows of concurrency key `?3` of type `?2` of
+/// namespace `?1`.
+pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
