@@ -498,6 +498,7 @@ impl Commands {
                     serde_json::json!({
                         "namespace": l.namespace, "activity_type": l.activity_type,
                         "max_running": l.max_running, "keys": l.keys, "running": l.running,
+                        "strategy": strategy_label(l.strategy),
                     })
                 })
                 .collect();
@@ -511,6 +512,7 @@ impl Commands {
                     l.namespace.clone(),
                     l.activity_type.clone(),
                     l.max_running.to_string(),
+                    strategy_label(l.strategy),
                     l.keys.to_string(),
                     l.running.to_string(),
                 ]
@@ -518,7 +520,17 @@ impl Commands {
             .collect();
         print!(
             "{}",
-            table(&["NAMESPACE", "TYPE", "PER_KEY", "KEYS", "RUNNING"], &rows)
+            table(
+                &[
+                    "NAMESPACE",
+                    "TYPE",
+                    "PER_KEY",
+                    "STRATEGY",
+                    "KEYS",
+                    "RUNNING"
+                ],
+                &rows
+            )
         );
     }
 
@@ -677,6 +689,15 @@ fn error_kind_label(kind: i32) -> String {
 /// RFC 3339 in UTC (prost-types' rendering: the fraction only as long as needed).
 fn format_time(ts: &prost_types::Timestamp) -> String {
     ts.to_string()
+}
+
+fn strategy_label(code: i32) -> String {
+    match v1::ConcurrencyStrategy::try_from(code) {
+        Ok(v1::ConcurrencyStrategy::CancelNewest) => "cancel-newest",
+        Ok(v1::ConcurrencyStrategy::CancelInProgress) => "cancel-in-progress",
+        _ => "queue",
+    }
+    .to_owned()
 }
 
 fn payload_json(p: &v1::Payload) -> serde_json::Value {

@@ -196,6 +196,10 @@ struct ConcurrencyLimitSetArgs {
     /// Activities per concurrency key running at once.
     #[arg(long)]
     max: u32,
+    /// What happens beyond --max: queue (they wait), cancel-newest (new ones are
+    /// cancelled), cancel-in-progress (the oldest are cancelled for new ones).
+    #[arg(long, default_value = "queue", value_parser = ["queue", "cancel-newest", "cancel-in-progress"])]
+    strategy: String,
     /// The namespace (default: "default").
     #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
@@ -1061,6 +1065,11 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                 namespace: a.namespace,
                 activity_type: a.activity_type,
                 max_running: a.max,
+                strategy: match a.strategy.as_str() {
+                    "cancel-newest" => v1::ConcurrencyStrategy::CancelNewest,
+                    "cancel-in-progress" => v1::ConcurrencyStrategy::CancelInProgress,
+                    _ => v1::ConcurrencyStrategy::Queue,
+                } as i32,
                 ..Default::default()
             };
             connect(&a.client).await?.set_concurrency_limit(limit).await

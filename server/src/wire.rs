@@ -80,6 +80,15 @@ pub fn concurrency_limit(
         max_running: limit.max_running,
         keys: limit.keys,
         running: limit.running,
+        strategy: match limit.strategy {
+            crate::store::concurrency::Strategy::Queue => v1::ConcurrencyStrategy::Queue,
+            crate::store::concurrency::Strategy::CancelNewest => {
+                v1::ConcurrencyStrategy::CancelNewest
+            }
+            crate::store::concurrency::Strategy::CancelInProgress => {
+                v1::ConcurrencyStrategy::CancelInProgress
+            }
+        } as i32,
     }
 }
 

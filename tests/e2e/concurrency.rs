@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use spool_proto::v1::{self, ActivityStatus};
+use spool_proto::v1::{self, ActivityStatus, server_message};
 
 use crate::harness::*;
 
@@ -226,4 +226,89 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
             .unwrap()
             .into_inner()
     ));
+}
+
+#[tokio::test]
+async fn strategies_cancel_the_newest_or_the_oldest() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let limit = |strategy: v1::ConcurrencyStrategy| v1::SetConcurrencyLimitRequest {
+        concurrency_limit: Some(v1::ConcurrencyLimit {
+            activity_type: "t".into(),
+            max_running: 2,
+            strategy: strategy as i32,
+            ..Default::default()
+        }),
+    };
+    let mut client = server.client().await;
+    let submit_keyed = |id: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let mut req = request("t", "wf", id);
+            req.concurrency_key = "k".into();
+            submit(&mut client, req).await.activity.unwrap()
+        }
+    };
+
+    // Cancel newest: a third waiting one is cancelled as it comes, and says so.
+    admin
+        .set_concurrency_limit(limit(v1::ConcurrencyStrategy::CancelNewest))
+        .await
+        .unwrap();
+    submit_keyed("n0").await;
+    submit_keyed("n1").await;
+    let newest = submit_keyed("n2").await;
+    assert_eq!(status(&newest), ActivityStatus::Cancelled);
+    assert!(
+        newest
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.message.contains("(cancel newest)")),
+        "{newest:?}"
+    );
+
+    // Cancel in progress: the oldest running one is cancelled for the newcomer,
+    // and its worker is told to stop.
+    let mut raw = RawWorker::connect(&server, &["t"], 5).await;
+    let first = raw.task().await;
+    let second = raw.task().await;
+    let mut ran = [first.activity_id.clone(), second.activity_id.clone()];
+    ran.sort();
+    assert_eq!(ran, ["n0", "n1"]);
+    admin
+        .set_concurrency_limit(limit(v1::ConcurrencyStrategy::CancelInProgress))
+        .await
+        .unwrap();
+    let newcomer = submit_keyed("p0").await;
+    assert_eq!(status(&newcomer), ActivityStatus::Scheduled);
+    // The cancel of the oldest, and the newcomer in the room it left (in either
+    // order).
+    let (mut cancelled, mut started) = (None, None);
+    while cancelled.is_none() || started.is_none() {
+        match raw.next().await {
+            server_message::Message::Cancel(c) => cancelled = Some(c),
+            server_message::Message::Task(t) => started = Some(t),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (cancelled, started) = (cancelled.unwrap(), started.unwrap());
+    assert_eq!(cancelled.activity_id, "n0", "the oldest");
+    assert_eq!(started.activity_id, "p0", "the newcomer runs");
+    assert!(
+        cancelled.reason.contains("(cancel in progress)"),
+        "{}",
+        cancelled.reason
+    );
+    let oldest = get(&mut client, key("wf", "n0")).await;
+    assert_eq!(status(&oldest), ActivityStatus::Cancelled);
+    let listed = admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits;
+    assert_eq!(
+        listed[0].strategy,
+        v1::ConcurrencyStrategy::CancelInProgress as i32
+    );
 }

@@ -35,13 +35,46 @@ impl ActivityApi {
             .iter()
             .map(|n| (n.key.clone(), n.activity_type.clone()))
             .collect();
-        let mut outcomes = self.core.committer.commit(vec![Op::Submit(batch)]).await?;
-        match outcomes.pop() {
+        // Each key the batch adds to gets its type's concurrency strategy applied
+        // in the same transaction (a key over its limit may lose its newest or its
+        // oldest activities).
+        let keys: std::collections::BTreeSet<_> = batch
+            .iter()
+            .filter_map(|n| {
+                let key = n.concurrency_key.clone()?;
+                Some((n.key.namespace.clone(), n.activity_type.clone(), key))
+            })
+            .collect();
+        let mut ops = vec![Op::Submit(batch)];
+        ops.extend(keys.into_iter().map(|(namespace, activity_type, key)| {
+            Op::EnforceConcurrency {
+                namespace,
+                activity_type,
+                key,
+            }
+        }));
+        let mut outcomes = self.core.committer.commit(ops).await?.into_iter();
+        let submitted = outcomes.next();
+        let cancelled: std::collections::HashMap<_, _> = outcomes
+            .flat_map(|outcome| match outcome {
+                Outcome::Enforced(cancelled) => cancelled,
+                _ => Vec::new(),
+            })
+            .map(|(_, row)| (row.key.clone(), row))
+            .collect();
+        match submitted {
             Some(Outcome::Submitted(submitted)) => Ok(submitted
                 .into_iter()
-                .map(|s| v1::SubmitResponse {
-                    activity: Some(crate::wire::activity(s.row)),
-                    created: s.created,
+                .map(|s| {
+                    // One its own submit cancelled is answered as it now is.
+                    let row = match cancelled.get(&s.row.key) {
+                        Some(now) => now.clone(),
+                        None => s.row,
+                    };
+                    v1::SubmitResponse {
+                        activity: Some(crate::wire::activity(row)),
+                        created: s.created,
+                    }
                 })
                 .collect()),
             Some(Outcome::Conflict {

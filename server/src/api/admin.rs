@@ -136,13 +136,14 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::SetConcurrencyLimitRequest>,
     ) -> Result<Response<v1::SetConcurrencyLimitResponse>, Status> {
-        let (namespace, activity_type, max_running) =
+        let (namespace, activity_type, max_running, strategy) =
             validate::concurrency_limit(request.get_ref().concurrency_limit.clone())?;
         authorize(&request, Role::Admin, &namespace)?;
         let op = Op::SetConcurrencyLimit {
             namespace: namespace.clone(),
             activity_type: activity_type.clone(),
             max_running,
+            strategy,
         };
         match self.commit(op).await? {
             Outcome::ConcurrencyLimitSet => {}

@@ -189,11 +189,12 @@ pub fn rate_limit(limit: Option<v1::RateLimit>) -> Result<RateLimit, Error> {
     })
 }
 
-/// A concurrency limit to set: a named type and from 1 to
-/// [`concurrency::MAX_RUNNING`] running per key. Answers (namespace, type, limit).
+/// A concurrency limit to set: a named type, from 1 to
+/// [`concurrency::MAX_RUNNING`] running per key, a known strategy. Answers
+/// (namespace, type, limit, strategy).
 pub fn concurrency_limit(
     limit: Option<v1::ConcurrencyLimit>,
-) -> Result<(String, String, u32), Error> {
+) -> Result<(String, String, u32, concurrency::Strategy), Error> {
     let Some(limit) = limit else {
         return Err(invalid("concurrency_limit is required".to_owned()));
     };
@@ -206,7 +207,20 @@ pub fn concurrency_limit(
             concurrency::MAX_RUNNING
         )));
     }
-    Ok((namespace, limit.activity_type, limit.max_running))
+    let strategy = match v1::ConcurrencyStrategy::try_from(limit.strategy) {
+        Ok(v1::ConcurrencyStrategy::Unspecified | v1::ConcurrencyStrategy::Queue) => {
+            concurrency::Strategy::Queue
+        }
+        Ok(v1::ConcurrencyStrategy::CancelNewest) => concurrency::Strategy::CancelNewest,
+        Ok(v1::ConcurrencyStrategy::CancelInProgress) => concurrency::Strategy::CancelInProgress,
+        Err(_) => {
+            return Err(invalid(format!(
+                "concurrency_limit.strategy {} is not a ConcurrencyStrategy",
+                limit.strategy
+            )));
+        }
+    };
+    Ok((namespace, limit.activity_type, limit.max_running, strategy))
 }
 
 /// A client's duration: not negative, valid as protobuf, at most

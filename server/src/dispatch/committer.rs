@@ -516,32 +516,16 @@ impl Loop {
                     crate::metrics::result_refused()
                 }
                 (Op::Cancel { reason, .. }, Outcome::Cancelled { prior, row }) => {
-                    crate::metrics::cancelled();
-                    crate::metrics::attempt_ended(
-                        &row.key.namespace,
-                        &row.activity_type,
-                        store::AttemptOutcome::Cancelled,
-                        (*prior == ActivityStatus::Running)
-                            .then(|| row.started_at.map(|t| seconds(now.saturating_sub(t))))
-                            .flatten(),
-                        false,
-                    );
-                    self.finished(&row.key);
-                    if *prior == ActivityStatus::Running && row.concurrency_key.is_some() {
-                        self.came_due(&row.key.namespace, &row.activity_type, now, now);
-                    }
-                    if *prior == ActivityStatus::Running
-                        && let Some(worker_id) = &row.worker_id
-                    {
-                        // The worker may be connected here, or to another node.
-                        self.registry
-                            .cancel_running(worker_id, &row.key, row.attempt, reason);
-                        self.peers.tell(Event::Cancelled {
-                            worker_id: worker_id.clone(),
-                            key: row.key.clone(),
-                            attempt: row.attempt,
-                            reason: crate::limits::truncate(reason.clone(), MAX_EVENT_REASON),
-                        });
+                    self.cancelled(*prior, row, reason, now);
+                }
+                (Op::EnforceConcurrency { .. }, Outcome::Enforced(cancelled)) => {
+                    for (prior, row) in cancelled.iter() {
+                        let reason = row
+                            .last_error
+                            .as_ref()
+                            .map(|e| e.message.clone())
+                            .unwrap_or_default();
+                        self.cancelled(*prior, row, &reason, now);
                     }
                 }
                 (Op::Redrive { .. }, Outcome::Redriven { row }) => {
@@ -565,6 +549,44 @@ impl Loop {
             activity_type: activity_type.to_owned(),
             at,
         });
+    }
+
+    /// A committed cancel of `row`, which was `prior`: its waiters learn of it, and
+    /// a worker running it is told to stop, here or on another node.
+    fn cancelled(
+        &mut self,
+        prior: ActivityStatus,
+        row: &store::ActivityRow,
+        reason: &str,
+        now: UnixMillis,
+    ) {
+        crate::metrics::cancelled();
+        crate::metrics::attempt_ended(
+            &row.key.namespace,
+            &row.activity_type,
+            store::AttemptOutcome::Cancelled,
+            (prior == ActivityStatus::Running)
+                .then(|| row.started_at.map(|t| seconds(now.saturating_sub(t))))
+                .flatten(),
+            false,
+        );
+        self.finished(&row.key);
+        if prior == ActivityStatus::Running && row.concurrency_key.is_some() {
+            self.came_due(&row.key.namespace, &row.activity_type, now, now);
+        }
+        if prior == ActivityStatus::Running
+            && let Some(worker_id) = &row.worker_id
+        {
+            // The worker may be connected here, or to another node.
+            self.registry
+                .cancel_running(worker_id, &row.key, row.attempt, reason);
+            self.peers.tell(Event::Cancelled {
+                worker_id: worker_id.to_string(),
+                key: row.key.clone(),
+                attempt: row.attempt,
+                reason: crate::limits::truncate(reason.to_owned(), MAX_EVENT_REASON),
+            });
+        }
     }
 
     /// A committed change made the activity terminal: wake its waiters, here and

@@ -19,4 +19,51 @@ pub struct ConcurrencyLimit {
     pub keys: u64,
     /// Their RUNNING rows.
     pub running: u64,
+    pub strategy: Strategy,
+}
+
+/// What happens to a key's activities beyond its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// They wait until a running one ends.
+    #[default]
+    Queue,
+    /// The newest are cancelled as they come: at most the limit are ever waiting
+    /// or running.
+    CancelNewest,
+    /// The oldest, waiting or running, are cancelled to make room for the newest.
+    CancelInProgress,
+}
+
+impl Strategy {
+    /// As stored in `concurrency_limits.strategy`.
+    pub fn code(self) -> i64 {
+        match self {
+            Strategy::Queue => 0,
+            Strategy::CancelNewest => 1,
+            Strategy::CancelInProgress => 2,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(Strategy::Queue),
+            1 => Some(Strategy::CancelNewest),
+            2 => Some(Strategy::CancelInProgress),
+            _ => None,
+        }
+    }
+
+    /// Why an activity it cancelled was cancelled.
+    pub fn reason(self, key: &str, max_running: i64) -> String {
+        match self {
+            Strategy::Queue => String::new(),
+            Strategy::CancelNewest => format!(
+                "concurrency limit: {max_running} of key {key:?} were already waiting or running (cancel newest)"
+            ),
+            Strategy::CancelInProgress => format!(
+                "concurrency limit: newer activities of key {key:?} took its place, {max_running} at most (cancel in progress)"
+            ),
+        }
+    }
 }

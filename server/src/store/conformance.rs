@@ -114,6 +114,7 @@ conformance!(
     a_rate_limit_holds_claims_to_its_bucket,
     a_concurrency_key_runs_at_most_its_limit,
     keys_share_a_claim_and_take_turns,
+    concurrency_strategies_cancel_the_newest_or_the_oldest,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -434,6 +435,7 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
         namespace: "default".into(),
         activity_type: "t".into(),
         max_running: 2,
+        strategy: concurrency::Strategy::Queue,
     };
     assert!(matches!(
         one(store, set, T0).await,
@@ -483,6 +485,7 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
             max_running: 2,
             keys: 2,
             running: 3,
+            strategy: concurrency::Strategy::Queue,
         }]
     );
 
@@ -556,6 +559,80 @@ async fn keys_share_a_claim_and_take_turns(store: &dyn Store, _raw: &Raw) {
     // The key not served yet goes first.
     assert_eq!(keys(claim(store, &["t"], 1, T0 + 1).await), ["new"]);
     assert_eq!(keys(claim(store, &["t"], 3, T0 + 2).await), ["big"; 3]);
+}
+
+async fn concurrency_strategies_cancel_the_newest_or_the_oldest(store: &dyn Store, _raw: &Raw) {
+    let limit = |strategy| Op::SetConcurrencyLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        max_running: 2,
+        strategy,
+    };
+    // A submit and the strategy applied to its key, as the API commits them.
+    let submit_keyed = |id: &'static str| async move {
+        let mut row = new(id, "t");
+        row.concurrency_key = Some("k".into());
+        let enforce = Op::EnforceConcurrency {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            key: "k".into(),
+        };
+        let mut outcomes = apply(store, vec![Op::Submit(vec![row]), enforce], T0).await;
+        match outcomes.pop() {
+            Some(Outcome::Enforced(cancelled)) => cancelled
+                .into_iter()
+                .map(|(prior, row)| (prior, row.key.activity_id.to_string(), row.status))
+                .collect::<Vec<_>>(),
+            other => panic!("expected Enforced, got {other:?}"),
+        }
+    };
+    one(store, limit(concurrency::Strategy::CancelNewest), T0).await;
+    assert!(submit_keyed("a0").await.is_empty());
+    assert!(submit_keyed("a1").await.is_empty());
+    assert_eq!(
+        submit_keyed("a2").await,
+        [(
+            ActivityStatus::Scheduled,
+            "a2".to_owned(),
+            ActivityStatus::Cancelled
+        )],
+        "the newest goes"
+    );
+    let a2 = get(store, "a2").await;
+    assert!(
+        a2.last_error
+            .is_some_and(|e| e.message.contains("(cancel newest)")),
+        "it says why"
+    );
+    let running = claim(store, &["t"], 1, T0).await;
+    assert_eq!(running[0].key.activity_id, "a0");
+
+    one(store, limit(concurrency::Strategy::CancelInProgress), T0).await;
+    assert_eq!(
+        submit_keyed("a3").await,
+        [(
+            ActivityStatus::Running,
+            "a0".to_owned(),
+            ActivityStatus::Cancelled
+        )],
+        "the oldest goes, running or not"
+    );
+    assert_eq!(get(store, "a1").await.status, ActivityStatus::Scheduled);
+    assert_eq!(get(store, "a3").await.status, ActivityStatus::Scheduled);
+
+    one(store, limit(concurrency::Strategy::Queue), T0).await;
+    assert!(
+        submit_keyed("a4").await.is_empty(),
+        "the queue cancels nothing"
+    );
+    let uses = store
+        .concurrency_limits(Some("default"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (uses[0].strategy, uses[0].running, uses[0].keys),
+        (concurrency::Strategy::Queue, 0, 1)
+    );
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.

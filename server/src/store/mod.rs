@@ -373,11 +373,21 @@ pub enum Op {
         namespace: String,
         activity_type: String,
         max_running: u32,
+        strategy: concurrency::Strategy,
     },
     /// Outcome: `ConcurrencyLimitRemoved`, true when there was one.
     RemoveConcurrencyLimit {
         namespace: String,
         activity_type: String,
+    },
+    /// Apply the type's concurrency strategy to a key that may be over its limit
+    /// (after a submit): cancel its newest or its oldest activities beyond the
+    /// limit. Outcome: `Enforced`, what it cancelled (nothing for the queue
+    /// strategy, or within the limit).
+    EnforceConcurrency {
+        namespace: String,
+        activity_type: String,
+        key: String,
     },
 }
 
@@ -416,6 +426,8 @@ pub enum Outcome {
     RateLimitRemoved(bool),
     ConcurrencyLimitSet,
     ConcurrencyLimitRemoved(bool),
+    /// Each activity cancelled, with its status before.
+    Enforced(Vec<(ActivityStatus, ActivityRow)>),
 }
 
 /// The latest progress an attempt reported.

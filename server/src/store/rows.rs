@@ -468,7 +468,7 @@ pub(super) fn rate_limit_use(
 }
 
 /// A concurrency limit and its use, from the columns of the dialects'
-/// `CONCURRENCY_LIMITS`: namespace, type, max_running, keys, running.
+/// `CONCURRENCY_LIMITS`: namespace, type, max_running, keys, running, strategy.
 pub(super) fn concurrency_limit(
     row: &impl Columns,
 ) -> Result<super::concurrency::ConcurrencyLimit, Error> {
@@ -482,5 +482,7 @@ pub(super) fn concurrency_limit(
             .map_err(|_| Error::Corrupt("concurrency limit out of range".to_owned()))?,
         keys: count(3)?,
         running: count(4)?,
+        strategy: super::concurrency::Strategy::from_code(row.int(5)?)
+            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?,
     })
 }

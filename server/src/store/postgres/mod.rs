@@ -106,6 +106,11 @@ fn migrator() -> Migrator {
             "keyed_claims",
             include_str!("../migrations/postgres/0012_keyed_claims.sql"),
         ),
+        migration(
+            13,
+            "concurrency_strategies",
+            include_str!("../migrations/postgres/0013_concurrency_strategies.sql"),
+        ),
     ])
 }
 

@@ -22,7 +22,7 @@ use super::{decode, sql};
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Found},
-    rate, rows,
+    concurrency, rate, rows,
 };
 use spool_proto::time::UnixMillis;
 
@@ -147,15 +147,22 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             namespace,
             activity_type,
             max_running,
+            strategy,
         } => {
             sqlx::query(sql::SET_CONCURRENCY_LIMIT)
                 .bind(namespace)
                 .bind(activity_type)
                 .bind(i64::from(*max_running))
+                .bind(strategy.code())
                 .execute(&mut *conn)
                 .await?;
             Ok(Outcome::ConcurrencyLimitSet)
         }
+        Op::EnforceConcurrency {
+            namespace,
+            activity_type,
+            key,
+        } => enforce(conn, namespace, activity_type, key, now).await,
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
@@ -739,6 +746,53 @@ pub(super) async fn apply_one_statement(
         throttled,
     });
     Ok(outcomes)
+}
+
+/// `Op::EnforceConcurrency`: cancels the rows of `key` beyond its limit that its
+/// strategy picks (see `concurrency::Strategy`).
+async fn enforce(
+    conn: &mut PgConnection,
+    namespace: &str,
+    activity_type: &str,
+    key: &str,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let over: Option<(i64, i64)> = sqlx::query_as(sql::OVER_LIMIT)
+        .bind(namespace)
+        .bind(activity_type)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((max_running, code)) = over else {
+        return Ok(Outcome::Enforced(Vec::new()));
+    };
+    let strategy = concurrency::Strategy::from_code(code)
+        .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
+    let beyond = match strategy {
+        concurrency::Strategy::Queue => return Ok(Outcome::Enforced(Vec::new())),
+        concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
+        concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
+    };
+    let keys: Vec<(String, String)> = sqlx::query_as(beyond)
+        .bind(namespace)
+        .bind(activity_type)
+        .bind(key)
+        .bind(max_running)
+        .fetch_all(&mut *conn)
+        .await?;
+    let reason = strategy.reason(key, max_running);
+    let mut cancelled = Vec::new();
+    for (workflow_id, activity_id) in keys {
+        let key = Key {
+            namespace: namespace.to_owned(),
+            workflow_id,
+            activity_id,
+        };
+        if let Outcome::Cancelled { prior, row } = cancel(conn, &key, &reason, now).await? {
+            cancelled.push((prior, row));
+        }
+    }
+    Ok(Outcome::Enforced(cancelled))
 }
 
 async fn cancel(

@@ -88,6 +88,11 @@ fn migrator() -> Migrator {
             "keyed_claims",
             include_str!("../migrations/sqlite/0010_keyed_claims.sql"),
         ),
+        migration(
+            11,
+            "concurrency_strategies",
+            include_str!("../migrations/sqlite/0011_concurrency_strategies.sql"),
+        ),
     ])
 }
 

@@ -155,8 +155,9 @@ pub const READY_KEYS: &str = "SELECT concurrency_key, room FROM (\
 /// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows
 /// per key.
 pub const SET_CONCURRENCY_LIMIT: &str = "INSERT INTO concurrency_limits \
-       (namespace, activity_type, max_running) VALUES (?1, ?2, ?3) \
-     ON CONFLICT (namespace, activity_type) DO UPDATE SET max_running = excluded.max_running";
+       (namespace, activity_type, max_running, strategy) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (namespace, activity_type) DO UPDATE SET max_running = excluded.max_running, \
+       strategy = excluded.strategy";
 
 pub const REMOVE_CONCURRENCY_LIMIT: &str =
     "DELETE FROM concurrency_limits WHERE namespace = ?1 AND activity_type = ?2";
@@ -167,7 +168,7 @@ pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max
        (SELECT COUNT(*) FROM concurrency_keys AS k \
          WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
        (SELECT COALESCE(SUM(running), 0) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type) \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), l.strategy \
      FROM concurrency_limits AS l WHERE ?1 IS NULL OR l.namespace = ?1 \
      ORDER BY l.namespace, l.activity_type";
 
@@ -410,3 +411,35 @@ pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, peri
 /// namespace `?1`.
 pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys \
      WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+/// The limit and strategy of key `?3` of type `?2` of namespace `?1`, when it
+/// has more rows waiting and running than the limit and a strategy that cancels.
+pub const OVER_LIMIT: &str = "SELECT l.max_running, l.strategy FROM concurrency_limits AS l \
+       JOIN concurrency_keys AS k ON k.namespace = l.namespace \
+         AND k.activity_type = l.activity_type \
+     WHERE l.namespace = ?1 AND l.activity_type = ?2 AND k.concurrency_key = ?3 \
+       AND l.strategy > 0 AND k.waiting + k.running > l.max_running";
+
+/// The keys (workflow, activity) of the waiting and running rows of key `?3` of
+/// type `?2` of namespace `?1` after the first `?4`, oldest first (read
+/// along the keyed and the lease index, never the whole table).
+pub const ACTIVE_OF_KEY: &str = "SELECT workflow_id, activity_id FROM (\
+       SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_keyed \
+         WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
+           AND status = 1 \
+       UNION ALL \
+       SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_running \
+         WHERE status = 2 AND namespace = ?1 AND activity_type = ?2 \
+           AND concurrency_key = ?3) AS active \
+     ORDER BY id LIMIT -1 OFFSET ?4";
+
+/// [`ACTIVE_OF_KEY`] newest first.
+pub const ACTIVE_OF_KEY_NEWEST: &str = "SELECT workflow_id, activity_id FROM (\
+       SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_keyed \
+         WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
+           AND status = 1 \
+       UNION ALL \
+       SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_running \
+         WHERE status = 2 AND namespace = ?1 AND activity_type = ?2 \
+           AND concurrency_key = ?3) AS active \
+     ORDER BY id DESC LIMIT -1 OFFSET ?4";

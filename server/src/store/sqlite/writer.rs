@@ -22,7 +22,7 @@ use super::{
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Entry, Found},
-    rate,
+    concurrency, rate,
     rows::{self, encode_list},
 };
 
@@ -183,16 +183,23 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             namespace,
             activity_type,
             max_running,
+            strategy,
         } => conn
             .query(sql::SET_CONCURRENCY_LIMIT)
             .map(|q| {
                 q.bind(namespace.as_str())
                     .bind(activity_type.as_str())
                     .bind(&i64::from(*max_running))
+                    .bind(&strategy.code())
             })
             .and_then(Query::execute)
             .map(|_| Outcome::ConcurrencyLimitSet)
             .map_err(sqlite),
+        Op::EnforceConcurrency {
+            namespace,
+            activity_type,
+            key,
+        } => enforce(conn, namespace, activity_type, key, now),
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
@@ -592,6 +599,65 @@ fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Resul
             .map_err(sqlite)?;
     }
     Ok(recorded)
+}
+
+/// `Op::EnforceConcurrency`: cancels the rows of `key` beyond its limit that its
+/// strategy picks (see `concurrency::Strategy`).
+fn enforce(
+    conn: &mut Connection,
+    namespace: &str,
+    activity_type: &str,
+    key: &str,
+    now: UnixMillis,
+) -> Result<Outcome, Error> {
+    let over = {
+        let mut q = conn
+            .query(sql::OVER_LIMIT)
+            .map_err(sqlite)?
+            .bind(namespace)
+            .bind(activity_type)
+            .bind(key);
+        if q.step().map_err(sqlite)? {
+            Some((q.int(0), q.int(1)))
+        } else {
+            None
+        }
+    };
+    let Some((max_running, code)) = over else {
+        return Ok(Outcome::Enforced(Vec::new()));
+    };
+    let strategy = concurrency::Strategy::from_code(code)
+        .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
+    let beyond = match strategy {
+        concurrency::Strategy::Queue => return Ok(Outcome::Enforced(Vec::new())),
+        concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
+        concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
+    };
+    let mut keys = Vec::new();
+    {
+        let mut q = conn
+            .query(beyond)
+            .map_err(sqlite)?
+            .bind(namespace)
+            .bind(activity_type)
+            .bind(key)
+            .bind(&max_running);
+        while q.step().map_err(sqlite)? {
+            keys.push(Key {
+                namespace: namespace.to_owned(),
+                workflow_id: q.text(0)?,
+                activity_id: q.text(1)?,
+            });
+        }
+    }
+    let reason = strategy.reason(key, max_running);
+    let mut cancelled = Vec::new();
+    for key in keys {
+        if let Outcome::Cancelled { prior, row } = cancel(conn, &key, &reason, now)? {
+            cancelled.push((prior, row));
+        }
+    }
+    Ok(Outcome::Enforced(cancelled))
 }
 
 fn expire_scheduled(conn: &mut Connection, limit: u32, now: UnixMillis) -> Result<Vec<Key>, Error> {
