@@ -449,13 +449,7 @@ impl Commands {
             .client
             .delete_rate_limit(namespace, activity_type.clone())
             .await?;
-        if self.json {
-            print_json(&serde_json::json!({"deleted": deleted}));
-        } else if deleted {
-            println!("{activity_type}: no rate limit now");
-        } else {
-            println!("{activity_type} had no rate limit: nothing changed");
-        }
+        self.print_deleted(deleted, "rate limit", &activity_type);
         Ok(exit::OK)
     }
 
@@ -480,14 +474,19 @@ impl Commands {
             .client
             .delete_concurrency_limit(namespace, activity_type.clone())
             .await?;
+        self.print_deleted(deleted, "concurrency limit", &activity_type);
+        Ok(exit::OK)
+    }
+
+    /// What a delete of `activity_type`'s `what` did.
+    fn print_deleted(&self, deleted: bool, what: &str, activity_type: &str) {
         if self.json {
             print_json(&serde_json::json!({"deleted": deleted}));
         } else if deleted {
-            println!("{activity_type}: no concurrency limit now");
+            println!("{activity_type}: no {what} now");
         } else {
-            println!("{activity_type} had no concurrency limit: nothing changed");
+            println!("{activity_type} had no {what}: nothing changed");
         }
-        Ok(exit::OK)
     }
 
     fn print_concurrency_limits(&self, limits: &[v1::ConcurrencyLimit]) {

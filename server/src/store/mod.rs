@@ -57,6 +57,40 @@ macro_rules! light_columns {
     };
 }
 
+/// The one setting the claim order depends on (see the priority aging migration):
+/// how many milliseconds of waiting one level of priority is worth, 0 for strict
+/// priority. An uncorrelated subquery, run once a statement by either dialect.
+macro_rules! aging {
+    () => {
+        "(SELECT priority_aging_ms FROM dispatch_settings)"
+    };
+}
+
+/// Where a row of priority `$priority` and concurrency key `$key` goes in the
+/// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
+/// the concurrency keys migration), so the claim of unkeyed rows stops before them.
+macro_rules! band {
+    ($priority:literal, $key:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $key,
+            " IS NULL THEN 0 ELSE 1099511627776 END + CASE WHEN ",
+            aging!(),
+            " > 0 THEN 0 ELSE -",
+            $priority,
+            " END"
+        )
+    };
+}
+
+/// Where a row of priority `$priority` due at `$at` goes within its band
+/// (`claim_rank`); NULL when `$at` is.
+macro_rules! rank {
+    ($at:literal, $priority:literal) => {
+        concat!($at, " - ", $priority, " * ", aging!())
+    };
+}
+
 mod change;
 pub mod concurrency;
 pub mod postgres;

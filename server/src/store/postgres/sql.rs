@@ -14,40 +14,6 @@
 //! table against the subquery (a sequential scan per claim, growing with the
 //! table), while `ANY(ARRAY(…))` is always one index probe per picked id.
 
-/// The one setting the claim order depends on (see the `0008_priority_aging`
-/// migration): how many milliseconds of waiting one level of priority is worth,
-/// 0 for strict priority. An uncorrelated subquery: run once a statement.
-macro_rules! aging {
-    () => {
-        "(SELECT priority_aging_ms FROM dispatch_settings)"
-    };
-}
-
-/// Where a row of priority `$priority` and concurrency key `$key` goes in the
-/// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
-/// the concurrency keys migration), so the claim of unkeyed rows stops before them.
-macro_rules! band {
-    ($priority:literal, $key:literal) => {
-        concat!(
-            "CASE WHEN ",
-            $key,
-            " IS NULL THEN 0 ELSE 1099511627776 END + CASE WHEN ",
-            aging!(),
-            " > 0 THEN 0 ELSE -",
-            $priority,
-            " END"
-        )
-    };
-}
-
-/// Where a row of priority `$priority` due at `$at` goes within its band
-/// (`claim_rank`); NULL when `$at` is.
-macro_rules! rank {
-    ($at:literal, $priority:literal) => {
-        concat!($at, " - ", $priority, " * ", aging!())
-    };
-}
-
 /// The values of endings (`change::Ending`), one array each, bound as `$1`…`$14` in
 /// the order `write::Endings` binds them and named `e_*` (apart from the table's
 /// own columns); a statement's own arrays follow, named by `$extra`.
@@ -617,9 +583,12 @@ pub const OVER_LIMIT: &str = "SELECT l.max_running, l.strategy FROM concurrency_
        AND l.strategy > 0 AND k.waiting + k.running > l.max_running";
 
 /// The keys (workflow, activity) of the waiting and running rows of key `$3` of
-/// type `$2` of namespace `$1` after the first `$4`, oldest first (read
-/// along the keyed and the lease index, never the whole table).
-pub const ACTIVE_OF_KEY: &str = "SELECT workflow_id, activity_id FROM (\
+/// type `$2` of namespace `$1` after the first `$4`, in id order `$order`
+/// (read along the keyed and the lease index, never the whole table).
+macro_rules! active_of_key {
+    ($order:literal) => {
+        concat!(
+            "SELECT workflow_id, activity_id FROM (\
        SELECT id, workflow_id, activity_id FROM activities \
          WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3 \
            AND status = 1 \
@@ -627,15 +596,15 @@ pub const ACTIVE_OF_KEY: &str = "SELECT workflow_id, activity_id FROM (\
        SELECT id, workflow_id, activity_id FROM activities \
          WHERE status = 2 AND namespace = $1 AND activity_type = $2 \
            AND concurrency_key = $3) AS active \
-     ORDER BY id OFFSET $4";
+     ORDER BY id ",
+            $order,
+            " OFFSET $4"
+        )
+    };
+}
 
-/// [`ACTIVE_OF_KEY`] newest first.
-pub const ACTIVE_OF_KEY_NEWEST: &str = "SELECT workflow_id, activity_id FROM (\
-       SELECT id, workflow_id, activity_id FROM activities \
-         WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3 \
-           AND status = 1 \
-       UNION ALL \
-       SELECT id, workflow_id, activity_id FROM activities \
-         WHERE status = 2 AND namespace = $1 AND activity_type = $2 \
-           AND concurrency_key = $3) AS active \
-     ORDER BY id DESC OFFSET $4";
+/// `active_of_key!` oldest first.
+pub const ACTIVE_OF_KEY: &str = active_of_key!("ASC");
+
+/// `active_of_key!` newest first.
+pub const ACTIVE_OF_KEY_NEWEST: &str = active_of_key!("DESC");
