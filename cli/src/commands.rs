@@ -497,7 +497,7 @@ impl Commands {
                     serde_json::json!({
                         "namespace": l.namespace, "activity_type": l.activity_type,
                         "max_running": l.max_running, "keys": l.keys, "running": l.running,
-                        "strategy": strategy_label(l.strategy),
+                        "strategy": strategy_label(l.strategy), "held": l.held,
                     })
                 })
                 .collect();
@@ -514,6 +514,7 @@ impl Commands {
                     strategy_label(l.strategy),
                     l.keys.to_string(),
                     l.running.to_string(),
+                    l.held.to_string(),
                 ]
             })
             .collect();
@@ -526,7 +527,8 @@ impl Commands {
                     "PER_KEY",
                     "STRATEGY",
                     "KEYS",
-                    "RUNNING"
+                    "RUNNING",
+                    "HELD"
                 ],
                 &rows
             )

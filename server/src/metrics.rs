@@ -114,6 +114,22 @@ fn describe() {
         "spool_worker_slots",
         "Slots of connected worker sessions, state=used or free, by namespace and group (the types a session serves, joined by +)."
     );
+    describe_gauge!(
+        "spool_rate_limit_available",
+        "Rows a type's rate limit would let a claim take now."
+    );
+    describe_gauge!(
+        "spool_limit_held",
+        "Due SCHEDULED activities a limit holds back, limit=rate (the bucket is empty) or concurrency (their key is at its limit)."
+    );
+    describe_gauge!(
+        "spool_concurrency_keys",
+        "Concurrency keys of a limited type with activities waiting or running."
+    );
+    describe_gauge!(
+        "spool_concurrency_running",
+        "RUNNING activities with a concurrency key, of a limited type."
+    );
     describe_counter!(
         "spool_claims_throttled_total",
         "Claims a type's rate limit held back, by namespace and type."
@@ -275,6 +291,55 @@ pub fn type_counts(counts: &[TypeCounts], seen: &mut HashSet<(String, String)>) 
             .set(running as f64);
         metrics::gauge!("spool_dead_letters", "namespace" => ns.clone(), "activity_type" => ty.clone())
             .set(failed as f64);
+        seen.insert((ns, ty));
+    }
+}
+
+/// Sets the per-limit gauges: what each rate limit's bucket holds now and the due
+/// rows of its type while it holds none, and each concurrency limit's keys, their
+/// running rows and the rows held back at the limit. As with the types, a limit
+/// gone drops to zero.
+pub fn limits(
+    rate: &[crate::store::rate::RateLimitUse],
+    concurrency: &[crate::store::concurrency::ConcurrencyLimit],
+    counts: &[TypeCounts],
+    seen: &mut HashSet<(String, String)>,
+) {
+    // [available, rate-held, keys, running, concurrency-held]
+    let mut totals: std::collections::HashMap<(String, String), [u64; 5]> = Default::default();
+    for used in rate {
+        let (ns, ty) = (&used.limit.namespace, &used.limit.activity_type);
+        let due: u64 = counts
+            .iter()
+            .filter(|c| &c.namespace == ns && &c.activity_type == ty)
+            .map(|c| c.due)
+            .sum();
+        let t = totals.entry(labels(ns, ty)).or_default();
+        t[0] += u64::from(used.available);
+        t[1] += if used.available == 0 { due } else { 0 };
+    }
+    for limit in concurrency {
+        let t = totals
+            .entry(labels(&limit.namespace, &limit.activity_type))
+            .or_default();
+        t[2] += limit.keys;
+        t[3] += limit.running;
+        t[4] += limit.held;
+    }
+    for pair in seen.iter() {
+        totals.entry(pair.clone()).or_default();
+    }
+    for ((ns, ty), [available, rate_held, keys, running, held]) in totals {
+        metrics::gauge!("spool_rate_limit_available", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .set(available as f64);
+        metrics::gauge!("spool_limit_held", "namespace" => ns.clone(), "activity_type" => ty.clone(), "limit" => "rate")
+            .set(rate_held as f64);
+        metrics::gauge!("spool_limit_held", "namespace" => ns.clone(), "activity_type" => ty.clone(), "limit" => "concurrency")
+            .set(held as f64);
+        metrics::gauge!("spool_concurrency_keys", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .set(keys as f64);
+        metrics::gauge!("spool_concurrency_running", "namespace" => ns.clone(), "activity_type" => ty.clone())
+            .set(running as f64);
         seen.insert((ns, ty));
     }
 }

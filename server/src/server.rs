@@ -412,6 +412,7 @@ const OBSERVE_EVERY: Duration = Duration::from_secs(5);
 async fn observe(core: Arc<crate::dispatch::Core>, shutdown: CancellationToken) {
     let mut types = std::collections::HashSet::new();
     let mut groups = std::collections::HashSet::new();
+    let mut limited = std::collections::HashSet::new();
     let mut ticker = tokio::time::interval(OBSERVE_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -419,9 +420,27 @@ async fn observe(core: Arc<crate::dispatch::Core>, shutdown: CancellationToken) 
             _ = ticker.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        match core.store.type_counts(core.store.now()).await {
-            Ok(counts) => crate::metrics::type_counts(&counts, &mut types),
-            Err(e) => tracing::warn!(error = %e, "cannot count activities by type for metrics"),
+        let now = core.store.now();
+        let counts = match core.store.type_counts(now).await {
+            Ok(counts) => {
+                crate::metrics::type_counts(&counts, &mut types);
+                counts
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot count activities by type for metrics");
+                Vec::new()
+            }
+        };
+        match (
+            core.store.rate_limits(None, now).await,
+            core.store.concurrency_limits(None).await,
+        ) {
+            (Ok(rate), Ok(concurrency)) => {
+                crate::metrics::limits(&rate, &concurrency, &counts, &mut limited)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the limits for metrics")
+            }
         }
         crate::metrics::worker_slots(&core.registry.slots(), &mut groups);
     }

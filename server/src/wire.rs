@@ -80,6 +80,7 @@ pub fn concurrency_limit(
         max_running: limit.max_running,
         keys: limit.keys,
         running: limit.running,
+        held: limit.held,
         strategy: match limit.strategy {
             crate::store::concurrency::Strategy::Queue => v1::ConcurrencyStrategy::Queue,
             crate::store::concurrency::Strategy::CancelNewest => {

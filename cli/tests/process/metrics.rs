@@ -101,6 +101,34 @@ async fn each_family_reads_what_a_known_workload_did() {
     for id in ["i1", "i2", "i3"] {
         submit(&mut client, quick_retry_request("idle", id, 3)).await;
     }
+    // Limits on a type nobody serves: a full bucket, no keys in use.
+    let channel = tonic::transport::Channel::from_shared(server.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut admin = v1::admin_service_client::AdminServiceClient::new(channel);
+    admin
+        .set_rate_limit(v1::SetRateLimitRequest {
+            rate_limit: Some(v1::RateLimit {
+                activity_type: "idle".into(),
+                limit: 7,
+                period: Some(spool_proto::duration::to_proto(Duration::from_secs(1))),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("set a rate limit");
+    admin
+        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+            concurrency_limit: Some(v1::ConcurrencyLimit {
+                activity_type: "idle".into(),
+                max_running: 3,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("set a concurrency limit");
     client
         .cancel(v1::CancelRequest {
             key: Some(key("i3")),
@@ -123,7 +151,12 @@ async fn each_family_reads_what_a_known_workload_did() {
                 &[("activity_type", "idle"), ("state", "due")],
             );
             let dead = sample(&text, "spool_dead_letters", &[("activity_type", "poison")]);
-            (due == Some(2.0) && dead == Some(1.0)).then_some(text)
+            let available = sample(
+                &text,
+                "spool_rate_limit_available",
+                &[("activity_type", "idle")],
+            );
+            (due == Some(2.0) && dead == Some(1.0) && available == Some(7.0)).then_some(text)
         }
     })
     .await;
@@ -137,6 +170,10 @@ async fn each_family_reads_what_a_known_workload_did() {
         ("spool_run_seconds", "histogram"),
         ("spool_outcomes_total", "counter"),
         ("spool_worker_slots", "gauge"),
+        ("spool_rate_limit_available", "gauge"),
+        ("spool_limit_held", "gauge"),
+        ("spool_concurrency_keys", "gauge"),
+        ("spool_concurrency_running", "gauge"),
     ] {
         assert!(
             text.contains(&format!("# HELP {family} ")),
@@ -149,6 +186,21 @@ async fn each_family_reads_what_a_known_workload_did() {
     }
     let ns = ("namespace", "default");
     let of = |ty: &'static str| [ns, ("activity_type", ty)];
+    for limit in ["rate", "concurrency"] {
+        assert_eq!(
+            sample(
+                &text,
+                "spool_limit_held",
+                &[ns, ("activity_type", "idle"), ("limit", limit)]
+            ),
+            Some(0.0),
+            "a full bucket and no key hold nothing back: {text}"
+        );
+    }
+    assert_eq!(
+        sample(&text, "spool_concurrency_keys", &of("idle")),
+        Some(0.0)
+    );
     let outcome = |ty: &'static str, outcome: &'static str| {
         sample(
             &text,

@@ -20,6 +20,8 @@ pub struct ConcurrencyLimit {
     /// Their RUNNING rows.
     pub running: u64,
     pub strategy: Strategy,
+    /// SCHEDULED rows of keys at the limit: held back by it.
+    pub held: u64,
 }
 
 /// What happens to a key's activities beyond its limit.

@@ -486,6 +486,7 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
             keys: 2,
             running: 3,
             strategy: concurrency::Strategy::Queue,
+            held: 3,
         }]
     );
 

@@ -468,7 +468,8 @@ pub(super) fn rate_limit_use(
 }
 
 /// A concurrency limit and its use, from the columns of the dialects'
-/// `CONCURRENCY_LIMITS`: namespace, type, max_running, keys, running, strategy.
+/// `CONCURRENCY_LIMITS`: namespace, type, max_running, keys, running, strategy,
+/// held.
 pub(super) fn concurrency_limit(
     row: &impl Columns,
 ) -> Result<super::concurrency::ConcurrencyLimit, Error> {
@@ -484,5 +485,6 @@ pub(super) fn concurrency_limit(
         running: count(4)?,
         strategy: super::concurrency::Strategy::from_code(row.int(5)?)
             .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?,
+        held: count(6)?,
     })
 }

@@ -129,12 +129,16 @@ pub const REMOVE_CONCURRENCY_LIMIT: &str =
     "DELETE FROM concurrency_limits WHERE namespace = ?1 AND activity_type = ?2";
 
 /// The concurrency limits of namespace `?1` (of all, when NULL), in order, with
-/// how many keys of each have rows waiting or running, and how many run.
+/// how many keys of each have rows waiting or running, how many run, its
+/// strategy, and how many wait because their key is at the limit.
 pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max_running, \
        (SELECT COUNT(*) FROM concurrency_keys AS k \
          WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
        (SELECT COALESCE(SUM(running), 0) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), l.strategy \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), l.strategy, \
+       (SELECT COALESCE(SUM(waiting), 0) FROM concurrency_keys AS k \
+         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
+           AND k.running >= l.max_running) \
      FROM concurrency_limits AS l WHERE ?1 IS NULL OR l.namespace = ?1 \
      ORDER BY l.namespace, l.activity_type";
 
