@@ -365,6 +365,41 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
     );
     browser.shot("workers").await;
 
+    // Limits: each with its use now.
+    client
+        .set_rate_limit(v1::RateLimit {
+            activity_type: "emails".into(),
+            limit: 100,
+            period: Some(spool_proto::duration::to_proto(
+                std::time::Duration::from_secs(1),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a rate limit: {e}"));
+    client
+        .set_concurrency_limit(v1::ConcurrencyLimit {
+            activity_type: "charge".into(),
+            max_running: 2,
+            strategy: v1::ConcurrencyStrategy::CancelNewest as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a concurrency limit: {e}"));
+    browser
+        .find("#nav-limits")
+        .await
+        .click()
+        .await
+        .expect("nav");
+    let rate = browser.text("#rate-limits tr[data-type=\"emails\"]").await;
+    assert!(rate.contains("100 / 1s") && rate.contains("100"), "{rate}");
+    let keyed = browser
+        .text("#concurrency-limits tr[data-type=\"charge\"]")
+        .await;
+    assert!(keyed.contains("cancel newest"), "{keyed}");
+    browser.shot("limits").await;
+
     // Drain (admin only): drain, see it, resume.
     browser.find("#nav-drain").await.click().await.expect("nav");
     browser.find("[data-page=drain]").await;

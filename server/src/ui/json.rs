@@ -296,6 +296,53 @@ pub fn workers(listed: v1::ListWorkersResponse) -> serde_json::Value {
     serde_json::json!({ "draining": listed.draining, "workers": workers })
 }
 
+pub fn limits(
+    rate: v1::ListRateLimitsResponse,
+    concurrency: v1::ListConcurrencyLimitsResponse,
+) -> serde_json::Value {
+    let period = |p: Option<prost_types::Duration>| {
+        spool_proto::duration::from_proto(p.as_ref())
+            .ok()
+            .flatten()
+            .map(spool_proto::duration::format)
+    };
+    let rate: Vec<serde_json::Value> = rate
+        .rate_limits
+        .into_iter()
+        .map(|l| {
+            serde_json::json!({
+                "namespace": l.namespace,
+                "activity_type": l.activity_type,
+                "limit": l.limit,
+                "period": period(l.period),
+                "burst": l.burst,
+                "available": l.available,
+            })
+        })
+        .collect();
+    let concurrency: Vec<serde_json::Value> = concurrency
+        .concurrency_limits
+        .into_iter()
+        .map(|l| {
+            let strategy = match v1::ConcurrencyStrategy::try_from(l.strategy) {
+                Ok(v1::ConcurrencyStrategy::CancelNewest) => "cancel newest",
+                Ok(v1::ConcurrencyStrategy::CancelInProgress) => "cancel in progress",
+                _ => "queue",
+            };
+            serde_json::json!({
+                "namespace": l.namespace,
+                "activity_type": l.activity_type,
+                "max_running": l.max_running,
+                "strategy": strategy,
+                "keys": l.keys,
+                "running": l.running,
+                "held": l.held,
+            })
+        })
+        .collect();
+    serde_json::json!({ "rate_limits": rate, "concurrency_limits": concurrency })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

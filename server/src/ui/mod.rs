@@ -91,6 +91,7 @@ pub async fn serve(
         .route("/api/activities", get(activities))
         .route("/api/activity", get(activity))
         .route("/api/workers", get(workers))
+        .route("/api/limits", get(limits))
         .route("/api/retry", post(retry))
         .route("/api/cancel", post(cancel))
         .route("/api/drain", post(drain))
@@ -385,6 +386,39 @@ async fn workers(
         .map_err(from_status)?
         .into_inner();
     Ok(Json(json::workers(listed)).into_response())
+}
+
+/// The rate and concurrency limits of a namespace (every one the caller may read,
+/// when empty), with their use now.
+async fn limits(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Query(q): Query<NamespaceQuery>,
+) -> Answer {
+    let principal = caller(&ui, &headers)?;
+    let rate = ui
+        .admin
+        .list_rate_limits(request(
+            &principal,
+            v1::ListRateLimitsRequest {
+                namespace: q.namespace.clone(),
+            },
+        ))
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    let concurrency = ui
+        .admin
+        .list_concurrency_limits(request(
+            &principal,
+            v1::ListConcurrencyLimitsRequest {
+                namespace: q.namespace,
+            },
+        ))
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    Ok(Json(json::limits(rate, concurrency)).into_response())
 }
 
 #[derive(Deserialize)]

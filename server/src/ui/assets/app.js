@@ -321,6 +321,7 @@
     activity: pageActivity,
     "dead-letters": pageDeadLetters,
     workers: pageWorkers,
+    limits: pageLimits,
     drain: pageDrain,
   };
 
@@ -782,6 +783,48 @@
       el("td", { class: "slots" }, el("span", { class: "num" }, `${used} / ${max}`), " ", bar),
       el("td", {}, timeEl(w.connected_at)),
       el("td", {}, timeEl(w.last_seen_at)));
+  }
+
+  // ---- Page: limits ---------------------------------------------------------------
+
+  function pageLimits() {
+    const ns = state.namespace, live = liveCheck();
+    const rateBody = el("tbody", {}, messageRow(6, "Loading…", "loading muted"));
+    const keyBody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
+    const root = el("section", { "data-page": "limits" },
+      el("h1", {}, "Limits ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
+      el("h2", {}, "Rate limits"),
+      tableWrap(el("table", { id: "rate-limits" },
+        thead(["Namespace", "Type", ["Limit", "num"], ["Burst", "num"], ["Available now", "num"], ""]), rateBody)),
+      el("h2", {}, "Concurrency limits"),
+      tableWrap(el("table", { id: "concurrency-limits" },
+        thead(["Namespace", "Type", ["Per key", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)));
+
+    state.refresh = async () => {
+      const d = await api("/api/limits?" + qs({ namespace: ns }));
+      if (!live()) return false;
+      const rate = d.rate_limits || [], keyed = d.concurrency_limits || [];
+      patch(rateBody, rate, () => rate.length ? rate.map((l) =>
+        el("tr", { "data-type": l.activity_type },
+          el("td", {}, l.namespace),
+          el("td", {}, l.activity_type),
+          el("td", { class: "num" }, `${fmtNum(l.limit)} / ${l.period || "?"}`),
+          el("td", { class: "num" }, fmtNum(l.burst)),
+          el("td", { class: "num" }, fmtNum(l.available)),
+          el("td", { class: "muted" }, Number(l.available) === 0 ? "throttling" : ""))) :
+        [messageRow(6, "No rate limits. Set one with: spool rate-limit set TYPE --limit N --per 1s")]);
+      patch(keyBody, keyed, () => keyed.length ? keyed.map((l) =>
+        el("tr", { "data-type": l.activity_type },
+          el("td", {}, l.namespace),
+          el("td", {}, l.activity_type),
+          el("td", { class: "num" }, fmtNum(l.max_running)),
+          el("td", {}, l.strategy),
+          el("td", { class: "num" }, fmtNum(l.keys)),
+          el("td", { class: "num" }, fmtNum(l.running)),
+          el("td", { class: "num" }, fmtNum(l.held)))) :
+        [messageRow(7, "No concurrency limits. Set one with: spool concurrency-limit set TYPE --max N")]);
+    };
+    return root;
   }
 
   // ---- Page: drain ---------------------------------------------------------------
