@@ -374,6 +374,11 @@ struct BenchArgs {
     /// measured types.
     #[arg(long)]
     rate_limit: Option<u32>,
+    /// Before the latency phase, store this many rows of one concurrency key of
+    /// its type; the phase's own rows come with another key, and their pickup is
+    /// measured beside that backlog (fairness between keys).
+    #[arg(long, default_value_t = 0)]
+    backlog: usize,
 }
 
 #[derive(clap::Args)]
@@ -922,6 +927,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         keys: args.keys,
         key_limit: args.key_limit,
         rate_limit: args.rate_limit,
+        backlog: args.backlog,
     };
     let report = bench::run(options).await?;
     if json {

@@ -71,7 +71,15 @@ pub struct Options {
     pub key_limit: Option<u32>,
     /// Activities a second, on every measured type (burst: as many).
     pub rate_limit: Option<u32>,
+    /// Rows of one concurrency key ("tenant-a") stored before the latency phase,
+    /// of its type, while its own rows come with another key ("tenant-b"): how
+    /// long a newcomer waits beside another tenant's backlog.
+    pub backlog: usize,
 }
+
+/// The tag of the latency phase's backlog rows, whose input carries no send time
+/// (`u64::MAX`), so their pickups are not counted.
+const BACKLOG: &str = "backlog";
 
 /// The types the phases measure: limits apply to these.
 const MEASURED: [&str; 3] = ["bench.drain", "bench.latency", "bench.e2e"];
@@ -383,8 +391,12 @@ impl Bench {
     }
 
     /// An input carrying the submit instant, padded to `--payload-bytes`.
-    fn input(&self) -> Payload {
-        let nanos = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    fn input(&self, timed: bool) -> Payload {
+        let nanos = if timed {
+            u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+        } else {
+            u64::MAX
+        };
         let mut data = nanos.to_le_bytes().to_vec();
         data.resize(self.options.payload_bytes.max(8), b'x');
         Payload {
@@ -399,10 +411,12 @@ impl Bench {
             workflow_id: format!("{}-{activity_type}-{tag}", self.run_id),
             activity_id: i.to_string(),
             activity_type: activity_type.to_owned(),
-            input: Some(self.input()),
-            concurrency_key: match self.options.keys {
-                0 => String::new(),
-                keys => format!("key-{}", i % keys),
+            input: Some(self.input(tag != BACKLOG)),
+            concurrency_key: match (tag, self.options.backlog, self.options.keys) {
+                (BACKLOG, _, _) => "tenant-a".to_owned(),
+                ("latency", 1.., _) => "tenant-b".to_owned(),
+                (_, _, 0) => String::new(),
+                (_, _, keys) => format!("key-{}", i % keys),
             },
             ..Default::default()
         }
@@ -544,7 +558,10 @@ impl Bench {
                             .map(u64::from_le_bytes)
                             .unwrap_or(0);
                         let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                        on_start(Duration::from_nanos(now.saturating_sub(sent)));
+                        // A backlog row's pickup is not the phase's.
+                        if sent != u64::MAX {
+                            on_start(Duration::from_nanos(now.saturating_sub(sent)));
+                        }
                         handled.fetch_add(1, Ordering::Relaxed);
                         by_node[node].fetch_add(1, Ordering::Relaxed);
                         Ok(Payload::default())
@@ -678,6 +695,11 @@ impl Bench {
     }
 
     async fn latency_phase(&self) -> Result<serde_json::Value, Error> {
+        if self.options.backlog > 0 {
+            self.submit_batched("bench.latency", self.options.backlog, BACKLOG)
+                .await?;
+        }
+        let handled_before = self.handled.load(Ordering::Relaxed);
         let pickups = Arc::new(Mutex::new(Vec::new()));
         let p = pickups.clone();
         let stop = self.start_workers(
@@ -743,6 +765,9 @@ impl Bench {
         while calls.join_next().await.is_some() {}
         progress.finish();
         stop.cancel();
+        let phase = started.elapsed();
+        let backlog_drained =
+            (self.handled.load(Ordering::Relaxed) - handled_before).saturating_sub(total);
         let pickups = std::mem::take(&mut *pickups.lock().unwrap_or_else(|e| e.into_inner()));
         let end_to_end = std::mem::take(&mut *end_to_end.lock().unwrap_or_else(|e| e.into_inner()));
         let queue_table = match watcher {
@@ -762,6 +787,11 @@ impl Bench {
             "failed": failures.load(Ordering::Relaxed),
             "pickup_ms": percentiles(pickups),
             "end_to_end_ms": percentiles(end_to_end),
+            "backlog": (self.options.backlog > 0).then(|| serde_json::json!({
+                "rows": self.options.backlog,
+                "drained": backlog_drained,
+                "drained_per_second": round(backlog_drained as f64 / phase.as_secs_f64()),
+            })),
         }))
     }
 
