@@ -473,9 +473,7 @@ pub(super) fn rate_limit_use(
 pub(super) fn concurrency_limit(
     row: &impl Columns,
 ) -> Result<super::concurrency::ConcurrencyLimit, Error> {
-    let count = |i: usize| {
-        u64::try_from(row.int(i)?).map_err(|_| Error::Corrupt("a negative count".to_owned()))
-    };
+    let count = |i: usize| count(row, i);
     Ok(super::concurrency::ConcurrencyLimit {
         namespace: row.text(0)?,
         activity_type: row.text(1)?,
@@ -487,4 +485,15 @@ pub(super) fn concurrency_limit(
             .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?,
         held: count(6)?,
     })
+}
+
+/// A count in column `i`, which is never negative.
+fn count(row: &impl Columns, i: usize) -> Result<u64, Error> {
+    u64::try_from(row.int(i)?).map_err(|_| Error::Corrupt("a negative count".to_owned()))
+}
+
+/// One concurrency key's waiting and running rows, from the columns of the
+/// dialects' `CONCURRENCY_KEY`.
+pub(super) fn key_counts(row: &impl Columns) -> Result<(u64, u64), Error> {
+    Ok((count(row, 0)?, count(row, 1)?))
 }

@@ -308,16 +308,7 @@ impl Store for SqliteStore {
             .bind(key)
             .fetch_optional(&self.readers)
             .await?;
-        row.map(|r| {
-            let r = rows::Sqlx(&r);
-            let count = |i| {
-                rows::Columns::int(&r, i).and_then(|n| {
-                    u64::try_from(n).map_err(|_| Error::Corrupt("a negative count".to_owned()))
-                })
-            };
-            Ok((count(0)?, count(1)?))
-        })
-        .transpose()
+        row.map(|r| rows::key_counts(&rows::Sqlx(&r))).transpose()
     }
 
     async fn set_priority_aging(
