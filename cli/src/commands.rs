@@ -469,12 +469,23 @@ impl Commands {
         &self,
         namespace: String,
         activity_type: String,
+        key: Option<String>,
     ) -> Result<i32, Error> {
-        let deleted = self
-            .client
-            .delete_concurrency_limit(namespace, activity_type.clone())
-            .await?;
-        self.print_deleted(deleted, "concurrency limit", &activity_type);
+        let (deleted, of) = match key {
+            None => (
+                self.client
+                    .delete_concurrency_limit(namespace, activity_type.clone())
+                    .await?,
+                activity_type,
+            ),
+            Some(key) => (
+                self.client
+                    .delete_concurrency_key_limit(namespace, activity_type.clone(), key.clone())
+                    .await?,
+                format!("{activity_type} key {key:?}"),
+            ),
+        };
+        self.print_deleted(deleted, "concurrency limit", &of);
         Ok(exit::OK)
     }
 
@@ -496,7 +507,8 @@ impl Commands {
                 .map(|l| {
                     serde_json::json!({
                         "namespace": l.namespace, "activity_type": l.activity_type,
-                        "max_running": l.max_running, "keys": l.keys, "running": l.running,
+                        "concurrency_key": l.concurrency_key, "max_running": l.max_running,
+                        "weight": l.weight, "keys": l.keys, "running": l.running,
                         "strategy": strategy_label(l.strategy), "held": l.held,
                     })
                 })
@@ -507,10 +519,24 @@ impl Commands {
         let rows: Vec<Vec<String>> = limits
             .iter()
             .map(|l| {
+                let keyed = !l.concurrency_key.is_empty();
                 vec![
                     l.namespace.clone(),
                     l.activity_type.clone(),
-                    l.max_running.to_string(),
+                    if keyed {
+                        l.concurrency_key.clone()
+                    } else {
+                        "*".to_owned()
+                    },
+                    match l.max_running {
+                        0 => "type's".to_owned(),
+                        max => max.to_string(),
+                    },
+                    if keyed {
+                        l.weight.to_string()
+                    } else {
+                        "-".to_owned()
+                    },
                     strategy_label(l.strategy),
                     l.keys.to_string(),
                     l.running.to_string(),
@@ -524,7 +550,9 @@ impl Commands {
                 &[
                     "NAMESPACE",
                     "TYPE",
+                    "KEY",
                     "PER_KEY",
+                    "WEIGHT",
                     "STRATEGY",
                     "KEYS",
                     "RUNNING",

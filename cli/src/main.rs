@@ -181,21 +181,30 @@ enum RateLimitCommand {
 
 #[derive(clap::Subcommand)]
 enum ConcurrencyLimitCommand {
-    /// Set (or replace) a type's limit: at most --max running per key.
+    /// Set (or replace) a type's limit: at most --max running per key; or with
+    /// --key, one key's own --max and --weight.
     Set(ConcurrencyLimitSetArgs),
-    /// List the limits, with their keys and what runs now.
+    /// List the limits, the types' then their keys', with their use now.
     List(NamespaceArgs),
-    /// Remove a type's limit.
-    Delete(RateLimitTypeArgs),
+    /// Remove a type's limit, or with --key what was set for that key.
+    Delete(ConcurrencyLimitDeleteArgs),
 }
 
 #[derive(clap::Args)]
 struct ConcurrencyLimitSetArgs {
     /// The activity type.
     activity_type: String,
-    /// Activities per concurrency key running at once.
+    /// Activities per concurrency key running at once (with --key, for that key;
+    /// left out, the type's).
     #[arg(long)]
-    max: u32,
+    max: Option<u32>,
+    /// Set this one key's own limit and weight, beside the type's.
+    #[arg(long)]
+    key: Option<String>,
+    /// With --key: its share of claims against the type's other keys waiting,
+    /// 1 to 1000 (a key of weight 3 is served three times as often as one of 1).
+    #[arg(long, requires = "key")]
+    weight: Option<u32>,
     /// What happens beyond --max: queue (they wait), cancel-newest (new ones are
     /// cancelled), cancel-in-progress (the oldest are cancelled for new ones).
     #[arg(long, default_value = "queue", value_parser = ["queue", "cancel-newest", "cancel-in-progress"])]
@@ -231,6 +240,20 @@ struct RateLimitSetArgs {
 struct RateLimitTypeArgs {
     /// The activity type.
     activity_type: String,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct ConcurrencyLimitDeleteArgs {
+    /// The activity type.
+    activity_type: String,
+    /// Only what was set for this key.
+    #[arg(long)]
+    key: Option<String>,
     /// The namespace (default: "default").
     #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
@@ -1070,7 +1093,9 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
             let limit = v1::ConcurrencyLimit {
                 namespace: a.namespace,
                 activity_type: a.activity_type,
-                max_running: a.max,
+                max_running: a.max.unwrap_or_default(),
+                concurrency_key: a.key.unwrap_or_default(),
+                weight: a.weight.unwrap_or_default(),
                 strategy: match a.strategy.as_str() {
                     "cancel-newest" => v1::ConcurrencyStrategy::CancelNewest,
                     "cancel-in-progress" => v1::ConcurrencyStrategy::CancelInProgress,
@@ -1089,7 +1114,7 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         Command::ConcurrencyLimit(ConcurrencyLimitCommand::Delete(a)) => {
             connect(&a.client)
                 .await?
-                .delete_concurrency_limit(a.namespace, a.activity_type)
+                .delete_concurrency_limit(a.namespace, a.activity_type, a.key)
                 .await
         }
         Command::RateLimit(RateLimitCommand::List(n)) => {

@@ -651,10 +651,34 @@ impl Client {
         namespace: impl Into<String>,
         activity_type: impl Into<String>,
     ) -> Result<bool, Error> {
-        let request = v1::DeleteConcurrencyLimitRequest {
+        self.delete_concurrency(v1::DeleteConcurrencyLimitRequest {
             namespace: namespace.into(),
             activity_type: activity_type.into(),
-        };
+            concurrency_key: String::new(),
+        })
+        .await
+    }
+
+    /// Removes what was set for one concurrency key of a type (its own limit and
+    /// weight); false when nothing was.
+    pub async fn delete_concurrency_key_limit(
+        &self,
+        namespace: impl Into<String>,
+        activity_type: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Result<bool, Error> {
+        self.delete_concurrency(v1::DeleteConcurrencyLimitRequest {
+            namespace: namespace.into(),
+            activity_type: activity_type.into(),
+            concurrency_key: key.into(),
+        })
+        .await
+    }
+
+    async fn delete_concurrency(
+        &self,
+        request: v1::DeleteConcurrencyLimitRequest,
+    ) -> Result<bool, Error> {
         Ok(self
             .admin()
             .delete_concurrency_limit(self.request(request))

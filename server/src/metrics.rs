@@ -318,7 +318,16 @@ pub fn limits(
         t[0] += u64::from(used.available);
         t[1] += if used.available == 0 { due } else { 0 };
     }
-    for limit in concurrency {
+    // A key's own limit counts where its type has none (the type's counts hold
+    // its keys already).
+    let typed: HashSet<(&str, &str)> = concurrency
+        .iter()
+        .filter(|l| l.key.is_none())
+        .map(|l| (l.namespace.as_str(), l.activity_type.as_str()))
+        .collect();
+    for limit in concurrency.iter().filter(|l| {
+        l.key.is_none() || !typed.contains(&(l.namespace.as_str(), l.activity_type.as_str()))
+    }) {
         let t = totals
             .entry(labels(&limit.namespace, &limit.activity_type))
             .or_default();

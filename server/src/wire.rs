@@ -81,6 +81,8 @@ pub fn concurrency_limit(
         keys: limit.keys,
         running: limit.running,
         held: limit.held,
+        concurrency_key: limit.key.unwrap_or_default(),
+        weight: limit.weight,
         strategy: match limit.strategy {
             crate::store::concurrency::Strategy::Queue => v1::ConcurrencyStrategy::Queue,
             crate::store::concurrency::Strategy::CancelNewest => {

@@ -156,6 +156,51 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains(says), "{}", err.message());
     }
+    // What is set for one key: its limit (0, the type's) and weight, never a
+    // strategy of its own; a weight only for a key.
+    for (concurrency_key, max_running, weight, strategy, says) in [
+        ("", 2, 3, 0, "weight is one key's: give its concurrency_key"),
+        (
+            "k",
+            0,
+            1_001,
+            0,
+            "weight is 1001; it must be from 1 to 1000",
+        ),
+        (
+            "k",
+            2_000_000,
+            1,
+            0,
+            "max_running is 2000000; it must be from 0",
+        ),
+        ("k", 1, 1, 2, "strategy is the type's"),
+        ("a\u{7}b", 1, 1, 0, "concurrency_key"),
+    ] {
+        let err = admin
+            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                concurrency_limit: Some(v1::ConcurrencyLimit {
+                    activity_type: "t".into(),
+                    concurrency_key: concurrency_key.into(),
+                    max_running,
+                    weight,
+                    strategy,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(says), "{}", err.message());
+    }
+    let listed = admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits;
+    assert!(listed.is_empty(), "nothing refused was stored: {listed:?}");
+
     let mut client = server.client().await;
     let mut bad = request("t", "wf", "x");
     bad.concurrency_key = "a\u{7}b".into();
@@ -208,8 +253,8 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
     drop(raw);
 
     let delete = || v1::DeleteConcurrencyLimitRequest {
-        namespace: String::new(),
         activity_type: "t".into(),
+        ..Default::default()
     };
     let deleted = |d: v1::DeleteConcurrencyLimitResponse| d.deleted;
     assert!(deleted(
@@ -374,4 +419,76 @@ async fn a_backlog_of_one_key_does_not_hold_back_another() {
         waits[waits.len() - 1] < Duration::from_millis(500),
         "b's rows waited {waits:?} beside a's backlog"
     );
+}
+
+#[tokio::test]
+async fn a_heavier_key_is_served_more_often() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let set = admin
+        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+            concurrency_limit: Some(v1::ConcurrencyLimit {
+                activity_type: "t".into(),
+                concurrency_key: "heavy".into(),
+                weight: 3,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limit
+        .unwrap();
+    assert_eq!(
+        (set.concurrency_key.as_str(), set.max_running, set.weight),
+        ("heavy", 0, 3)
+    );
+    let activities = ["heavy", "light"]
+        .into_iter()
+        .flat_map(|k| {
+            (0..60).map(move |i| {
+                let mut req = request("t", "wf", &format!("{k}-{i}"));
+                req.concurrency_key = k.into();
+                req
+            })
+        })
+        .collect();
+    server
+        .client()
+        .await
+        .submit_batch(v1::SubmitBatchRequest { activities })
+        .await
+        .unwrap();
+    // One slot: each claim takes one row, from the key whose turn it is.
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut task = raw.task().await;
+    let mut heavy = 0;
+    for _ in 0..40 {
+        heavy += usize::from(task.activity_id.starts_with("heavy"));
+        raw.complete(&task, task.attempt).await;
+        task = raw.ack_and_task().await.1;
+    }
+    assert!(
+        (28..=32).contains(&heavy),
+        "weights 3 and 1: the heavy key ran {heavy} of 40"
+    );
+    let limits = admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits;
+    assert_eq!(limits.len(), 1, "{limits:?}");
+    assert_eq!((limits[0].keys, limits[0].running), (1, 1));
+    let deleted = admin
+        .delete_concurrency_limit(v1::DeleteConcurrencyLimitRequest {
+            activity_type: "t".into(),
+            concurrency_key: "heavy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .deleted;
+    assert!(deleted);
 }

@@ -386,6 +386,16 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
         })
         .await
         .unwrap_or_else(|e| panic!("set a concurrency limit: {e}"));
+    client
+        .set_concurrency_limit(v1::ConcurrencyLimit {
+            activity_type: "charge".into(),
+            concurrency_key: "acme".into(),
+            max_running: 5,
+            weight: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a key's limit: {e}"));
     browser
         .find("#nav-limits")
         .await
@@ -395,9 +405,19 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
     let rate = browser.text("#rate-limits tr[data-type=\"emails\"]").await;
     assert!(rate.contains("100 / 1s") && rate.contains("100"), "{rate}");
     let keyed = browser
-        .text("#concurrency-limits tr[data-type=\"charge\"]")
+        .text("#concurrency-limits tr[data-type=\"charge\"][data-key=\"\"]")
         .await;
-    assert!(keyed.contains("cancel newest"), "{keyed}");
+    assert!(
+        keyed.contains("cancel newest") && keyed.contains("every key"),
+        "{keyed}"
+    );
+    let acme = browser
+        .text("#concurrency-limits tr[data-key=\"acme\"]")
+        .await;
+    assert!(
+        acme.contains("acme") && acme.contains('5') && acme.contains('3'),
+        "{acme}"
+    );
     browser.shot("limits").await;
 
     // Drain (admin only): drain, see it, resume.

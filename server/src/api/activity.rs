@@ -100,19 +100,30 @@ impl ActivityApi {
             return Ok(String::new());
         }
         let (namespace, activity_type) = (&row.key.namespace, &row.activity_type);
-        if let Some(key) = &row.concurrency_key
-            && let Some(limit) = store
-                .concurrency_limits(Some(namespace))
-                .await?
-                .into_iter()
-                .find(|l| &l.activity_type == activity_type)
-            && let Some((_, running)) = store.concurrency_key(namespace, activity_type, key).await?
-            && running >= u64::from(limit.max_running)
-        {
-            return Ok(format!(
-                "concurrency limited: {running} of key {key:?} run, and {activity_type} allows {} per key",
-                limit.max_running
-            ));
+        if let Some(key) = &row.concurrency_key {
+            let limits = store.concurrency_limits(Some(namespace)).await?;
+            let of_type = |k: Option<&String>| {
+                limits
+                    .iter()
+                    .find(|l| &l.activity_type == activity_type && l.key.as_ref() == k)
+                    .map(|l| l.max_running)
+                    .filter(|&max| max > 0)
+            };
+            let limit = match of_type(Some(key)) {
+                Some(max) => Some((max, format!("key {key:?} may run {max}"))),
+                None => {
+                    of_type(None).map(|max| (max, format!("{activity_type} allows {max} per key")))
+                }
+            };
+            if let Some((max, allows)) = limit
+                && let Some((_, running)) =
+                    store.concurrency_key(namespace, activity_type, key).await?
+                && running >= u64::from(max)
+            {
+                return Ok(format!(
+                    "concurrency limited: {running} of key {key:?} run, and {allows}"
+                ));
+            }
         }
         if let Some(limit) = store
             .rate_limits(Some(namespace), now)

@@ -136,14 +136,12 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::SetConcurrencyLimitRequest>,
     ) -> Result<Response<v1::SetConcurrencyLimitResponse>, Status> {
-        let (namespace, activity_type, max_running, strategy) =
+        let (namespace, activity_type, op) =
             validate::concurrency_limit(request.get_ref().concurrency_limit.clone())?;
         authorize(&request, Role::Admin, &namespace)?;
-        let op = Op::SetConcurrencyLimit {
-            namespace: namespace.clone(),
-            activity_type: activity_type.clone(),
-            max_running,
-            strategy,
+        let key = match &op {
+            Op::SetKeyLimit { key, .. } => Some(key.clone()),
+            _ => None,
         };
         match self.commit(op).await? {
             Outcome::ConcurrencyLimitSet => {}
@@ -156,7 +154,7 @@ impl AdminService for AdminApi {
             .await
             .map_err(Error::from)?
             .into_iter()
-            .find(|l| l.activity_type == activity_type)
+            .find(|l| l.activity_type == activity_type && l.key == key)
             .map(crate::wire::concurrency_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
@@ -191,10 +189,18 @@ impl AdminService for AdminApi {
         let namespace = validate::namespace(&request.get_ref().namespace)?;
         let activity_type = request.get_ref().activity_type.clone();
         validate::name("activity_type", &activity_type)?;
+        let key = match request.get_ref().concurrency_key.as_str() {
+            "" => None,
+            key => {
+                validate::name("concurrency_key", key)?;
+                Some(key.to_owned())
+            }
+        };
         authorize(&request, Role::Admin, &namespace)?;
         let op = Op::RemoveConcurrencyLimit {
             namespace: namespace.clone(),
             activity_type: activity_type.clone(),
+            key,
         };
         let deleted = match self.commit(op).await? {
             Outcome::ConcurrencyLimitRemoved(deleted) => deleted,

@@ -30,7 +30,7 @@ use crate::{
     config::{Config, RetryDefaults},
     dispatch::registry::Registration,
     store::{
-        Key, NewActivity, Payload, RetrySpec, Timeouts, concurrency,
+        Key, NewActivity, Op, Payload, RetrySpec, Timeouts, concurrency,
         rate::{self, RateLimit},
     },
 };
@@ -189,22 +189,26 @@ pub fn rate_limit(limit: Option<v1::RateLimit>) -> Result<RateLimit, Error> {
     })
 }
 
-/// A concurrency limit to set: a named type, from 1 to
-/// [`concurrency::MAX_RUNNING`] running per key, a known strategy. Answers
-/// (namespace, type, limit, strategy).
+/// A concurrency limit to set, as the op that sets it: for a named type, from 1 to
+/// [`concurrency::MAX_RUNNING`] running per key and a known strategy; for one
+/// key of it, 0 (the type's) to that limit, and a weight from 1 (also for 0) to
+/// [`concurrency::MAX_WEIGHT`]. Answers (namespace, type, op).
 pub fn concurrency_limit(
     limit: Option<v1::ConcurrencyLimit>,
-) -> Result<(String, String, u32, concurrency::Strategy), Error> {
+) -> Result<(String, String, Op), Error> {
     let Some(limit) = limit else {
         return Err(invalid("concurrency_limit is required".to_owned()));
     };
     let namespace = namespace(&limit.namespace)?;
     name("concurrency_limit.activity_type", &limit.activity_type)?;
-    if !(1..=concurrency::MAX_RUNNING).contains(&limit.max_running) {
+    let keyed = !limit.concurrency_key.is_empty();
+    let least = if keyed { 0 } else { 1 };
+    if !(least..=concurrency::MAX_RUNNING).contains(&limit.max_running) {
         return Err(invalid(format!(
-            "concurrency_limit.max_running is {}; it must be from 1 to {}",
+            "concurrency_limit.max_running is {}; it must be from {least} to {}{}",
             limit.max_running,
-            concurrency::MAX_RUNNING
+            concurrency::MAX_RUNNING,
+            if keyed { " (0: the type's)" } else { "" }
         )));
     }
     let strategy = match v1::ConcurrencyStrategy::try_from(limit.strategy) {
@@ -220,7 +224,42 @@ pub fn concurrency_limit(
             )));
         }
     };
-    Ok((namespace, limit.activity_type, limit.max_running, strategy))
+    let op = if keyed {
+        name("concurrency_limit.concurrency_key", &limit.concurrency_key)?;
+        if strategy != concurrency::Strategy::Queue {
+            return Err(invalid(
+                "concurrency_limit.strategy is the type's: set it without concurrency_key"
+                    .to_owned(),
+            ));
+        }
+        if limit.weight > concurrency::MAX_WEIGHT {
+            return Err(invalid(format!(
+                "concurrency_limit.weight is {}; it must be from 1 to {} (0: 1)",
+                limit.weight,
+                concurrency::MAX_WEIGHT
+            )));
+        }
+        Op::SetKeyLimit {
+            namespace: namespace.clone(),
+            activity_type: limit.activity_type.clone(),
+            key: limit.concurrency_key,
+            max_running: (limit.max_running > 0).then_some(limit.max_running),
+            weight: limit.weight.max(1),
+        }
+    } else {
+        if limit.weight != 0 {
+            return Err(invalid(
+                "concurrency_limit.weight is one key's: give its concurrency_key".to_owned(),
+            ));
+        }
+        Op::SetConcurrencyLimit {
+            namespace: namespace.clone(),
+            activity_type: limit.activity_type.clone(),
+            max_running: limit.max_running,
+            strategy,
+        }
+    };
+    Ok((namespace, limit.activity_type, op))
 }
 
 /// A client's duration: not negative, valid as protobuf, at most

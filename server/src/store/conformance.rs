@@ -114,6 +114,8 @@ conformance!(
     a_rate_limit_holds_claims_to_its_bucket,
     a_concurrency_key_runs_at_most_its_limit,
     keys_share_a_claim_and_take_turns,
+    keys_are_served_in_proportion_to_their_weights,
+    a_key_may_have_its_own_limit,
     concurrency_strategies_cancel_the_newest_or_the_oldest,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
@@ -482,7 +484,9 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
         [concurrency::ConcurrencyLimit {
             namespace: "default".into(),
             activity_type: "t".into(),
+            key: None,
             max_running: 2,
+            weight: 1,
             keys: 2,
             running: 3,
             strategy: concurrency::Strategy::Queue,
@@ -514,6 +518,7 @@ async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw)
     let remove = Op::RemoveConcurrencyLimit {
         namespace: "default".into(),
         activity_type: "t".into(),
+        key: None,
     };
     assert!(matches!(
         one(store, remove, T0).await,
@@ -560,6 +565,142 @@ async fn keys_share_a_claim_and_take_turns(store: &dyn Store, _raw: &Raw) {
     // The key not served yet goes first.
     assert_eq!(keys(claim(store, &["t"], 1, T0 + 1).await), ["new"]);
     assert_eq!(keys(claim(store, &["t"], 3, T0 + 2).await), ["big"; 3]);
+}
+
+/// A key's own limit and weight, as the API commits them.
+fn key_limit(key: &str, max_running: Option<u32>, weight: u32) -> Op {
+    Op::SetKeyLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        key: key.into(),
+        max_running,
+        weight,
+    }
+}
+
+async fn keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: String, key: &str| {
+        let mut row = new(&id, "t");
+        row.concurrency_key = Some(key.to_owned());
+        row
+    };
+    for key in ["heavy", "l1", "l2", "l3"] {
+        for i in 0..30 {
+            submit(store, keyed(format!("{key}-{i}"), key)).await;
+        }
+    }
+    assert!(matches!(
+        one(store, key_limit("heavy", None, 3), T0).await,
+        Outcome::ConcurrencyLimitSet
+    ));
+    let count = |rows: &[ActivityRow], key: &str| {
+        rows.iter()
+            .filter(|r| r.concurrency_key.as_deref() == Some(key))
+            .count()
+    };
+    // Within one claim: shares by weight, 3 + 1 + 1 + 1.
+    let first = claim(store, &["t"], 6, T0).await;
+    assert_eq!(
+        ["heavy", "l1", "l2", "l3"].map(|k| count(&first, k)),
+        [3, 1, 1, 1]
+    );
+    // Across claims smaller than the keys: turns by weight. Each claim of one
+    // row serves the key of lowest pass; over 24 the heavy key had half.
+    let mut served = Vec::new();
+    for i in 0..24 {
+        served.extend(claim(store, &["t"], 1, T0 + 1 + i).await);
+    }
+    assert_eq!(
+        ["heavy", "l1", "l2", "l3"].map(|k| count(&served, k)),
+        [12, 4, 4, 4],
+        "{:?}",
+        served
+            .iter()
+            .map(|r| r.concurrency_key.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    );
+    // A key new to the type is served before those that were.
+    submit(store, keyed("new-0".into(), "new")).await;
+    assert_eq!(count(&claim(store, &["t"], 1, T0 + 30).await, "new"), 1);
+}
+
+async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: String, key: &str| {
+        let mut row = new(&id, "t");
+        row.concurrency_key = Some(key.to_owned());
+        row
+    };
+    // Alone, a key's own limit holds where its type has none.
+    one(store, key_limit("slow", Some(1), 1), T0).await;
+    for key in ["slow", "vip", "plain"] {
+        for i in 0..6 {
+            submit(store, keyed(format!("{key}-{i}"), key)).await;
+        }
+    }
+    let count = |rows: &[ActivityRow], key: &str| {
+        rows.iter()
+            .filter(|r| r.concurrency_key.as_deref() == Some(key))
+            .count()
+    };
+    let first = claim(store, &["t"], 4, T0).await;
+    assert_eq!(count(&first, "slow"), 1, "{first:?}");
+    // With the type's limit of 2: vip's own 4 beside it, plain at the type's.
+    one(
+        store,
+        Op::SetConcurrencyLimit {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            max_running: 2,
+            strategy: concurrency::Strategy::Queue,
+        },
+        T0,
+    )
+    .await;
+    one(store, key_limit("vip", Some(4), 1), T0).await;
+    let mut all = first;
+    all.extend(claim(store, &["t"], 50, T0 + 1).await);
+    assert_eq!(
+        ["slow", "vip", "plain"].map(|k| count(&all, k)),
+        [1, 4, 2],
+        "each key at its own limit, or the type's"
+    );
+    let uses = store
+        .concurrency_limits(None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let summary: Vec<_> = uses
+        .iter()
+        .map(|l| (l.key.clone(), l.max_running, l.running, l.held))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (None, 2, 7, 11),
+            (Some("slow".into()), 1, 1, 5),
+            (Some("vip".into()), 4, 4, 2),
+        ]
+    );
+    // A key's own limit set without a number follows the type's; removed, so
+    // does the key.
+    one(store, key_limit("slow", None, 1), T0).await;
+    assert_eq!(count(&claim(store, &["t"], 50, T0 + 2).await, "slow"), 1);
+    let remove = Op::RemoveConcurrencyLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        key: Some("vip".into()),
+    };
+    assert!(matches!(
+        one(store, remove.clone(), T0).await,
+        Outcome::ConcurrencyLimitRemoved(true)
+    ));
+    assert!(matches!(
+        one(store, remove, T0).await,
+        Outcome::ConcurrencyLimitRemoved(false)
+    ));
+    assert!(
+        claim(store, &["t"], 50, T0 + 3).await.is_empty(),
+        "vip runs 4, over the type's 2 now"
+    );
 }
 
 async fn concurrency_strategies_cancel_the_newest_or_the_oldest(store: &dyn Store, _raw: &Raw) {

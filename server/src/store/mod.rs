@@ -91,6 +91,92 @@ macro_rules! rank {
     };
 }
 
+/// How far a row moves its key's pass at weight 1 (`concurrency::STRIDE`).
+macro_rules! stride {
+    () => {
+        "1000000"
+    };
+}
+
+/// A key row `k`'s own limits `x`, joined (see the key shares migration).
+macro_rules! key_limits {
+    () => {
+        "LEFT JOIN concurrency_key_limits AS x ON x.namespace = k.namespace \
+         AND x.activity_type = k.activity_type AND x.concurrency_key = k.concurrency_key"
+    };
+}
+
+/// The concurrency limits of namespace `$ns` (of all, when NULL): each type's,
+/// then each key's, as `rows::concurrency_limit` reads them. `$int` casts a sum
+/// back to the dialect's integer.
+macro_rules! concurrency_limits {
+    ($ns:literal, $int:literal) => {
+        concat!(
+            "SELECT l.namespace, l.activity_type, NULL AS concurrency_key, l.max_running, \
+               1 AS weight, \
+               (SELECT COUNT(*) FROM concurrency_keys AS k \
+                 WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
+               (SELECT COALESCE(SUM(k.running), 0)",
+            $int,
+            " FROM concurrency_keys AS k \
+                 WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
+               l.strategy, \
+               (SELECT COALESCE(SUM(k.waiting), 0)",
+            $int,
+            " FROM concurrency_keys AS k ",
+            key_limits!(),
+            " WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
+                   AND k.running >= COALESCE(x.max_running, l.max_running)) \
+             FROM concurrency_limits AS l WHERE ",
+            $ns,
+            " IS NULL OR l.namespace = ",
+            $ns,
+            " UNION ALL \
+             SELECT x.namespace, x.activity_type, x.concurrency_key, \
+               COALESCE(x.max_running, 0), x.weight, \
+               (SELECT COUNT(*) FROM concurrency_keys AS k WHERE k.namespace = x.namespace \
+                 AND k.activity_type = x.activity_type AND k.concurrency_key = x.concurrency_key), \
+               COALESCE((SELECT k.running FROM concurrency_keys AS k \
+                 WHERE k.namespace = x.namespace AND k.activity_type = x.activity_type \
+                   AND k.concurrency_key = x.concurrency_key), 0), \
+               COALESCE((SELECT l.strategy FROM concurrency_limits AS l \
+                 WHERE l.namespace = x.namespace AND l.activity_type = x.activity_type), 0), \
+               COALESCE((SELECT k.waiting FROM concurrency_keys AS k \
+                 WHERE k.namespace = x.namespace AND k.activity_type = x.activity_type \
+                   AND k.concurrency_key = x.concurrency_key \
+                   AND k.running >= COALESCE(x.max_running, (SELECT l.max_running \
+                     FROM concurrency_limits AS l WHERE l.namespace = x.namespace \
+                       AND l.activity_type = x.activity_type), 9223372036854775807)), 0) \
+             FROM concurrency_key_limits AS x WHERE ",
+            $ns,
+            " IS NULL OR x.namespace = ",
+            $ns
+        )
+    };
+}
+
+/// The limit (the key's own, else the type's) and the type's strategy of key `$3`
+/// of type `$2` of namespace `$1`, when it has more rows waiting and running than
+/// the limit and a strategy that cancels.
+macro_rules! over_limit {
+    ($ns:literal, $type:literal, $key:literal) => {
+        concat!(
+            "SELECT COALESCE(x.max_running, l.max_running), l.strategy \
+             FROM concurrency_limits AS l \
+             JOIN concurrency_keys AS k ON k.namespace = l.namespace \
+               AND k.activity_type = l.activity_type ",
+            key_limits!(),
+            " WHERE l.namespace = ",
+            $ns,
+            " AND l.activity_type = ",
+            $type,
+            " AND k.concurrency_key = ",
+            $key,
+            " AND l.strategy > 0 AND k.waiting + k.running > COALESCE(x.max_running, l.max_running)"
+        )
+    };
+}
+
 mod change;
 pub mod concurrency;
 pub mod postgres;
@@ -409,10 +495,21 @@ pub enum Op {
         max_running: u32,
         strategy: concurrency::Strategy,
     },
-    /// Outcome: `ConcurrencyLimitRemoved`, true when there was one.
+    /// Set (or replace) one key's own limit (the type's when `None`) and weight.
+    /// Outcome: `ConcurrencyLimitSet`.
+    SetKeyLimit {
+        namespace: String,
+        activity_type: String,
+        key: String,
+        max_running: Option<u32>,
+        weight: u32,
+    },
+    /// The type's limit, or with `key` that key's own. Outcome:
+    /// `ConcurrencyLimitRemoved`, true when there was one.
     RemoveConcurrencyLimit {
         namespace: String,
         activity_type: String,
+        key: Option<String>,
     },
     /// Apply the type's concurrency strategy to a key that may be over its limit
     /// (after a submit): cancel its newest or its oldest activities beyond the

@@ -145,7 +145,7 @@ pub(super) fn page_ids(sizes: &[(i64, i64)], last: i64, newest_first: bool) -> V
 
 /// Where each column of `columns!()` (and `light_columns!()`) sits in a row.
 #[allow(dead_code)]
-mod col {
+pub(super) mod col {
     pub const ID: usize = 0;
     pub const NAMESPACE: usize = 1;
     pub const WORKFLOW_ID: usize = 2;
@@ -474,16 +474,20 @@ pub(super) fn concurrency_limit(
     row: &impl Columns,
 ) -> Result<super::concurrency::ConcurrencyLimit, Error> {
     let count = |i: usize| count(row, i);
+    let small = |i: usize, what: &str| {
+        u32::try_from(row.int(i)?).map_err(|_| Error::Corrupt(format!("{what} out of range")))
+    };
     Ok(super::concurrency::ConcurrencyLimit {
         namespace: row.text(0)?,
         activity_type: row.text(1)?,
-        max_running: u32::try_from(row.int(2)?)
-            .map_err(|_| Error::Corrupt("concurrency limit out of range".to_owned()))?,
-        keys: count(3)?,
-        running: count(4)?,
-        strategy: super::concurrency::Strategy::from_code(row.int(5)?)
+        key: row.opt_text(2)?,
+        max_running: small(3, "concurrency limit")?,
+        weight: small(4, "concurrency key weight")?,
+        keys: count(5)?,
+        running: count(6)?,
+        strategy: super::concurrency::Strategy::from_code(row.int(7)?)
             .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?,
-        held: count(6)?,
+        held: count(8)?,
     })
 }
 

@@ -332,7 +332,9 @@ pub fn limits(
             serde_json::json!({
                 "namespace": l.namespace,
                 "activity_type": l.activity_type,
+                "concurrency_key": l.concurrency_key,
                 "max_running": l.max_running,
+                "weight": l.weight,
                 "strategy": strategy,
                 "keys": l.keys,
                 "running": l.running,

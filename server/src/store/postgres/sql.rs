@@ -128,10 +128,12 @@ pub const LOCK_BY_KEY: &str = concat!(
 /// claiming are skipped, not waited for.
 /// - `b`: the type's rate limit bucket (see `store::rate`), locked, so nodes
 ///   claiming the type take turns with it; no row when the type is not limited;
-/// - `kc`: the concurrency keys with rows waiting and room to run more, least
-///   recently served first, locked (one another node is serving is skipped);
-/// - `k`: rows of those keys, each key's room at most, and an even share of the
-///   claim, in claim order;
+/// - `kc`: the concurrency keys with rows waiting and room to run more, lowest
+///   pass first, locked (one another node is serving is skipped);
+/// - `k`: rows of those keys, each key's room at most, and a share of the claim
+///   by its weight (`concurrency::share`), in claim order;
+/// - `kb`: what `k` gave each key, counted, and its pass moved on
+///   (`concurrency::stride`);
 /// - `c`: rows without a key, for what is left;
 /// - `s`: what `k` and `c` took from the bucket.
 ///
@@ -147,17 +149,19 @@ macro_rules! claim_ctes {
             " AND activity_type = ",
             $type,
             " FOR UPDATE), \
-             kc AS (SELECT k.concurrency_key AS ck, COALESCE((SELECT max_running \
+             kc AS (SELECT k.concurrency_key AS ck, k.served_at AS pass, \
+                 COALESCE(x.weight, 1) AS weight, COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
             " AND l.activity_type = ",
             $type,
-            "), 2147483647) - k.running AS room FROM concurrency_keys AS k \
-               WHERE k.namespace = ",
+            "), 2147483647) - k.running AS room FROM concurrency_keys AS k ",
+            key_limits!(),
+            " WHERE k.namespace = ",
             $namespace,
             " AND k.activity_type = ",
             $type,
-            " AND k.waiting > 0 AND k.running < COALESCE((SELECT max_running \
+            " AND k.waiting > 0 AND k.running < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
             " AND l.activity_type = ",
@@ -176,9 +180,10 @@ macro_rules! claim_ctes {
             $now,
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
-            ") ORDER BY claim_band, claim_rank, id LIMIT LEAST(kc.room, (",
+            ") ORDER BY claim_band, claim_rank, id LIMIT LEAST(kc.room, GREATEST(1, (",
             allowed!($now, $limit),
-            " + (SELECT COUNT(*) FROM kc) - 1) / (SELECT COUNT(*) FROM kc)) \
+            " * kc.weight + (SELECT SUM(weight) FROM kc)::BIGINT - 1) \
+                 / (SELECT SUM(weight) FROM kc)::BIGINT)) \
                  FOR UPDATE SKIP LOCKED) AS a \
                LIMIT ",
             allowed!($now, $limit),
@@ -202,6 +207,19 @@ macro_rules! claim_ctes {
             " - (SELECT COUNT(*) FROM k)) FOR UPDATE SKIP LOCKED)) RETURNING ",
             columns!(),
             "), \
+             kb AS (UPDATE concurrency_keys AS q SET waiting = q.waiting - t.n, \
+                 running = q.running + t.n, \
+                 served_at = GREATEST(q.served_at, (SELECT MIN(pass) FROM kc)) \
+                   + t.n * (",
+            stride!(),
+            " / t.weight) \
+               FROM (SELECT kc.ck, kc.weight, COUNT(*) AS n FROM k JOIN kc \
+                 ON kc.ck = k.concurrency_key GROUP BY kc.ck, kc.weight) AS t \
+               WHERE q.namespace = ",
+            $namespace,
+            " AND q.activity_type = ",
+            $type,
+            " AND q.concurrency_key = t.ck), \
              s AS (UPDATE rate_limits AS r SET tat_ns = b.base + ",
             taken!(),
             " * b.interval_ns FROM b WHERE r.namespace = ",
@@ -559,19 +577,24 @@ pub const SET_CONCURRENCY_LIMIT: &str = "INSERT INTO concurrency_limits \
 pub const REMOVE_CONCURRENCY_LIMIT: &str =
     "DELETE FROM concurrency_limits WHERE namespace = $1 AND activity_type = $2";
 
-/// The concurrency limits of namespace `$1` (of all, when NULL), in order, with
-/// how many keys of each have rows waiting or running, how many run, its
-/// strategy, and how many wait because their key is at the limit.
-pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max_running, \
-       (SELECT COUNT(*) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
-       (SELECT COALESCE(SUM(running), 0)::BIGINT FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), l.strategy, \
-       (SELECT COALESCE(SUM(waiting), 0)::BIGINT FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
-           AND k.running >= l.max_running) \
-     FROM concurrency_limits AS l WHERE $1::TEXT IS NULL OR l.namespace = $1 \
-     ORDER BY l.namespace, l.activity_type";
+/// Sets what key `$3` of type `$2` of namespace `$1` may run (`$4`, the type's
+/// limit when NULL) and its weight `$5`.
+pub const SET_KEY_LIMIT: &str = "INSERT INTO concurrency_key_limits \
+       (namespace, activity_type, concurrency_key, max_running, weight) \
+       VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (namespace, activity_type, concurrency_key) \
+       DO UPDATE SET max_running = excluded.max_running, weight = excluded.weight";
+
+pub const REMOVE_KEY_LIMIT: &str = "DELETE FROM concurrency_key_limits \
+     WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3";
+
+/// The concurrency limits of namespace `$1` (of all, when NULL), each type's then
+/// its keys', in order (see `rows::concurrency_limit`).
+pub const CONCURRENCY_LIMITS: &str = concat!(
+    "SELECT * FROM (",
+    concurrency_limits!("$1::TEXT", "::BIGINT"),
+    ") AS l ORDER BY 1, 2, 3 NULLS FIRST"
+);
 
 /// The waiting and running rows of concurrency key `$3` of type `$2` of
 /// namespace `$1`.
@@ -580,11 +603,7 @@ pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys
 
 /// The limit and strategy of key `$3` of type `$2` of namespace `$1`, when it
 /// has more rows waiting and running than the limit and a strategy that cancels.
-pub const OVER_LIMIT: &str = "SELECT l.max_running, l.strategy FROM concurrency_limits AS l \
-       JOIN concurrency_keys AS k ON k.namespace = l.namespace \
-         AND k.activity_type = l.activity_type \
-     WHERE l.namespace = $1 AND l.activity_type = $2 AND k.concurrency_key = $3 \
-       AND l.strategy > 0 AND k.waiting + k.running > l.max_running";
+pub const OVER_LIMIT: &str = over_limit!("$1", "$2", "$3");
 
 /// The keys (workflow, activity) of the waiting and running rows of key `$3` of
 /// type `$2` of namespace `$1` after the first `$4`, in id order `$order`

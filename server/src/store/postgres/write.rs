@@ -163,15 +163,39 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             activity_type,
             key,
         } => enforce(conn, namespace, activity_type, key, now).await,
+        Op::SetKeyLimit {
+            namespace,
+            activity_type,
+            key,
+            max_running,
+            weight,
+        } => {
+            sqlx::query(sql::SET_KEY_LIMIT)
+                .bind(namespace)
+                .bind(activity_type)
+                .bind(key)
+                .bind(max_running.map(i64::from))
+                .bind(i64::from(*weight))
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::ConcurrencyLimitSet)
+        }
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
+            key,
         } => {
-            let done = sqlx::query(sql::REMOVE_CONCURRENCY_LIMIT)
-                .bind(namespace)
-                .bind(activity_type)
-                .execute(&mut *conn)
-                .await?;
+            let done = match key {
+                None => sqlx::query(sql::REMOVE_CONCURRENCY_LIMIT)
+                    .bind(namespace)
+                    .bind(activity_type),
+                Some(key) => sqlx::query(sql::REMOVE_KEY_LIMIT)
+                    .bind(namespace)
+                    .bind(activity_type)
+                    .bind(key),
+            }
+            .execute(&mut *conn)
+            .await?;
             Ok(Outcome::ConcurrencyLimitRemoved(done.rows_affected() > 0))
         }
         Op::RemoveRateLimit {

@@ -93,6 +93,11 @@ fn migrator() -> Migrator {
             "concurrency_strategies",
             include_str!("../migrations/sqlite/0011_concurrency_strategies.sql"),
         ),
+        migration(
+            12,
+            "key_shares",
+            include_str!("../migrations/sqlite/0012_key_shares.sql"),
+        ),
     ])
 }
 

@@ -107,16 +107,30 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
 );
 
 /// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting
-/// and room to run more, least recently served first, with that room.
-pub const READY_KEYS: &str = "SELECT concurrency_key, room FROM (\
-       SELECT k.concurrency_key, k.served_at, \
-         COALESCE((SELECT max_running FROM concurrency_limits AS l \
+/// and room to run more, lowest pass first, with that room, their weight and pass
+/// (see the `0012_key_shares` migration).
+pub const READY_KEYS: &str = concat!(
+    "SELECT concurrency_key, room, weight, served_at FROM (\
+       SELECT k.concurrency_key, k.served_at, COALESCE(x.weight, 1) AS weight, \
+         COALESCE(x.max_running, (SELECT max_running FROM concurrency_limits AS l \
                    WHERE l.namespace = ?1 AND l.activity_type = ?2), 2147483647) - k.running \
            AS room \
-       FROM concurrency_keys AS k INDEXED BY concurrency_keys_ready \
-       WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
+       FROM concurrency_keys AS k INDEXED BY concurrency_keys_ready ",
+    key_limits!(),
+    " WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
        ORDER BY k.served_at, k.concurrency_key) \
-     WHERE room > 0 LIMIT ?3";
+     WHERE room > 0 LIMIT ?3"
+);
+
+/// Counts what a claim gave the keys of type `?2` of namespace `?1` and moves
+/// their passes on from `?3`: `?4` is a JSON array of `[key, rows, stride]`
+/// (`concurrency::served`).
+pub const SERVE_KEYS: &str = "UPDATE concurrency_keys AS k \
+     SET waiting = k.waiting - s.n, running = k.running + s.n, \
+       served_at = MAX(k.served_at, ?3) + s.n * s.stride \
+     FROM (SELECT value ->> 0 AS key, value ->> 1 AS n, value ->> 2 AS stride \
+           FROM json_each(?4)) AS s \
+     WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.concurrency_key = s.key";
 
 /// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows
 /// per key.
@@ -128,19 +142,24 @@ pub const SET_CONCURRENCY_LIMIT: &str = "INSERT INTO concurrency_limits \
 pub const REMOVE_CONCURRENCY_LIMIT: &str =
     "DELETE FROM concurrency_limits WHERE namespace = ?1 AND activity_type = ?2";
 
-/// The concurrency limits of namespace `?1` (of all, when NULL), in order, with
-/// how many keys of each have rows waiting or running, how many run, its
-/// strategy, and how many wait because their key is at the limit.
-pub const CONCURRENCY_LIMITS: &str = "SELECT l.namespace, l.activity_type, l.max_running, \
-       (SELECT COUNT(*) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
-       (SELECT COALESCE(SUM(running), 0) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), l.strategy, \
-       (SELECT COALESCE(SUM(waiting), 0) FROM concurrency_keys AS k \
-         WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
-           AND k.running >= l.max_running) \
-     FROM concurrency_limits AS l WHERE ?1 IS NULL OR l.namespace = ?1 \
-     ORDER BY l.namespace, l.activity_type";
+/// Sets what key `?3` of type `?2` of namespace `?1` may run (`?4`, the type's
+/// limit when NULL) and its weight `?5`.
+pub const SET_KEY_LIMIT: &str = "INSERT INTO concurrency_key_limits \
+       (namespace, activity_type, concurrency_key, max_running, weight) \
+       VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (namespace, activity_type, concurrency_key) \
+       DO UPDATE SET max_running = excluded.max_running, weight = excluded.weight";
+
+pub const REMOVE_KEY_LIMIT: &str = "DELETE FROM concurrency_key_limits \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+/// The concurrency limits of namespace `?1` (of all, when NULL), each type's then
+/// its keys', in order (see `rows::concurrency_limit`).
+pub const CONCURRENCY_LIMITS: &str = concat!(
+    "SELECT * FROM (",
+    concurrency_limits!("?1", ""),
+    ") ORDER BY 1, 2, 3 NULLS FIRST"
+);
 
 /// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
 /// lease expired before then; with `?18`, only while it is that node's).
@@ -384,11 +403,7 @@ pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys
 
 /// The limit and strategy of key `?3` of type `?2` of namespace `?1`, when it
 /// has more rows waiting and running than the limit and a strategy that cancels.
-pub const OVER_LIMIT: &str = "SELECT l.max_running, l.strategy FROM concurrency_limits AS l \
-       JOIN concurrency_keys AS k ON k.namespace = l.namespace \
-         AND k.activity_type = l.activity_type \
-     WHERE l.namespace = ?1 AND l.activity_type = ?2 AND k.concurrency_key = ?3 \
-       AND l.strategy > 0 AND k.waiting + k.running > l.max_running";
+pub const OVER_LIMIT: &str = over_limit!("?1", "?2", "?3");
 
 /// The keys (workflow, activity) of the waiting and running rows of key `?3` of
 /// type `?2` of namespace `?1` after the first `?4`, in id order `$order`

@@ -10,7 +10,7 @@
 //! the connection is left inside a transaction, it is replaced by a fresh one, so
 //! one failure cannot fail every later batch.
 
-use std::{path::Path, sync::Arc, thread::JoinHandle};
+use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
 use spool_proto::time::UnixMillis;
 use tokio::sync::oneshot;
@@ -200,12 +200,45 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             activity_type,
             key,
         } => enforce(conn, namespace, activity_type, key, now),
+        Op::SetKeyLimit {
+            namespace,
+            activity_type,
+            key,
+            max_running,
+            weight,
+        } => conn
+            .query(sql::SET_KEY_LIMIT)
+            .map(|q| {
+                q.bind(namespace.as_str())
+                    .bind(activity_type.as_str())
+                    .bind(key.as_str())
+                    .bind(&max_running.map(i64::from))
+                    .bind(&i64::from(*weight))
+            })
+            .and_then(Query::execute)
+            .map(|_| Outcome::ConcurrencyLimitSet)
+            .map_err(sqlite),
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
+            key: None,
         } => conn
             .query(sql::REMOVE_CONCURRENCY_LIMIT)
             .map(|q| q.bind(namespace.as_str()).bind(activity_type.as_str()))
+            .and_then(Query::execute)
+            .map(|removed| Outcome::ConcurrencyLimitRemoved(removed > 0))
+            .map_err(sqlite),
+        Op::RemoveConcurrencyLimit {
+            namespace,
+            activity_type,
+            key: Some(key),
+        } => conn
+            .query(sql::REMOVE_KEY_LIMIT)
+            .map(|q| {
+                q.bind(namespace.as_str())
+                    .bind(activity_type.as_str())
+                    .bind(key.as_str())
+            })
             .and_then(Query::execute)
             .map(|removed| Outcome::ConcurrencyLimitRemoved(removed > 0))
             .map_err(sqlite),
@@ -343,48 +376,27 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
         let bucket = bucket(conn, &claim.namespace, activity_type)?;
         let left = bucket.map_or(asked, |b| asked.min(b.available(now_ns)));
         let before = claimed.len();
-        // Rows with a concurrency key first, round the keys with room, then the
-        // rest (see the `0009_concurrency_keys` migration).
+        let of = Of {
+            claim,
+            activity_type,
+            now,
+        };
+        // Rows with a concurrency key first, the keys with room by weight, then
+        // the rest (see the `0009_concurrency_keys` and `0012_key_shares`
+        // migrations).
         if left > 0 {
-            let keys = ready_keys(conn, &claim.namespace, activity_type, left)?;
-            // An even share each, so one key's backlog does not take every slot.
-            let count = i64::try_from(keys.len()).unwrap_or(i64::MAX).max(1);
-            let share = (left + count - 1) / count;
-            if share == 1 && count > 1 {
-                // A row each, from as many keys as there are slots: one statement.
-                let names: Vec<&str> = keys.iter().map(|(key, _)| key.as_str()).collect();
-                let names = serde_json::to_string(&names)
-                    .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
-                let rows = Rows::OneOfEach(&names);
-                run_claim(conn, claim, activity_type, left, rows, now, &mut claimed)?;
-            }
-            for (key, room) in keys.into_iter().filter(|_| share > 1 || count == 1) {
-                let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
-                let limit = room.min(share).min(left - taken);
-                if limit <= 0 {
-                    break;
-                }
-                run_claim(
-                    conn,
-                    claim,
-                    activity_type,
-                    limit,
-                    Rows::OfKey(&key),
-                    now,
-                    &mut claimed,
-                )?;
-            }
+            claim_keyed(conn, &of, left, &mut claimed)?;
         }
         let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
         if left > taken {
+            let mut unkeyed = HashMap::new();
             run_claim(
                 conn,
-                claim,
-                activity_type,
+                &of,
                 left - taken,
                 Rows::Unkeyed,
-                now,
                 &mut claimed,
+                &mut unkeyed,
             )?;
         }
         if let Some(bucket) = bucket {
@@ -414,6 +426,69 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
     })
 }
 
+/// Claims up to `left` due rows of the concurrency keys of a type with room onto
+/// `claimed`: a share each by weight, lowest pass first, then counts what each
+/// key was given and moves its pass on, in one statement.
+fn claim_keyed(
+    conn: &mut Connection,
+    of: &Of<'_>,
+    left: i64,
+    claimed: &mut Vec<ActivityRow>,
+) -> Result<(), Error> {
+    let keys = ready_keys(conn, &of.claim.namespace, of.activity_type, left)?;
+    let Some(floor) = keys.iter().map(|k| k.pass).min() else {
+        return Ok(());
+    };
+    let total: i64 = keys.iter().map(|k| k.weight).sum();
+    let count = keys.len();
+    let shares: Vec<i64> = keys
+        .iter()
+        .map(|k| concurrency::share(left, k.weight, total, k.room))
+        .collect();
+    let mut given = HashMap::new();
+    let before = claimed.len();
+    if count > 1 && shares.iter().all(|&s| s == 1) {
+        // A row each, from as many keys as there are slots: one statement.
+        let names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        let names = serde_json::to_string(&names)
+            .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
+        let rows = Rows::OneOfEach(&names);
+        run_claim(conn, of, left, rows, claimed, &mut given)?;
+    } else {
+        for (k, share) in keys.iter().zip(shares) {
+            let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
+            let limit = share.min(left - taken);
+            if limit <= 0 {
+                break;
+            }
+            let rows = Rows::OfKey(&k.key);
+            run_claim(conn, of, limit, rows, claimed, &mut given)?;
+        }
+    }
+    if given.is_empty() {
+        return Ok(());
+    }
+    let weights: HashMap<&str, i64> = keys.iter().map(|k| (k.key.as_str(), k.weight)).collect();
+    let served = concurrency::served(&given, &weights);
+    conn.query(sql::SERVE_KEYS)
+        .map(|q| {
+            q.bind(&*of.claim.namespace)
+                .bind(of.activity_type)
+                .bind(&floor)
+                .bind(served.as_str())
+        })
+        .and_then(Query::execute)
+        .map_err(sqlite)?;
+    Ok(())
+}
+
+/// The type a claim is taking rows of, for whom, and when.
+struct Of<'a> {
+    claim: &'a Claim,
+    activity_type: &'a str,
+    now: UnixMillis,
+}
+
 /// Which rows of a type a claim statement takes.
 enum Rows<'a> {
     /// Those without a concurrency key.
@@ -424,16 +499,21 @@ enum Rows<'a> {
     OneOfEach(&'a str),
 }
 
-/// Claims up to `limit` due rows of one type onto `claimed`.
+/// Claims up to `limit` due rows of one type onto `claimed`, counting the keyed
+/// ones in `given`.
 fn run_claim(
     conn: &mut Connection,
-    claim: &Claim,
-    activity_type: &str,
+    of: &Of<'_>,
     limit: i64,
     rows: Rows<'_>,
-    now: UnixMillis,
     claimed: &mut Vec<ActivityRow>,
+    given: &mut HashMap<String, i64>,
 ) -> Result<(), Error> {
+    let Of {
+        claim,
+        activity_type,
+        now,
+    } = *of;
     let (statement, key) = match rows {
         Rows::Unkeyed => (sql::CLAIM, None),
         Rows::OfKey(key) => (sql::CLAIM_KEYED, Some(key)),
@@ -455,6 +535,11 @@ fn run_claim(
         None => q,
     };
     while q.step().map_err(sqlite)? {
+        // Every keyed row claimed is counted, readable or not (a key that is not
+        // UTF-8 cannot be submitted).
+        if let Ok(Some(key)) = rows::Columns::opt_text(&q, rows::col::CONCURRENCY_KEY) {
+            *given.entry(key).or_default() += 1;
+        }
         // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
         // must not stop every other claim.
         match decode(&q) {
@@ -465,14 +550,22 @@ fn run_claim(
     Ok(())
 }
 
+/// A concurrency key ready to be served.
+struct ReadyKey {
+    key: String,
+    room: i64,
+    weight: i64,
+    pass: i64,
+}
+
 /// The concurrency keys of a namespace's type with rows waiting and room to run
-/// more, least recently served first (at most `limit`), with that room.
+/// more, lowest pass first (at most `limit`).
 fn ready_keys(
     conn: &mut Connection,
     namespace: &str,
     activity_type: &str,
     limit: i64,
-) -> Result<Vec<(String, i64)>, Error> {
+) -> Result<Vec<ReadyKey>, Error> {
     let mut q = conn
         .query(sql::READY_KEYS)
         .map_err(sqlite)?
@@ -484,7 +577,12 @@ fn ready_keys(
         let key = q
             .text(0)
             .map_err(|_| Error::Corrupt("a concurrency key that is not UTF-8".to_owned()))?;
-        keys.push((key, q.int(1)));
+        keys.push(ReadyKey {
+            key,
+            room: q.int(1),
+            weight: q.int(2),
+            pass: q.int(3),
+        });
     }
     Ok(keys)
 }

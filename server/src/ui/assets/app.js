@@ -790,7 +790,7 @@
   function pageLimits() {
     const ns = state.namespace, live = liveCheck();
     const rateBody = el("tbody", {}, messageRow(6, "Loading…", "loading muted"));
-    const keyBody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
+    const keyBody = el("tbody", {}, messageRow(9, "Loading…", "loading muted"));
     const root = el("section", { "data-page": "limits" },
       el("h1", {}, "Limits ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
       el("h2", {}, "Rate limits"),
@@ -798,7 +798,7 @@
         thead(["Namespace", "Type", ["Limit", "num"], ["Burst", "num"], ["Available now", "num"], ""]), rateBody)),
       el("h2", {}, "Concurrency limits"),
       tableWrap(el("table", { id: "concurrency-limits" },
-        thead(["Namespace", "Type", ["Per key", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)));
+        thead(["Namespace", "Type", "Key", ["Per key", "num"], ["Weight", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)));
 
     state.refresh = async () => {
       const d = await api("/api/limits?" + qs({ namespace: ns }));
@@ -814,15 +814,17 @@
           el("td", { class: "muted" }, Number(l.available) === 0 ? "throttling" : ""))) :
         [messageRow(6, "No rate limits. Set one with: spool rate-limit set TYPE --limit N --per 1s")]);
       patch(keyBody, keyed, () => keyed.length ? keyed.map((l) =>
-        el("tr", { "data-type": l.activity_type },
+        el("tr", { "data-type": l.activity_type, "data-key": l.concurrency_key || "" },
           el("td", {}, l.namespace),
           el("td", {}, l.activity_type),
-          el("td", { class: "num" }, fmtNum(l.max_running)),
+          l.concurrency_key ? el("td", {}, l.concurrency_key) : el("td", { class: "muted" }, "every key"),
+          el("td", { class: "num" }, Number(l.max_running) ? fmtNum(l.max_running) : "type's"),
+          el("td", { class: "num" }, l.concurrency_key ? fmtNum(l.weight) : ""),
           el("td", {}, l.strategy),
           el("td", { class: "num" }, fmtNum(l.keys)),
           el("td", { class: "num" }, fmtNum(l.running)),
           el("td", { class: "num" }, fmtNum(l.held)))) :
-        [messageRow(7, "No concurrency limits. Set one with: spool concurrency-limit set TYPE --max N")]);
+        [messageRow(9, "No concurrency limits. Set one with: spool concurrency-limit set TYPE --max N")]);
     };
     return root;
   }

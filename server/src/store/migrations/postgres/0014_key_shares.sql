@@ -1,0 +1,23 @@
+-- Weighted fair shares between concurrency keys, and limits for one key:
+-- - `concurrency_key_limits` holds what is set for one key of a type: its own
+--   `max_running` (the type's when NULL) and its `weight`.
+-- - `concurrency_keys.served_at` becomes the key's pass (stride scheduling): a
+--   claim serves the ready keys of lowest pass, and moves each on by
+--   `n × 1,000,000 / weight` for the n rows it gave it, from the lowest pass it
+--   served (so a key back from idle gets no credit for the time it was away).
+--   Keys always waiting are served in proportion to their weights; a new key
+--   (pass 0) is served first.
+-- - The claim keeps each key's counts and pass itself, once per key it served,
+--   in the claim's own statement: the per-row trigger goes, and with it one of a
+--   key row's versions per claimed row.
+DROP TRIGGER keyed_claimed ON activities;
+DROP FUNCTION spool_keyed_claimed();
+
+CREATE TABLE concurrency_key_limits (
+    namespace       TEXT   NOT NULL,
+    activity_type   TEXT   NOT NULL,
+    concurrency_key TEXT   NOT NULL,
+    max_running     BIGINT CHECK (max_running > 0),
+    weight          BIGINT NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    PRIMARY KEY (namespace, activity_type, concurrency_key)
+);
