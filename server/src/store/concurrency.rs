@@ -9,8 +9,6 @@
 //! its weight, and moves each key's pass on by [`stride`] per row. It locks the
 //! keys it serves, so two nodes never both fill a key's room.
 
-use std::collections::HashMap;
-
 /// The largest limit: room is counted in `i64` with "no limit" as `i32::MAX`.
 pub const MAX_RUNNING: u32 = 1_000_000;
 
@@ -33,25 +31,6 @@ pub fn share(left: i64, weight: i64, total: i64, room: i64) -> i64 {
     let total = total.max(weight);
     let even = left.saturating_mul(weight).saturating_add(total - 1) / total;
     even.max(1).min(room)
-}
-
-/// What a claim gave each key, to count and move on in one statement: a JSON
-/// array of `[key, rows, stride]`.
-pub fn served(given: &HashMap<String, i64>, weights: &HashMap<&str, i64>) -> String {
-    let served: Vec<(&str, i64, i64)> = given
-        .iter()
-        .map(|(key, rows)| {
-            let weight = weights.get(key.as_str()).copied().unwrap_or(1);
-            (key.as_str(), *rows, stride(weight))
-        })
-        .collect();
-    serde_json::Value::from(
-        served
-            .into_iter()
-            .map(|(key, rows, stride)| serde_json::json!([key, rows, stride]))
-            .collect::<Vec<_>>(),
-    )
-    .to_string()
 }
 
 /// A type's limit, or one key's, and how it is used now.

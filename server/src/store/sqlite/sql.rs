@@ -122,15 +122,11 @@ pub const READY_KEYS: &str = concat!(
      WHERE room > 0 LIMIT ?3"
 );
 
-/// Counts what a claim gave the keys of type `?2` of namespace `?1` and moves
-/// their passes on from `?3`: `?4` is a JSON array of `[key, rows, stride]`
-/// (`concurrency::served`).
-pub const SERVE_KEYS: &str = "UPDATE concurrency_keys AS k \
-     SET waiting = k.waiting - s.n, running = k.running + s.n, \
-       served_at = MAX(k.served_at, ?3) + s.n * s.stride \
-     FROM (SELECT value ->> 0 AS key, value ->> 1 AS n, value ->> 2 AS stride \
-           FROM json_each(?4)) AS s \
-     WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.concurrency_key = s.key";
+/// Counts the `?4` rows a claim gave key `?3` of type `?2` of namespace `?1`,
+/// and moves its pass on from `?5` by `?6` a row (`concurrency::stride`).
+pub const SERVE_KEY: &str = "UPDATE concurrency_keys \
+     SET waiting = waiting - ?4, running = running + ?4, served_at = MAX(served_at, ?5) + ?4 * ?6 \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
 
 /// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows
 /// per key.

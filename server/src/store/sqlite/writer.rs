@@ -428,7 +428,7 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
 
 /// Claims up to `left` due rows of the concurrency keys of a type with room onto
 /// `claimed`: a share each by weight, lowest pass first, then counts what each
-/// key was given and moves its pass on, in one statement.
+/// key was given and moves its pass on.
 fn claim_keyed(
     conn: &mut Connection,
     of: &Of<'_>,
@@ -465,20 +465,24 @@ fn claim_keyed(
             run_claim(conn, of, limit, rows, claimed, &mut given)?;
         }
     }
-    if given.is_empty() {
-        return Ok(());
+    // One statement a key served (the claim's own rows are not counted by a
+    // trigger, see the `0012_key_shares` migration).
+    for k in &keys {
+        let Some(rows) = given.get(&k.key) else {
+            continue;
+        };
+        conn.query(sql::SERVE_KEY)
+            .map(|q| {
+                q.bind(&*of.claim.namespace)
+                    .bind(of.activity_type)
+                    .bind(k.key.as_str())
+                    .bind(rows)
+                    .bind(&floor)
+                    .bind(&concurrency::stride(k.weight))
+            })
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
     }
-    let weights: HashMap<&str, i64> = keys.iter().map(|k| (k.key.as_str(), k.weight)).collect();
-    let served = concurrency::served(&given, &weights);
-    conn.query(sql::SERVE_KEYS)
-        .map(|q| {
-            q.bind(&*of.claim.namespace)
-                .bind(of.activity_type)
-                .bind(&floor)
-                .bind(served.as_str())
-        })
-        .and_then(Query::execute)
-        .map_err(sqlite)?;
     Ok(())
 }
 
