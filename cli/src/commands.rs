@@ -444,12 +444,25 @@ impl Commands {
         &self,
         namespace: String,
         activity_type: String,
+        key: Option<String>,
     ) -> Result<i32, Error> {
-        let deleted = self
-            .client
-            .delete_rate_limit(namespace, activity_type.clone())
-            .await?;
-        self.print_deleted(deleted, "rate limit", &activity_type);
+        let deleted = match &key {
+            None => {
+                self.client
+                    .delete_rate_limit(namespace, activity_type.clone())
+                    .await?
+            }
+            Some(key) => {
+                self.client
+                    .delete_key_rate_limit(namespace, activity_type.clone(), key.clone())
+                    .await?
+            }
+        };
+        self.print_deleted(
+            deleted,
+            "rate limit",
+            &limited(&activity_type, key.as_deref()),
+        );
         Ok(exit::OK)
     }
 
@@ -471,21 +484,23 @@ impl Commands {
         activity_type: String,
         key: Option<String>,
     ) -> Result<i32, Error> {
-        let (deleted, of) = match key {
-            None => (
+        let deleted = match &key {
+            None => {
                 self.client
                     .delete_concurrency_limit(namespace, activity_type.clone())
-                    .await?,
-                activity_type,
-            ),
-            Some(key) => (
+                    .await?
+            }
+            Some(key) => {
                 self.client
                     .delete_concurrency_key_limit(namespace, activity_type.clone(), key.clone())
-                    .await?,
-                format!("{activity_type} key {key:?}"),
-            ),
+                    .await?
+            }
         };
-        self.print_deleted(deleted, "concurrency limit", &of);
+        self.print_deleted(
+            deleted,
+            "concurrency limit",
+            &limited(&activity_type, key.as_deref()),
+        );
         Ok(exit::OK)
     }
 
@@ -523,11 +538,7 @@ impl Commands {
                 vec![
                     l.namespace.clone(),
                     l.activity_type.clone(),
-                    if keyed {
-                        l.concurrency_key.clone()
-                    } else {
-                        "*".to_owned()
-                    },
+                    key_column(&l.concurrency_key),
                     match l.max_running {
                         0 => "type's".to_owned(),
                         max => max.to_string(),
@@ -577,6 +588,7 @@ impl Commands {
                 .map(|l| {
                     serde_json::json!({
                         "namespace": l.namespace, "activity_type": l.activity_type,
+                        "concurrency_key": l.concurrency_key,
                         "limit": l.limit, "period": period(l), "burst": l.burst,
                         "available": l.available,
                     })
@@ -591,6 +603,11 @@ impl Commands {
                 vec![
                     l.namespace.clone(),
                     l.activity_type.clone(),
+                    if l.concurrency_key.is_empty() {
+                        "(type)".to_owned()
+                    } else {
+                        l.concurrency_key.clone()
+                    },
                     format!("{}/{}", l.limit, period(l)),
                     l.burst.to_string(),
                     l.available.to_string(),
@@ -599,7 +616,10 @@ impl Commands {
             .collect();
         print!(
             "{}",
-            table(&["NAMESPACE", "TYPE", "LIMIT", "BURST", "AVAILABLE"], &rows)
+            table(
+                &["NAMESPACE", "TYPE", "KEY", "LIMIT", "BURST", "AVAILABLE"],
+                &rows
+            )
         );
     }
 
@@ -609,6 +629,23 @@ impl Commands {
         } else {
             print!("{}", activity_text(activity));
         }
+    }
+}
+
+/// A limit's KEY column: the key, or `*` for the type's own limit (every key).
+fn key_column(key: &str) -> String {
+    if key.is_empty() {
+        "*".to_owned()
+    } else {
+        key.to_owned()
+    }
+}
+
+/// What a limit deleted was on: a type, or one key of it.
+fn limited(activity_type: &str, key: Option<&str>) -> String {
+    match key {
+        None => activity_type.to_owned(),
+        Some(key) => format!("{activity_type} key {key:?}"),
     }
 }
 

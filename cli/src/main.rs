@@ -171,12 +171,13 @@ enum Command {
 
 #[derive(clap::Subcommand)]
 enum RateLimitCommand {
-    /// Set (or replace) a type's limit: at most --limit rows each --per.
+    /// Set (or replace) a type's limit: at most --limit rows each --per; or with
+    /// --key, one concurrency key's.
     Set(RateLimitSetArgs),
     /// List the limits, with what each has available now.
     List(NamespaceArgs),
-    /// Remove a type's limit.
-    Delete(RateLimitTypeArgs),
+    /// Remove a type's limit, or with --key that key's.
+    Delete(LimitDeleteArgs),
 }
 
 #[derive(clap::Subcommand)]
@@ -187,7 +188,7 @@ enum ConcurrencyLimitCommand {
     /// List the limits, the types' then their keys', with their use now.
     List(NamespaceArgs),
     /// Remove a type's limit, or with --key what was set for that key.
-    Delete(ConcurrencyLimitDeleteArgs),
+    Delete(LimitDeleteArgs),
 }
 
 #[derive(clap::Args)]
@@ -229,6 +230,10 @@ struct RateLimitSetArgs {
     /// Rows at once after a quiet spell (default: --limit).
     #[arg(long, default_value_t = 0)]
     burst: u32,
+    /// Limit this one concurrency key's activities of the type, beside the
+    /// type's own limit.
+    #[arg(long)]
+    key: Option<String>,
     /// The namespace (default: "default").
     #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
@@ -237,21 +242,10 @@ struct RateLimitSetArgs {
 }
 
 #[derive(clap::Args)]
-struct RateLimitTypeArgs {
+struct LimitDeleteArgs {
     /// The activity type.
     activity_type: String,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
-    #[command(flatten)]
-    client: ClientArgs,
-}
-
-#[derive(clap::Args)]
-struct ConcurrencyLimitDeleteArgs {
-    /// The activity type.
-    activity_type: String,
-    /// Only what was set for this key.
+    /// Only this concurrency key's limit.
     #[arg(long)]
     key: Option<String>,
     /// The namespace (default: "default").
@@ -1085,6 +1079,7 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                 limit: a.limit,
                 period: Some(spool_proto::duration::to_proto(a.per)),
                 burst: a.burst,
+                concurrency_key: a.key.unwrap_or_default(),
                 available: 0,
             };
             connect(&a.client).await?.set_rate_limit(limit).await
@@ -1123,7 +1118,7 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         Command::RateLimit(RateLimitCommand::Delete(a)) => {
             connect(&a.client)
                 .await?
-                .delete_rate_limit(a.namespace, a.activity_type)
+                .delete_rate_limit(a.namespace, a.activity_type, a.key)
                 .await
         }
     }

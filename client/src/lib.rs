@@ -595,10 +595,31 @@ impl Client {
         namespace: impl Into<String>,
         activity_type: impl Into<String>,
     ) -> Result<bool, Error> {
-        let request = v1::DeleteRateLimitRequest {
+        self.delete_rate(v1::DeleteRateLimitRequest {
             namespace: namespace.into(),
             activity_type: activity_type.into(),
-        };
+            concurrency_key: String::new(),
+        })
+        .await
+    }
+
+    /// Removes the rate limit of one concurrency key of a type; false when it
+    /// had none.
+    pub async fn delete_key_rate_limit(
+        &self,
+        namespace: impl Into<String>,
+        activity_type: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Result<bool, Error> {
+        self.delete_rate(v1::DeleteRateLimitRequest {
+            namespace: namespace.into(),
+            activity_type: activity_type.into(),
+            concurrency_key: key.into(),
+        })
+        .await
+    }
+
+    async fn delete_rate(&self, request: v1::DeleteRateLimitRequest) -> Result<bool, Error> {
         Ok(self
             .admin()
             .delete_rate_limit(self.request(request))

@@ -307,7 +307,8 @@ pub fn limits(
 ) {
     // [available, rate-held, keys, running, concurrency-held]
     let mut totals: std::collections::HashMap<(String, String), [u64; 5]> = Default::default();
-    for used in rate {
+    // A key's own bucket is not the type's: its use shows in the lists.
+    for used in rate.iter().filter(|u| u.limit.key.is_none()) {
         let (ns, ty) = (&used.limit.namespace, &used.limit.activity_type);
         let due: u64 = counts
             .iter()

@@ -104,5 +104,6 @@ pub fn rate_limit(used: crate::store::rate::RateLimitUse) -> v1::RateLimit {
         period: Some(spool_proto::duration::to_proto(limit.period)),
         burst: limit.burst,
         available: used.available,
+        concurrency_key: limit.key.unwrap_or_default(),
     }
 }

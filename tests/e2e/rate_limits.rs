@@ -201,6 +201,13 @@ async fn rate_limits_refuse_what_cannot_be_enforced_and_delete_once() {
             },
             "rate_limit.activity_type is required",
         ),
+        (
+            v1::RateLimit {
+                concurrency_key: "a\u{7}b".into(),
+                ..fifty_a_second()
+            },
+            "rate_limit.concurrency_key",
+        ),
     ];
     for (limit, says) in bad {
         let err = admin
@@ -230,8 +237,8 @@ async fn rate_limits_refuse_what_cannot_be_enforced_and_delete_once() {
         .await
         .unwrap();
     let delete = || v1::DeleteRateLimitRequest {
-        namespace: String::new(),
         activity_type: "t".into(),
+        ..Default::default()
     };
     assert!(
         admin
@@ -249,4 +256,96 @@ async fn rate_limits_refuse_what_cannot_be_enforced_and_delete_once() {
             .into_inner()
             .deleted
     );
+}
+
+#[tokio::test]
+async fn a_keys_rate_limit_paces_its_rows_and_no_others() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let set = admin
+        .set_rate_limit(v1::SetRateLimitRequest {
+            rate_limit: Some(v1::RateLimit {
+                concurrency_key: "mail".into(),
+                ..fifty_a_second()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .rate_limit
+        .unwrap();
+    assert_eq!((set.concurrency_key.as_str(), set.available), ("mail", 5));
+    let mut client = server.client().await;
+    let activities: Vec<_> = (0..1_000)
+        .map(|i| {
+            let (id, key) = if i % 3 == 0 {
+                (format!("sms{i}"), "sms")
+            } else {
+                (format!("mail{i}"), "mail")
+            };
+            let mut req = request("t", "wf", &id);
+            req.concurrency_key = key.into();
+            req
+        })
+        .collect();
+    for chunk in activities.chunks(500) {
+        client
+            .submit_batch(v1::SubmitBatchRequest {
+                activities: chunk.to_vec(),
+            })
+            .await
+            .unwrap();
+    }
+    let mail = Arc::new(Mutex::new(Vec::new()));
+    let sms = Arc::new(Mutex::new(Vec::new()));
+    let mut raw = RawWorker::connect(&server, &["t"], 200).await;
+    let worker = {
+        let (mail, sms) = (mail.clone(), sms.clone());
+        tokio::spawn(async move {
+            loop {
+                match raw.next().await {
+                    server_message::Message::Task(task) => {
+                        let times = if task.activity_id.starts_with("mail") {
+                            &mail
+                        } else {
+                            &sms
+                        };
+                        times.lock().unwrap().push(Instant::now());
+                        raw.complete(&task, task.attempt).await;
+                    }
+                    server_message::Message::Ack(ack) => assert!(ack.accepted),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        })
+    };
+    eventually("a mail row held back by its key's rate limit", || {
+        let mut client = client.clone();
+        async move {
+            let last = get(&mut client, key("wf", "mail998")).await;
+            (last.waiting_reason
+                == r#"rate limited: key "mail" of t takes 50 per 1s, and none is left now"#)
+                .then_some(())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    worker.abort();
+    assert_fifty_a_second(&mail);
+    assert_eq!(
+        sms.lock().unwrap().len(),
+        334,
+        "the other key is not limited"
+    );
+    let deleted = admin
+        .delete_rate_limit(v1::DeleteRateLimitRequest {
+            activity_type: "t".into(),
+            concurrency_key: "mail".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .deleted;
+    assert!(deleted);
 }

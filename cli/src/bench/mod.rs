@@ -446,7 +446,7 @@ impl Bench {
                     limit: per_second,
                     period: Some(spool_proto::duration::to_proto(Duration::from_secs(1))),
                     burst: per_second,
-                    available: 0,
+                    ..Default::default()
                 };
                 admin
                     .set_rate_limit(self.request(v1::SetRateLimitRequest {

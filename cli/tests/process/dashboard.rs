@@ -396,14 +396,33 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
         })
         .await
         .unwrap_or_else(|e| panic!("set a key's limit: {e}"));
+    client
+        .set_rate_limit(v1::RateLimit {
+            activity_type: "emails".into(),
+            concurrency_key: "bulk".into(),
+            limit: 7,
+            period: Some(spool_proto::duration::to_proto(
+                std::time::Duration::from_secs(60),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a key's rate limit: {e}"));
     browser
         .find("#nav-limits")
         .await
         .click()
         .await
         .expect("nav");
-    let rate = browser.text("#rate-limits tr[data-type=\"emails\"]").await;
-    assert!(rate.contains("100 / 1s") && rate.contains("100"), "{rate}");
+    let rate = browser
+        .text("#rate-limits tr[data-type=\"emails\"][data-key=\"\"]")
+        .await;
+    assert!(
+        rate.contains("100 / 1s") && rate.contains("the whole type"),
+        "{rate}"
+    );
+    let bulk = browser.text("#rate-limits tr[data-key=\"bulk\"]").await;
+    assert!(bulk.contains("bulk") && bulk.contains("7 / 1m"), "{bulk}");
     let keyed = browser
         .text("#concurrency-limits tr[data-type=\"charge\"][data-key=\"\"]")
         .await;

@@ -125,15 +125,25 @@ impl ActivityApi {
                 ));
             }
         }
-        if let Some(limit) = store
+        // The key's own bucket first, then the type's.
+        let mut empty: Vec<_> = store
             .rate_limits(Some(namespace), now)
             .await?
             .into_iter()
-            .find(|l| &l.limit.activity_type == activity_type)
-            && limit.available == 0
-        {
+            .filter(|l| {
+                &l.limit.activity_type == activity_type
+                    && l.available == 0
+                    && (l.limit.key.is_none() || l.limit.key == row.concurrency_key)
+            })
+            .collect();
+        empty.sort_by_key(|l| l.limit.key.is_none());
+        if let Some(limit) = empty.first() {
+            let whose = match &limit.limit.key {
+                Some(key) => format!("key {key:?} of {activity_type}"),
+                None => activity_type.to_string(),
+            };
             return Ok(format!(
-                "rate limited: {activity_type} takes {} per {}, and none is left now",
+                "rate limited: {whose} takes {} per {}, and none is left now",
                 limit.limit.per_period,
                 spool_proto::duration::format(limit.limit.period)
             ));

@@ -74,7 +74,11 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::SetRateLimitResponse>, Status> {
         let limit = validate::rate_limit(request.get_ref().rate_limit.clone())?;
         authorize(&request, Role::Admin, &limit.namespace)?;
-        let (namespace, activity_type) = (limit.namespace.clone(), limit.activity_type.clone());
+        let (namespace, activity_type, key) = (
+            limit.namespace.clone(),
+            limit.activity_type.clone(),
+            limit.key.clone(),
+        );
         match self.commit(Op::SetRateLimit(limit)).await? {
             Outcome::RateLimitSet => {}
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
@@ -87,7 +91,7 @@ impl AdminService for AdminApi {
             .await
             .map_err(Error::from)?
             .into_iter()
-            .find(|u| u.limit.activity_type == activity_type)
+            .find(|u| u.limit.activity_type == activity_type && u.limit.key == key)
             .map(crate::wire::rate_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
@@ -118,10 +122,15 @@ impl AdminService for AdminApi {
         let namespace = validate::namespace(&request.get_ref().namespace)?;
         let activity_type = request.get_ref().activity_type.clone();
         validate::name("activity_type", &activity_type)?;
+        let key = validate::concurrency_key(
+            "concurrency_key",
+            request.get_ref().concurrency_key.clone(),
+        )?;
         authorize(&request, Role::Admin, &namespace)?;
         let op = Op::RemoveRateLimit {
             namespace: namespace.clone(),
             activity_type: activity_type.clone(),
+            key,
         };
         let deleted = match self.commit(op).await? {
             Outcome::RateLimitRemoved(deleted) => deleted,
@@ -189,13 +198,10 @@ impl AdminService for AdminApi {
         let namespace = validate::namespace(&request.get_ref().namespace)?;
         let activity_type = request.get_ref().activity_type.clone();
         validate::name("activity_type", &activity_type)?;
-        let key = match request.get_ref().concurrency_key.as_str() {
-            "" => None,
-            key => {
-                validate::name("concurrency_key", key)?;
-                Some(key.to_owned())
-            }
-        };
+        let key = validate::concurrency_key(
+            "concurrency_key",
+            request.get_ref().concurrency_key.clone(),
+        )?;
         authorize(&request, Role::Admin, &namespace)?;
         let op = Op::RemoveConcurrencyLimit {
             namespace: namespace.clone(),

@@ -183,10 +183,20 @@ pub fn rate_limit(limit: Option<v1::RateLimit>) -> Result<RateLimit, Error> {
     Ok(RateLimit {
         namespace,
         activity_type: limit.activity_type,
+        key: concurrency_key("rate_limit.concurrency_key", limit.concurrency_key)?,
         per_period,
         period,
         burst,
     })
+}
+
+/// A concurrency key named in `field`, if any: empty is none.
+pub fn concurrency_key(field: &str, key: String) -> Result<Option<String>, Error> {
+    if key.is_empty() {
+        return Ok(None);
+    }
+    name(field, &key)?;
+    Ok(Some(key))
 }
 
 /// A concurrency limit to set, as the op that sets it: for a named type, from 1 to
@@ -394,13 +404,7 @@ pub fn submit(
         timeouts,
         priority: request.priority,
         headers: headers(request.headers)?,
-        concurrency_key: match request.concurrency_key.as_str() {
-            "" => None,
-            key => {
-                name("concurrency_key", key)?;
-                Some(request.concurrency_key)
-            }
-        },
+        concurrency_key: concurrency_key("concurrency_key", request.concurrency_key)?,
     })
 }
 

@@ -112,6 +112,7 @@ conformance!(
     claim_takes_due_rows_by_priority_then_age,
     priority_ages_once_set_and_is_strict_again_when_unset,
     a_rate_limit_holds_claims_to_its_bucket,
+    a_keys_rate_limit_holds_only_its_rows,
     a_concurrency_key_runs_at_most_its_limit,
     keys_share_a_claim_and_take_turns,
     keys_are_served_in_proportion_to_their_weights,
@@ -343,6 +344,7 @@ async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _raw: &Raw) 
     let limit = |namespace: &str| rate::RateLimit {
         namespace: namespace.into(),
         activity_type: "t".into(),
+        key: None,
         per_period: 2,
         period: std::time::Duration::from_secs(1),
         burst: 2,
@@ -411,6 +413,7 @@ async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _raw: &Raw) 
     let remove = || Op::RemoveRateLimit {
         namespace: "default".into(),
         activity_type: "t".into(),
+        key: None,
     };
     assert!(matches!(
         one(store, remove(), T0).await,
@@ -425,6 +428,99 @@ async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _raw: &Raw) 
         (2, vec![]),
         "no limit: the rest at once"
     );
+}
+
+async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _raw: &Raw) {
+    // Key "mail" of t: two a second, two at once; "sms" and unkeyed rows free.
+    let limit = rate::RateLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        key: Some("mail".into()),
+        per_period: 2,
+        period: std::time::Duration::from_secs(1),
+        burst: 2,
+    };
+    one(store, Op::SetRateLimit(limit.clone()), T0).await;
+    let keyed = |id: String, key: Option<&str>| {
+        let mut row = new(&id, "t");
+        row.concurrency_key = key.map(str::to_owned);
+        row
+    };
+    for i in 0..5 {
+        submit(store, keyed(format!("mail{i}"), Some("mail"))).await;
+        submit(store, keyed(format!("sms{i}"), Some("sms"))).await;
+    }
+    submit(store, keyed("plain".into(), None)).await;
+    let at = |now| async move {
+        match one(store, claim_for(&["t"], 20), now).await {
+            Outcome::Claimed { rows, throttled } => {
+                let mut ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.to_string()).collect();
+                ids.sort();
+                let throttled: Vec<_> = throttled
+                    .into_iter()
+                    .map(|(ty, at)| (ty.to_string(), at))
+                    .collect();
+                (ids, throttled)
+            }
+            other => panic!("expected Claimed, got {other:?}"),
+        }
+    };
+    let (first, throttled) = at(T0).await;
+    assert_eq!(
+        first,
+        [
+            "mail0", "mail1", "plain", "sms0", "sms1", "sms2", "sms3", "sms4"
+        ],
+        "the key's burst, and everything else"
+    );
+    assert_eq!(
+        throttled,
+        [("t".to_owned(), T0 + 500)],
+        "when mail has a token"
+    );
+    assert_eq!(
+        at(T0 + 499).await,
+        (vec![], vec![("t".to_owned(), T0 + 500)])
+    );
+    assert_eq!(
+        at(T0 + 500).await,
+        (vec!["mail2".to_owned()], vec![("t".to_owned(), T0 + 1_000)])
+    );
+    let uses = store
+        .rate_limits(None, T0 + 500)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        uses,
+        [rate::RateLimitUse {
+            limit: limit.clone(),
+            available: 0
+        }]
+    );
+    assert_eq!(at(T0 + 1_000).await.0, ["mail3"]);
+    assert_eq!(at(T0 + 1_500).await.0, ["mail4"]);
+    // Its bucket outlives a spell with none of its rows waiting or running.
+    for i in 0..5 {
+        let row = get(store, &format!("mail{i}")).await;
+        assert!(finish(store, &row, output("done"), T0 + 1_500).await);
+    }
+    submit(store, keyed("mail-late".into(), Some("mail"))).await;
+    assert_eq!(
+        at(T0 + 1_500).await,
+        (vec![], vec![("t".to_owned(), T0 + 2_000)]),
+        "the bucket spent at T0 + 1.5s is still empty"
+    );
+    // Removed, the key's rows go at once.
+    let remove = Op::RemoveRateLimit {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        key: Some("mail".into()),
+    };
+    assert!(matches!(
+        one(store, remove, T0).await,
+        Outcome::RateLimitRemoved(true)
+    ));
+    assert_eq!(at(T0 + 1_500).await.0, ["mail-late"]);
 }
 
 async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, _raw: &Raw) {

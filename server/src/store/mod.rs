@@ -98,6 +98,105 @@ macro_rules! stride {
     };
 }
 
+/// The rate limits of namespace `$ns` (of all, when NULL): each type's, then each
+/// key's with its bucket from the key's row, as `rows::rate_limit_use` reads them.
+macro_rules! rate_limits {
+    ($ns:literal) => {
+        concat!(
+            "SELECT * FROM (SELECT namespace, activity_type, per_period, period_ms, burst, \
+               interval_ns, tat_ns, NULL AS concurrency_key FROM rate_limits WHERE ",
+            $ns,
+            " IS NULL OR namespace = ",
+            $ns,
+            " UNION ALL \
+             SELECT r.namespace, r.activity_type, r.per_period, r.period_ms, r.burst, \
+               r.interval_ns, COALESCE((SELECT k.tat_ns FROM concurrency_keys AS k \
+                 WHERE k.namespace = r.namespace AND k.activity_type = r.activity_type \
+                   AND k.concurrency_key = r.concurrency_key), 0), r.concurrency_key \
+             FROM key_rate_limits AS r WHERE ",
+            $ns,
+            " IS NULL OR r.namespace = ",
+            $ns,
+            ") AS l ORDER BY 1, 2, 8 NULLS FIRST"
+        )
+    };
+}
+
+/// Sets one key's rate limit, with the dialect's placeholder prefix `$p`: `1`
+/// namespace, `2` type, `3` rows per `4` milliseconds, `5` at once, one per `6`
+/// nanoseconds, `7` the key. Its bucket, on the key's row, is kept.
+macro_rules! set_key_rate_limit {
+    ($p:literal) => {
+        concat!(
+            "INSERT INTO key_rate_limits (namespace, activity_type, per_period, period_ms, \
+               burst, interval_ns, concurrency_key) VALUES (",
+            $p,
+            "1, ",
+            $p,
+            "2, ",
+            $p,
+            "3, ",
+            $p,
+            "4, ",
+            $p,
+            "5, ",
+            $p,
+            "6, ",
+            $p,
+            "7) ON CONFLICT (namespace, activity_type, concurrency_key) DO UPDATE SET \
+               per_period = excluded.per_period, period_ms = excluded.period_ms, \
+               burst = excluded.burst, interval_ns = excluded.interval_ns"
+        )
+    };
+}
+
+/// How many rows key row `k` may take at `$now` (milliseconds) from its own
+/// bucket `r` (a large number when it has none; 0 or less when it is empty).
+macro_rules! key_tokens {
+    ($now:literal) => {
+        concat!(
+            "CASE WHEN r.interval_ns IS NULL THEN 2147483647 ELSE (",
+            $now,
+            " * 1000000 + r.burst * r.interval_ns - CASE WHEN k.tat_ns > ",
+            $now,
+            " * 1000000 THEN k.tat_ns ELSE ",
+            $now,
+            " * 1000000 END) / r.interval_ns END"
+        )
+    };
+}
+
+/// A key row `k`'s own rate limit `r`, joined.
+macro_rules! key_rate {
+    () => {
+        "LEFT JOIN key_rate_limits AS r ON r.namespace = k.namespace \
+         AND r.activity_type = k.activity_type AND r.concurrency_key = k.concurrency_key"
+    };
+}
+
+/// The first time (nanoseconds) after `$now` (milliseconds) one of the keys of
+/// type `$type` of namespace `$ns` with rows waiting gets a token back from its
+/// own bucket (but those `$skip` leaves out); NULL when none will.
+macro_rules! key_refill {
+    ($ns:literal, $type:literal, $now:literal, $skip:literal) => {
+        concat!(
+            "(SELECT MIN(k.tat_ns - (r.burst - 1) * r.interval_ns) \
+             FROM key_rate_limits AS r JOIN concurrency_keys AS k \
+               ON k.namespace = r.namespace AND k.activity_type = r.activity_type \
+               AND k.concurrency_key = r.concurrency_key \
+             WHERE r.namespace = ",
+            $ns,
+            " AND r.activity_type = ",
+            $type,
+            " AND k.waiting > 0 AND k.tat_ns - (r.burst - 1) * r.interval_ns > ",
+            $now,
+            " * 1000000",
+            $skip,
+            ")"
+        )
+    };
+}
+
 /// A key row `k`'s own limits `x`, joined (see the key shares migration).
 macro_rules! key_limits {
     () => {
@@ -486,6 +585,8 @@ pub enum Op {
     RemoveRateLimit {
         namespace: String,
         activity_type: String,
+        /// Only this concurrency key's limit.
+        key: Option<String>,
     },
     /// Set (or replace) how many rows of each concurrency key of a namespace's
     /// type may run at once. Outcome: `ConcurrencyLimitSet`.

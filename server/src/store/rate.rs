@@ -1,8 +1,8 @@
 //! Rate limits as the stores keep them: a token bucket per (namespace, activity
-//! type) held in one number, the time it is next full (`tat_ns`, as in GCRA).
-//! Every claim of a limited type reads and moves it in the claim's own
-//! transaction, so the rows taken over any window never exceed the burst plus one
-//! per interval, however many nodes claim. Times are nanoseconds of the store's
+//! type), or per concurrency key of a type, held in one number, the time it is
+//! next full (`tat_ns`, as in GCRA). Every claim of a limited type (or key) reads
+//! and moves it in the claim's own transaction, so the rows taken over any window
+//! never exceed the burst plus one per interval, however many nodes claim. Times are nanoseconds of the store's
 //! clock (`Store::now` × 1e6); the limits on a limit keep every sum inside `i64`.
 
 use std::time::Duration;
@@ -19,6 +19,8 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(3600);
 pub struct RateLimit {
     pub namespace: String,
     pub activity_type: String,
+    /// Set for one concurrency key's limit, beside the type's.
+    pub key: Option<String>,
     pub per_period: u32,
     pub period: Duration,
     pub burst: u32,
@@ -92,6 +94,7 @@ mod tests {
         let limit = RateLimit {
             namespace: "n".into(),
             activity_type: "t".into(),
+            key: None,
             per_period,
             period,
             burst,

@@ -459,6 +459,7 @@ pub(super) fn rate_limit_use(
         limit: super::rate::RateLimit {
             namespace: row.text(0)?,
             activity_type: row.text(1)?,
+            key: row.opt_text(7)?,
             per_period: count(2, "per period")?,
             period: std::time::Duration::from_millis(period_ms),
             burst: count(4, "burst")?,

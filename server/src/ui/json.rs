@@ -313,6 +313,7 @@ pub fn limits(
             serde_json::json!({
                 "namespace": l.namespace,
                 "activity_type": l.activity_type,
+                "concurrency_key": l.concurrency_key,
                 "limit": l.limit,
                 "period": period(l.period),
                 "burst": l.burst,

@@ -116,6 +116,11 @@ fn migrator() -> Migrator {
             "key_shares",
             include_str!("../migrations/postgres/0014_key_shares.sql"),
         ),
+        migration(
+            15,
+            "key_rate_limits",
+            include_str!("../migrations/postgres/0015_key_rate_limits.sql"),
+        ),
     ])
 }
 

@@ -150,13 +150,18 @@ macro_rules! claim_ctes {
             $type,
             " FOR UPDATE), \
              kc AS (SELECT k.concurrency_key AS ck, k.served_at AS pass, \
-                 COALESCE(x.weight, 1) AS weight, COALESCE(x.max_running, (SELECT max_running \
+                 COALESCE(x.weight, 1) AS weight, r.interval_ns, \
+                 LEAST(COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
             " AND l.activity_type = ",
             $type,
-            "), 2147483647) - k.running AS room FROM concurrency_keys AS k ",
+            "), 2147483647) - k.running, ",
+            key_tokens!($now),
+            ") AS room FROM concurrency_keys AS k ",
             key_limits!(),
+            " ",
+            key_rate!(),
             " WHERE k.namespace = ",
             $namespace,
             " AND k.activity_type = ",
@@ -166,7 +171,9 @@ macro_rules! claim_ctes {
             $namespace,
             " AND l.activity_type = ",
             $type,
-            "), 2147483647) ORDER BY k.served_at, k.concurrency_key LIMIT ",
+            "), 2147483647) AND ",
+            key_tokens!($now),
+            " > 0 ORDER BY k.served_at, k.concurrency_key LIMIT ",
             $limit,
             " FOR UPDATE OF k SKIP LOCKED), \
              k AS (UPDATE activities SET ",
@@ -212,14 +219,17 @@ macro_rules! claim_ctes {
                  served_at = GREATEST(q.served_at, (SELECT MIN(pass) FROM kc)) \
                    + t.n * (",
             stride!(),
-            " / t.weight) \
-               FROM (SELECT kc.ck, kc.weight, COUNT(*) AS n FROM k JOIN kc \
-                 ON kc.ck = k.concurrency_key GROUP BY kc.ck, kc.weight) AS t \
+            " / t.weight), tat_ns = CASE WHEN t.interval_ns IS NULL THEN q.tat_ns \
+                 ELSE GREATEST(q.tat_ns, ",
+            $now,
+            " * 1000000) + t.n * t.interval_ns END \
+               FROM (SELECT kc.ck, kc.weight, kc.interval_ns, COUNT(*) AS n FROM k JOIN kc \
+                 ON kc.ck = k.concurrency_key GROUP BY kc.ck, kc.weight, kc.interval_ns) AS t \
                WHERE q.namespace = ",
             $namespace,
             " AND q.activity_type = ",
             $type,
-            " AND q.concurrency_key = t.ck), \
+            " AND q.concurrency_key = t.ck RETURNING q.concurrency_key, q.waiting, q.tat_ns), \
              s AS (UPDATE rate_limits AS r SET tat_ns = b.base + ",
             taken!(),
             " * b.interval_ns FROM b WHERE r.namespace = ",
@@ -271,14 +281,32 @@ macro_rules! taken {
     };
 }
 
-/// After `claim_ctes!`: when the bucket gives a row again (`rate::Bucket::refills_at`,
-/// in nanoseconds); NULL when the type is not limited.
+/// After `claim_ctes!`: when the type's bucket, or the bucket of one of its keys
+/// with rows waiting, gives a row again (`rate::Bucket::refills_at`, in
+/// nanoseconds); NULL when none limits. A key the claim served is read as `kb`
+/// left it, the others as they were.
 macro_rules! refill {
-    () => {
+    ($now:literal, $namespace:literal, $type:literal) => {
         concat!(
-            "(SELECT base + (",
+            "LEAST((SELECT base + (",
             taken!(),
-            " - burst + 1) * interval_ns FROM b)"
+            " - burst + 1) * interval_ns FROM b), \
+             (SELECT MIN(kb.tat_ns - (r.burst - 1) * r.interval_ns) FROM kb \
+               JOIN key_rate_limits AS r ON r.namespace = ",
+            $namespace,
+            " AND r.activity_type = ",
+            $type,
+            " AND r.concurrency_key = kb.concurrency_key \
+               WHERE kb.waiting > 0 AND kb.tat_ns - (r.burst - 1) * r.interval_ns > ",
+            $now,
+            " * 1000000), ",
+            key_refill!(
+                $namespace,
+                $type,
+                $now,
+                " AND k.concurrency_key NOT IN (SELECT concurrency_key FROM kb)"
+            ),
+            ")"
         )
     };
 }
@@ -291,7 +319,7 @@ pub const CLAIM: &str = concat!(
     "WITH ",
     claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
     " SELECT r.*, ",
-    refill!(),
+    refill!("$1", "$4", "$5"),
     " FROM (SELECT 1) AS one \
      LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
 );
@@ -335,7 +363,7 @@ pub const FINISH_AND_CLAIM: &str = concat!(
     "), ",
     claim_ctes!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
     " SELECT r.*, e.ended, ",
-    refill!(),
+    refill!("$19", "$22", "$23"),
     " FROM (SELECT array_agg(id) AS ended FROM f) AS e \
      LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
 );
@@ -563,9 +591,12 @@ pub const REMOVE_RATE_LIMIT: &str =
     "DELETE FROM rate_limits WHERE namespace = $1 AND activity_type = $2";
 
 /// The rate limits of namespace `$1` (of all, when NULL), in order.
-pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
-       interval_ns, tat_ns FROM rate_limits WHERE $1::TEXT IS NULL OR namespace = $1 \
-     ORDER BY namespace, activity_type";
+pub const RATE_LIMITS: &str = rate_limits!("$1::TEXT");
+
+pub const SET_KEY_RATE_LIMIT: &str = set_key_rate_limit!("$");
+
+pub const REMOVE_KEY_RATE_LIMIT: &str = "DELETE FROM key_rate_limits \
+     WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3";
 
 /// Sets the concurrency limit of type `$2` of namespace `$1` to `$3` running rows
 /// per key.

@@ -132,15 +132,23 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
         Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
         Op::Redrive { key } => redrive(conn, key, now).await,
         Op::SetRateLimit(limit) => {
-            sqlx::query(sql::SET_RATE_LIMIT)
+            let statement = match limit.key {
+                None => sql::SET_RATE_LIMIT,
+                Some(_) => sql::SET_KEY_RATE_LIMIT,
+            };
+            let q = sqlx::query(statement)
                 .bind(&limit.namespace)
                 .bind(&limit.activity_type)
                 .bind(i64::from(limit.per_period))
                 .bind(limit.period_ms())
                 .bind(i64::from(limit.burst))
-                .bind(limit.interval_ns())
-                .execute(&mut *conn)
-                .await?;
+                .bind(limit.interval_ns());
+            match &limit.key {
+                None => q,
+                Some(key) => q.bind(key),
+            }
+            .execute(&mut *conn)
+            .await?;
             Ok(Outcome::RateLimitSet)
         }
         Op::SetConcurrencyLimit {
@@ -185,29 +193,26 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             activity_type,
             key,
         } => {
-            let done = match key {
-                None => sqlx::query(sql::REMOVE_CONCURRENCY_LIMIT)
-                    .bind(namespace)
-                    .bind(activity_type),
-                Some(key) => sqlx::query(sql::REMOVE_KEY_LIMIT)
-                    .bind(namespace)
-                    .bind(activity_type)
-                    .bind(key),
-            }
-            .execute(&mut *conn)
-            .await?;
-            Ok(Outcome::ConcurrencyLimitRemoved(done.rows_affected() > 0))
+            let statement = match key {
+                None => sql::REMOVE_CONCURRENCY_LIMIT,
+                Some(_) => sql::REMOVE_KEY_LIMIT,
+            };
+            remove(conn, statement, namespace, activity_type, key.as_deref())
+                .await
+                .map(Outcome::ConcurrencyLimitRemoved)
         }
         Op::RemoveRateLimit {
             namespace,
             activity_type,
+            key,
         } => {
-            let done = sqlx::query(sql::REMOVE_RATE_LIMIT)
-                .bind(namespace)
-                .bind(activity_type)
-                .execute(&mut *conn)
-                .await?;
-            Ok(Outcome::RateLimitRemoved(done.rows_affected() > 0))
+            let statement = match key {
+                None => sql::REMOVE_RATE_LIMIT,
+                Some(_) => sql::REMOVE_KEY_RATE_LIMIT,
+            };
+            remove(conn, statement, namespace, activity_type, key.as_deref())
+                .await
+                .map(Outcome::RateLimitRemoved)
         }
         Op::Prune { before, limit } => {
             let done = sqlx::query(sql::PRUNE)
@@ -256,6 +261,25 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
 /// A run of submits: every activity inserted by one statement when none of their
 /// keys exists or repeats (the common case); otherwise that insert is undone and
 /// each submit runs on its own, as it would alone.
+/// Deletes a limit of a namespace's type (with `key`, of that key) with
+/// `statement`; true when there was one.
+async fn remove(
+    conn: &mut PgConnection,
+    statement: &'static str,
+    namespace: &str,
+    activity_type: &str,
+    key: Option<&str>,
+) -> Result<bool, Error> {
+    let q = sqlx::query(statement).bind(namespace).bind(activity_type);
+    let done = match key {
+        None => q,
+        Some(key) => q.bind(key),
+    }
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
 async fn submit_run(
     conn: &mut PgConnection,
     run: &[&Op],

@@ -98,6 +98,11 @@ fn migrator() -> Migrator {
             "key_shares",
             include_str!("../migrations/sqlite/0012_key_shares.sql"),
         ),
+        migration(
+            13,
+            "key_rate_limits",
+            include_str!("../migrations/sqlite/0013_key_rate_limits.sql"),
+        ),
     ])
 }
 

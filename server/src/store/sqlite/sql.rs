@@ -106,26 +106,32 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
     columns!()
 );
 
-/// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting
-/// and room to run more, lowest pass first, with that room, their weight and pass
-/// (see the `0012_key_shares` migration).
+/// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting,
+/// room to run more and tokens in their own bucket at `?4` (milliseconds), lowest
+/// pass first, with that room (or fewer tokens), their weight, pass and bucket's
+/// interval (see the `0012_key_shares` and `0013_key_rate_limits` migrations).
 pub const READY_KEYS: &str = concat!(
-    "SELECT concurrency_key, room, weight, served_at FROM (\
-       SELECT k.concurrency_key, k.served_at, COALESCE(x.weight, 1) AS weight, \
-         COALESCE(x.max_running, (SELECT max_running FROM concurrency_limits AS l \
-                   WHERE l.namespace = ?1 AND l.activity_type = ?2), 2147483647) - k.running \
-           AS room \
+    "SELECT concurrency_key, room, weight, served_at, interval_ns FROM (\
+       SELECT k.concurrency_key, k.served_at, COALESCE(x.weight, 1) AS weight, r.interval_ns, \
+         MIN(COALESCE(x.max_running, (SELECT max_running FROM concurrency_limits AS l \
+                   WHERE l.namespace = ?1 AND l.activity_type = ?2), 2147483647) - k.running, ",
+    key_tokens!("?4"),
+    ") AS room \
        FROM concurrency_keys AS k INDEXED BY concurrency_keys_ready ",
     key_limits!(),
+    " ",
+    key_rate!(),
     " WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
        ORDER BY k.served_at, k.concurrency_key) \
      WHERE room > 0 LIMIT ?3"
 );
 
 /// Counts the `?4` rows a claim gave key `?3` of type `?2` of namespace `?1`,
-/// and moves its pass on from `?5` by `?6` a row (`concurrency::stride`).
+/// moves its pass on from `?5` by `?6` a row (`concurrency::stride`), and its
+/// bucket, if it has one, by its interval `?7` a row from `?8` (nanoseconds).
 pub const SERVE_KEY: &str = "UPDATE concurrency_keys \
-     SET waiting = waiting - ?4, running = running + ?4, served_at = MAX(served_at, ?5) + ?4 * ?6 \
+     SET waiting = waiting - ?4, running = running + ?4, served_at = MAX(served_at, ?5) + ?4 * ?6, \
+       tat_ns = CASE WHEN ?7 IS NULL THEN tat_ns ELSE MAX(tat_ns, ?8) + ?4 * ?7 END \
      WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
 
 /// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows
@@ -388,9 +394,16 @@ pub const REMOVE_RATE_LIMIT: &str =
     "DELETE FROM rate_limits WHERE namespace = ?1 AND activity_type = ?2";
 
 /// The rate limits of namespace `?1` (of all, when NULL), in order.
-pub const RATE_LIMITS: &str = "SELECT namespace, activity_type, per_period, period_ms, burst, \
-       interval_ns, tat_ns FROM rate_limits WHERE ?1 IS NULL OR namespace = ?1 \
-     ORDER BY namespace, activity_type";
+pub const RATE_LIMITS: &str = rate_limits!("?1");
+
+pub const SET_KEY_RATE_LIMIT: &str = set_key_rate_limit!("?");
+
+pub const REMOVE_KEY_RATE_LIMIT: &str = "DELETE FROM key_rate_limits \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+/// When a key of type `?2` of namespace `?1` held back by its own rate limit has
+/// a token again, after `?3` (milliseconds).
+pub const KEY_REFILL: &str = concat!("SELECT ", key_refill!("?1", "?2", "?3", ""));
 
 /// The waiting and running rows of concurrency key `?3` of type `?2` of
 /// namespace `?1`.

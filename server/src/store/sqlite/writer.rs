@@ -166,19 +166,28 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
         }
         Op::Cancel { key, reason } => cancel(conn, key, reason, now),
         Op::Redrive { key } => redrive(conn, key, now),
-        Op::SetRateLimit(limit) => conn
-            .query(sql::SET_RATE_LIMIT)
-            .map(|q| {
-                q.bind(limit.namespace.as_str())
-                    .bind(limit.activity_type.as_str())
-                    .bind(&i64::from(limit.per_period))
-                    .bind(&limit.period_ms())
-                    .bind(&i64::from(limit.burst))
-                    .bind(&limit.interval_ns())
-            })
-            .and_then(Query::execute)
+        Op::SetRateLimit(limit) => {
+            let statement = match limit.key {
+                None => sql::SET_RATE_LIMIT,
+                Some(_) => sql::SET_KEY_RATE_LIMIT,
+            };
+            let q = conn
+                .query(statement)
+                .map_err(sqlite)?
+                .bind(limit.namespace.as_str())
+                .bind(limit.activity_type.as_str())
+                .bind(&i64::from(limit.per_period))
+                .bind(&limit.period_ms())
+                .bind(&i64::from(limit.burst))
+                .bind(&limit.interval_ns());
+            match &limit.key {
+                None => q,
+                Some(key) => q.bind(key.as_str()),
+            }
+            .execute()
             .map(|_| Outcome::RateLimitSet)
-            .map_err(sqlite),
+            .map_err(sqlite)
+        }
         Op::SetConcurrencyLimit {
             namespace,
             activity_type,
@@ -221,36 +230,27 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
-            key: None,
-        } => conn
-            .query(sql::REMOVE_CONCURRENCY_LIMIT)
-            .map(|q| q.bind(namespace.as_str()).bind(activity_type.as_str()))
-            .and_then(Query::execute)
-            .map(|removed| Outcome::ConcurrencyLimitRemoved(removed > 0))
-            .map_err(sqlite),
-        Op::RemoveConcurrencyLimit {
-            namespace,
-            activity_type,
-            key: Some(key),
-        } => conn
-            .query(sql::REMOVE_KEY_LIMIT)
-            .map(|q| {
-                q.bind(namespace.as_str())
-                    .bind(activity_type.as_str())
-                    .bind(key.as_str())
-            })
-            .and_then(Query::execute)
-            .map(|removed| Outcome::ConcurrencyLimitRemoved(removed > 0))
-            .map_err(sqlite),
+            key,
+        } => {
+            let statement = match key {
+                None => sql::REMOVE_CONCURRENCY_LIMIT,
+                Some(_) => sql::REMOVE_KEY_LIMIT,
+            };
+            remove(conn, statement, namespace, activity_type, key.as_deref())
+                .map(Outcome::ConcurrencyLimitRemoved)
+        }
         Op::RemoveRateLimit {
             namespace,
             activity_type,
-        } => conn
-            .query(sql::REMOVE_RATE_LIMIT)
-            .map(|q| q.bind(namespace.as_str()).bind(activity_type.as_str()))
-            .and_then(Query::execute)
-            .map(|removed| Outcome::RateLimitRemoved(removed > 0))
-            .map_err(sqlite),
+            key,
+        } => {
+            let statement = match key {
+                None => sql::REMOVE_RATE_LIMIT,
+                Some(_) => sql::REMOVE_KEY_RATE_LIMIT,
+            };
+            remove(conn, statement, namespace, activity_type, key.as_deref())
+                .map(Outcome::RateLimitRemoved)
+        }
         Op::Prune { before, limit } => conn
             .query(sql::PRUNE)
             .map(|q| q.bind(before).bind(&i64::from(*limit)))
@@ -399,8 +399,9 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
                 &mut unkeyed,
             )?;
         }
+        let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
+        let mut refill = None;
         if let Some(bucket) = bucket {
-            let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
             let spent = bucket.take(now_ns, taken);
             if taken > 0 {
                 conn.query(sql::SPEND)
@@ -412,10 +413,14 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
                     .and_then(Query::execute)
                     .map_err(sqlite)?;
             }
-            // Held back: fewer rows than asked, and none left in the bucket.
-            if taken < asked
-                && let Some(at) = spent.refills_at(now_ns)
-            {
+            refill = spent.refills_at(now_ns);
+        }
+        // Held back: fewer rows than asked, and none left in the type's bucket or
+        // in a waiting key's.
+        if taken < asked {
+            let key = key_refill(conn, &claim.namespace, activity_type, now)?;
+            let key = key.and_then(|at| rate::refill_millis(at, now_ns));
+            if let Some(at) = refill.into_iter().chain(key).min() {
                 throttled.push((activity_type.clone(), at));
             }
         }
@@ -435,7 +440,7 @@ fn claim_keyed(
     left: i64,
     claimed: &mut Vec<ActivityRow>,
 ) -> Result<(), Error> {
-    let keys = ready_keys(conn, &of.claim.namespace, of.activity_type, left)?;
+    let keys = ready_keys(conn, &of.claim.namespace, of.activity_type, left, of.now)?;
     let Some(floor) = keys.iter().map(|k| k.pass).min() else {
         return Ok(());
     };
@@ -479,6 +484,8 @@ fn claim_keyed(
                     .bind(rows)
                     .bind(&floor)
                     .bind(&concurrency::stride(k.weight))
+                    .bind(&k.interval_ns)
+                    .bind(&rate::nanos(of.now))
             })
             .and_then(Query::execute)
             .map_err(sqlite)?;
@@ -554,28 +561,55 @@ fn run_claim(
     Ok(())
 }
 
+/// Deletes a limit of a namespace's type (with `key`, of that key) with
+/// `statement`; true when there was one.
+fn remove(
+    conn: &mut Connection,
+    statement: &'static str,
+    namespace: &str,
+    activity_type: &str,
+    key: Option<&str>,
+) -> Result<bool, Error> {
+    let q = conn
+        .query(statement)
+        .map_err(sqlite)?
+        .bind(namespace)
+        .bind(activity_type);
+    match key {
+        None => q,
+        Some(key) => q.bind(key),
+    }
+    .execute()
+    .map(|removed| removed > 0)
+    .map_err(sqlite)
+}
+
 /// A concurrency key ready to be served.
 struct ReadyKey {
     key: String,
     room: i64,
     weight: i64,
     pass: i64,
+    /// Its own bucket's, if it has one.
+    interval_ns: Option<i64>,
 }
 
-/// The concurrency keys of a namespace's type with rows waiting and room to run
-/// more, lowest pass first (at most `limit`).
+/// The concurrency keys of a namespace's type with rows waiting, room to run more
+/// and tokens in their own bucket at `now`, lowest pass first (at most `limit`).
 fn ready_keys(
     conn: &mut Connection,
     namespace: &str,
     activity_type: &str,
     limit: i64,
+    now: UnixMillis,
 ) -> Result<Vec<ReadyKey>, Error> {
     let mut q = conn
         .query(sql::READY_KEYS)
         .map_err(sqlite)?
         .bind(namespace)
         .bind(activity_type)
-        .bind(&limit);
+        .bind(&limit)
+        .bind(&now);
     let mut keys = Vec::new();
     while q.step().map_err(sqlite)? {
         let key = q
@@ -586,9 +620,31 @@ fn ready_keys(
             room: q.int(1),
             weight: q.int(2),
             pass: q.int(3),
+            interval_ns: rows::Columns::opt_int(&q, 4)?,
         });
     }
     Ok(keys)
+}
+
+/// When (nanoseconds) a key of a namespace's type held back by its own rate limit
+/// has a token again, after `now`.
+fn key_refill(
+    conn: &mut Connection,
+    namespace: &str,
+    activity_type: &str,
+    now: UnixMillis,
+) -> Result<Option<i64>, Error> {
+    let mut q = conn
+        .query(sql::KEY_REFILL)
+        .map_err(sqlite)?
+        .bind(namespace)
+        .bind(activity_type)
+        .bind(&now);
+    Ok(if q.step().map_err(sqlite)? {
+        rows::Columns::opt_int(&q, 0)?
+    } else {
+        None
+    })
 }
 
 /// The rate limit bucket of a namespace's type, if it has one.

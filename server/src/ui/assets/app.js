@@ -787,15 +787,20 @@
 
   // ---- Page: limits ---------------------------------------------------------------
 
+  // A limit's key: its own, or what the type's limit covers (`none`).
+  function keyCell(key, none) {
+    return key ? el("td", {}, key) : el("td", { class: "muted" }, none);
+  }
+
   function pageLimits() {
     const ns = state.namespace, live = liveCheck();
-    const rateBody = el("tbody", {}, messageRow(6, "Loading…", "loading muted"));
+    const rateBody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
     const keyBody = el("tbody", {}, messageRow(9, "Loading…", "loading muted"));
     const root = el("section", { "data-page": "limits" },
       el("h1", {}, "Limits ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
       el("h2", {}, "Rate limits"),
       tableWrap(el("table", { id: "rate-limits" },
-        thead(["Namespace", "Type", ["Limit", "num"], ["Burst", "num"], ["Available now", "num"], ""]), rateBody)),
+        thead(["Namespace", "Type", "Key", ["Limit", "num"], ["Burst", "num"], ["Available now", "num"], ""]), rateBody)),
       el("h2", {}, "Concurrency limits"),
       tableWrap(el("table", { id: "concurrency-limits" },
         thead(["Namespace", "Type", "Key", ["Per key", "num"], ["Weight", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)));
@@ -805,19 +810,20 @@
       if (!live()) return false;
       const rate = d.rate_limits || [], keyed = d.concurrency_limits || [];
       patch(rateBody, rate, () => rate.length ? rate.map((l) =>
-        el("tr", { "data-type": l.activity_type },
+        el("tr", { "data-type": l.activity_type, "data-key": l.concurrency_key || "" },
           el("td", {}, l.namespace),
           el("td", {}, l.activity_type),
+          keyCell(l.concurrency_key, "the whole type"),
           el("td", { class: "num" }, `${fmtNum(l.limit)} / ${l.period || "?"}`),
           el("td", { class: "num" }, fmtNum(l.burst)),
           el("td", { class: "num" }, fmtNum(l.available)),
           el("td", { class: "muted" }, Number(l.available) === 0 ? "throttling" : ""))) :
-        [messageRow(6, "No rate limits. Set one with: spool rate-limit set TYPE --limit N --per 1s")]);
+        [messageRow(7, "No rate limits. Set one with: spool rate-limit set TYPE --limit N --per 1s")]);
       patch(keyBody, keyed, () => keyed.length ? keyed.map((l) =>
         el("tr", { "data-type": l.activity_type, "data-key": l.concurrency_key || "" },
           el("td", {}, l.namespace),
           el("td", {}, l.activity_type),
-          l.concurrency_key ? el("td", {}, l.concurrency_key) : el("td", { class: "muted" }, "every key"),
+          keyCell(l.concurrency_key, "every key"),
           el("td", { class: "num" }, Number(l.max_running) ? fmtNum(l.max_running) : "type's"),
           el("td", { class: "num" }, l.concurrency_key ? fmtNum(l.weight) : ""),
           el("td", {}, l.strategy),
