@@ -117,6 +117,7 @@ conformance!(
     keys_share_a_claim_and_take_turns,
     keys_are_served_in_proportion_to_their_weights,
     a_key_may_have_its_own_limit,
+    key_counts_follow_every_move_of_their_rows,
     concurrency_strategies_cancel_the_newest_or_the_oldest,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
@@ -718,6 +719,117 @@ async fn keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw:
     // A key new to the type is served before those that were.
     submit(store, keyed("new-0".into(), "new")).await;
     assert_eq!(count(&claim(store, &["t"], 1, T0 + 30).await, "new"), 1);
+}
+
+async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store, _raw: &Raw) {
+    let ids: Vec<String> = ["a", "b"]
+        .iter()
+        .flat_map(|k| (0..6).map(move |i| format!("{k}{i}")))
+        .collect();
+    for id in &ids {
+        let mut row = new(id, "t");
+        row.concurrency_key = Some(id[..1].to_owned());
+        submit(store, row).await;
+    }
+    // What the rows say, and what the store counts, for both keys.
+    let check = |when: &'static str| {
+        let ids = ids.clone();
+        async move {
+            for key in ["a", "b"] {
+                let (mut waiting, mut running) = (0, 0);
+                for id in ids.iter().filter(|id| id.starts_with(key)) {
+                    match get(store, id).await.status {
+                        ActivityStatus::Scheduled => waiting += 1,
+                        ActivityStatus::Running => running += 1,
+                        _ => {}
+                    }
+                }
+                let counted = store
+                    .concurrency_key("default", "t", key)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let expected = (waiting > 0 || running > 0).then_some((waiting, running));
+                assert_eq!(counted, expected, "{when}: key {key}");
+            }
+        }
+    };
+    check("submitted").await;
+    let claimed = claim(store, &["t"], 8, T0).await;
+    check("claimed").await;
+    let of = |key: &str| -> Vec<&ActivityRow> {
+        claimed
+            .iter()
+            .filter(|r| r.concurrency_key.as_deref() == Some(key))
+            .collect()
+    };
+    let (a, b) = (of("a"), of("b"));
+    let end = |row: &ActivityRow, transition| Op::Finish {
+        attempt: Arc::new(Attempt::from_row(row)),
+        transition,
+        lease_expired_by: None,
+    };
+    let retry = Transition::Retry {
+        next_at: T0 + 1_000,
+        error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
+    };
+    // Endings and a claim in one batch, as the committer runs them.
+    apply(
+        store,
+        vec![
+            end(a[0], output("done")),
+            end(a[1], retry),
+            end(b[0], output("done")),
+            claim_for(&["t"], 3),
+        ],
+        T0,
+    )
+    .await;
+    check("ended, retried and claimed in one batch").await;
+    let cancel = |id: &str| Op::Cancel {
+        key: key(id),
+        reason: "no longer wanted".into(),
+    };
+    // A running row and a waiting one cancelled, then the waiting one re-driven.
+    let running_b = ids
+        .iter()
+        .find(|id| {
+            id.starts_with('b')
+                && claimed.iter().any(|r| r.key.activity_id == **id)
+                && b[0].key.activity_id != **id
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("a running row of b"));
+    one(store, cancel(&running_b), T0).await;
+    one(store, cancel("b5"), T0).await;
+    check("cancelled").await;
+    one(store, Op::Redrive { key: key("b5") }, T0).await;
+    check("re-driven").await;
+    // Everything run and completed: no key is left.
+    for _ in 0..4 {
+        for row in claim(store, &["t"], 20, T0 + 2_000).await {
+            assert!(finish(store, &row, output("done"), T0 + 2_000).await);
+        }
+        for id in &ids {
+            let row = get(store, id).await;
+            if row.status == ActivityStatus::Running {
+                assert!(finish(store, &row, output("done"), T0 + 2_000).await);
+            }
+        }
+    }
+    check("all done").await;
+    assert!(matches!(
+        one(
+            store,
+            Op::Prune {
+                before: 0,
+                limit: 100
+            },
+            T0 + 3_000
+        )
+        .await,
+        Outcome::Pruned(_)
+    ));
+    check("pruned").await;
 }
 
 async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {

@@ -214,7 +214,8 @@ macro_rules! concurrency_limits {
             "SELECT l.namespace, l.activity_type, NULL AS concurrency_key, l.max_running, \
                1 AS weight, \
                (SELECT COUNT(*) FROM concurrency_keys AS k \
-                 WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type), \
+                 WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
+                   AND (k.waiting > 0 OR k.running > 0)), \
                (SELECT COALESCE(SUM(k.running), 0)",
             $int,
             " FROM concurrency_keys AS k \
@@ -234,7 +235,8 @@ macro_rules! concurrency_limits {
              SELECT x.namespace, x.activity_type, x.concurrency_key, \
                COALESCE(x.max_running, 0), x.weight, \
                (SELECT COUNT(*) FROM concurrency_keys AS k WHERE k.namespace = x.namespace \
-                 AND k.activity_type = x.activity_type AND k.concurrency_key = x.concurrency_key), \
+                 AND k.activity_type = x.activity_type AND k.concurrency_key = x.concurrency_key \
+                 AND (k.waiting > 0 OR k.running > 0)), \
                COALESCE((SELECT k.running FROM concurrency_keys AS k \
                  WHERE k.namespace = x.namespace AND k.activity_type = x.activity_type \
                    AND k.concurrency_key = x.concurrency_key), 0), \

@@ -121,6 +121,11 @@ fn migrator() -> Migrator {
             "key_rate_limits",
             include_str!("../migrations/postgres/0015_key_rate_limits.sql"),
         ),
+        migration(
+            16,
+            "keyed_endings",
+            include_str!("../migrations/postgres/0016_keyed_endings.sql"),
+        ),
     ])
 }
 

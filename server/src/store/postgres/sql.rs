@@ -140,7 +140,7 @@ pub const LOCK_BY_KEY: &str = concat!(
 /// Together no more than the bucket allows.
 macro_rules! claim_ctes {
     ($now:literal, $worker:literal, $lease:literal, $namespace:literal, $type:literal,
-     $limit:literal, $identity:literal, $node:literal) => {
+     $limit:literal, $identity:literal, $node:literal, $skip:literal) => {
         concat!(
             "b AS (SELECT interval_ns, burst, GREATEST(tat_ns, ",
             $now,
@@ -166,6 +166,7 @@ macro_rules! claim_ctes {
             $namespace,
             " AND k.activity_type = ",
             $type,
+            $skip,
             " AND k.waiting > 0 AND k.running < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
@@ -317,7 +318,7 @@ macro_rules! refill {
 /// `refill!`.
 pub const CLAIM: &str = concat!(
     "WITH ",
-    claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
+    claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", ""),
     " SELECT r.*, ",
     refill!("$1", "$4", "$5"),
     " FROM (SELECT 1) AS one \
@@ -344,12 +345,34 @@ macro_rules! finish {
              WHERE a.id = v.f_id AND a.attempt = v.f_attempt AND a.status = 2 \
                AND (v.f_guard IS NULL OR a.lease_expires_at < v.f_guard) \
                AND (v.f_node IS NULL OR a.worker_node = v.f_node) \
-             RETURNING a.id"
+             RETURNING a.id, a.namespace, a.activity_type, a.concurrency_key, a.status"
         )
     };
 }
 
-pub const FINISH: &str = finish!();
+/// After `f AS (finish!())`: `fk`, the keys of the attempts it ended, counted
+/// once per key (see the `0016_keyed_endings` migration): each ended attempt was
+/// RUNNING, and those retried wait again.
+macro_rules! ended_keys {
+    () => {
+        "fk AS (UPDATE concurrency_keys AS q \
+           SET running = q.running - t.n, waiting = q.waiting + t.back \
+           FROM (SELECT namespace, activity_type, concurrency_key, COUNT(*) AS n, \
+               COUNT(*) FILTER (WHERE status = 1) AS back FROM f \
+             WHERE concurrency_key IS NOT NULL \
+             GROUP BY namespace, activity_type, concurrency_key) AS t \
+           WHERE q.namespace = t.namespace AND q.activity_type = t.activity_type \
+             AND q.concurrency_key = t.concurrency_key)"
+    };
+}
+
+pub const FINISH: &str = concat!(
+    "WITH f AS (",
+    finish!(),
+    "), ",
+    ended_keys!(),
+    " SELECT id FROM f"
+);
 
 /// [`FINISH`] (`$1`…`$18`) and [`CLAIM`] (`$19`…`$26`) as one statement, so a
 /// batch of endings and a claim commits without a transaction around it. They
@@ -361,21 +384,42 @@ pub const FINISH_AND_CLAIM: &str = concat!(
     "WITH f AS (",
     finish!(),
     "), ",
-    claim_ctes!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
+    ended_keys!(),
+    ", ",
+    claim_ctes!(
+        "$19",
+        "$20",
+        "$21",
+        "$22",
+        "$23",
+        "$24",
+        "$25",
+        "$26",
+        // A key `fk` moves is not served by this statement too (a statement
+        // cannot update a row twice); the next claim serves it.
+        " AND k.concurrency_key NOT IN (SELECT concurrency_key FROM f            WHERE concurrency_key IS NOT NULL)"
+    ),
     " SELECT r.*, e.ended, ",
     refill!("$19", "$22", "$23"),
     " FROM (SELECT array_agg(id) AS ended FROM f) AS e \
      LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
 );
 
-/// Ends row `$15`, locked and found cancellable by the same transaction.
+/// Ends row `$15`, locked and found cancellable by the same transaction; when it
+/// was RUNNING with a key, counts it out of the key's running rows (a waiting
+/// row's move is counted by the trigger).
 pub const CANCEL: &str = concat!(
-    "UPDATE activities AS a SET ",
+    "WITH was AS (SELECT status FROM activities WHERE id = $15), \
+     cancelled AS (UPDATE activities AS a SET ",
     ending!(),
     " FROM ",
     endings!(),
     ") WHERE a.id = $15 RETURNING ",
-    columns!()
+    columns!(),
+    "), kd AS (UPDATE concurrency_keys AS q SET running = q.running - 1 \
+       FROM cancelled AS c, was WHERE was.status = 2 AND q.namespace = c.namespace \
+         AND q.activity_type = c.activity_type AND q.concurrency_key = c.concurrency_key) \
+     SELECT * FROM cancelled"
 );
 
 /// Ends up to `$16` SCHEDULED rows whose schedule-to-close deadline passed by `$15`.
@@ -417,6 +461,18 @@ pub const RECORD_HEARTBEAT: &str = "UPDATE activities SET heartbeat_type = $3, \
 /// Deletes up to `$2` rows finished before `$1`.
 pub const PRUNE: &str = "DELETE FROM activities WHERE id = ANY(ARRAY(SELECT id FROM activities \
      WHERE status >= 3 AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))";
+
+/// Deletes up to `$1` rows of keys with neither waiting nor running rows that an
+/// ending left (see the `0016_keyed_endings` migration), but those with a rate
+/// limit of their own, whose bucket they keep.
+pub const SWEEP_KEYS: &str = "DELETE FROM concurrency_keys AS q USING (\
+       SELECT namespace, activity_type, concurrency_key FROM concurrency_keys AS k \
+       WHERE waiting = 0 AND running = 0 AND NOT EXISTS (SELECT 1 FROM key_rate_limits AS r \
+         WHERE r.namespace = k.namespace AND r.activity_type = k.activity_type \
+           AND r.concurrency_key = k.concurrency_key) \
+       LIMIT $1 FOR UPDATE SKIP LOCKED) AS d \
+     WHERE q.namespace = d.namespace AND q.activity_type = d.activity_type \
+       AND q.concurrency_key = d.concurrency_key";
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
 /// (`octet_length` takes a TOASTed value's size from its header): `$1` namespace,
@@ -630,7 +686,8 @@ pub const CONCURRENCY_LIMITS: &str = concat!(
 /// The waiting and running rows of concurrency key `$3` of type `$2` of
 /// namespace `$1`.
 pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys \
-     WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3";
+     WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3 \
+       AND (waiting > 0 OR running > 0)";
 
 /// The limit and strategy of key `$3` of type `$2` of namespace `$1`, when it
 /// has more rows waiting and running than the limit and a strategy that cancels.

@@ -226,6 +226,11 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .bind(i64::from(*limit))
                 .execute(&mut *conn)
                 .await?;
+            // And the rows of keys that endings left idle.
+            sqlx::query(sql::SWEEP_KEYS)
+                .bind(i64::from(*limit))
+                .execute(&mut *conn)
+                .await?;
             Ok(Outcome::Pruned(done.rows_affected()))
         }
         Op::Renew {

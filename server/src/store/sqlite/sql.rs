@@ -408,7 +408,8 @@ pub const KEY_REFILL: &str = concat!("SELECT ", key_refill!("?1", "?2", "?3", ""
 /// The waiting and running rows of concurrency key `?3` of type `?2` of
 /// namespace `?1`.
 pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys \
-     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
+       AND (waiting > 0 OR running > 0)";
 
 /// The limit and strategy of key `?3` of type `?2` of namespace `?1`, when it
 /// has more rows waiting and running than the limit and a strategy that cancels.
