@@ -80,9 +80,10 @@ pub const SUBMIT: Savepoint = Savepoint {
 };
 
 /// Inserts activities (one array per column) whose keys do not exist yet; returns
-/// the id and key of each row it inserted. `$17` is the submit time.
+/// the id and key of each row it inserted. `$17` is the submit time. Their
+/// concurrency keys count them as waiting, once per key (`ik`).
 pub const INSERT: &str = concat!(
-    "INSERT INTO activities (namespace, workflow_id, activity_id, \
+    "WITH ins AS (INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
@@ -98,7 +99,13 @@ pub const INSERT: &str = concat!(
                  $18::BIGINT[], $19::TEXT[], $20::TEXT[]) \
        AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
-     RETURNING id, namespace, workflow_id, activity_id"
+     RETURNING id, namespace, workflow_id, activity_id, activity_type, concurrency_key), \
+     ik AS (INSERT INTO concurrency_keys (namespace, activity_type, concurrency_key, waiting) \
+       SELECT namespace, activity_type, concurrency_key, COUNT(*) FROM ins \
+       WHERE concurrency_key IS NOT NULL GROUP BY namespace, activity_type, concurrency_key \
+       ON CONFLICT (namespace, activity_type, concurrency_key) \
+       DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting) \
+     SELECT id, namespace, workflow_id, activity_id FROM ins"
 );
 
 pub const SELECT_BY_KEY: &str = concat!(

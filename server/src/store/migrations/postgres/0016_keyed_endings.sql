@@ -1,6 +1,7 @@
--- Endings of keyed attempts count themselves, once per key per statement: the
--- statements that end RUNNING rows (a batch of endings, a cancel) move their keys'
--- counts set-based, in the same statement (`fk` in `sql::FINISH`). The per-row
+-- Submits and endings of keyed attempts count themselves, once per key per
+-- statement: the statements that end RUNNING rows (a batch of endings, a cancel)
+-- move their keys' counts set-based, in the same statement (`fk` in
+-- `sql::FINISH`), and so does a submit (below). The per-row
 -- trigger now runs only when a row that was not RUNNING moves (a waiting row
 -- cancelled or expired, a row re-driven), and the claim counts its own rows.
 -- - An ending that leaves a key with neither waiting nor running rows leaves its
@@ -20,3 +21,8 @@ CREATE INDEX concurrency_keys_ready
     WHERE waiting > 0;
 CREATE INDEX concurrency_keys_idle ON concurrency_keys (namespace, activity_type)
     WHERE waiting = 0 AND running = 0;
+
+-- A submit counts its keys' new rows the same way, once per key (`ik` in
+-- `sql::INSERT`).
+DROP TRIGGER keyed_inserted ON activities;
+DROP FUNCTION spool_keyed_inserted();
