@@ -42,22 +42,31 @@ fn counting_worker(server: &TestServer, keyed: Arc<Gauge>) -> WorkerGuard {
     })
 }
 
-async fn limit_two(server: &TestServer) {
-    let set = server
+/// Sets `limit`, answering it as stored.
+async fn set_limit(server: &TestServer, limit: v1::ConcurrencyLimit) -> v1::ConcurrencyLimit {
+    server
         .admin()
         .await
         .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-            concurrency_limit: Some(v1::ConcurrencyLimit {
-                activity_type: "t".into(),
-                max_running: 2,
-                ..Default::default()
-            }),
+            concurrency_limit: Some(limit),
         })
         .await
         .unwrap()
         .into_inner()
         .concurrency_limit
-        .unwrap();
+        .unwrap()
+}
+
+async fn limit_two(server: &TestServer) {
+    let set = set_limit(
+        server,
+        v1::ConcurrencyLimit {
+            activity_type: "t".into(),
+            max_running: 2,
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!((set.namespace.as_str(), set.max_running), ("default", 2));
 }
 
@@ -425,20 +434,16 @@ async fn a_backlog_of_one_key_does_not_hold_back_another() {
 async fn a_heavier_key_is_served_more_often() {
     let server = TestServer::start().await;
     let mut admin = server.admin().await;
-    let set = admin
-        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-            concurrency_limit: Some(v1::ConcurrencyLimit {
-                activity_type: "t".into(),
-                concurrency_key: "heavy".into(),
-                weight: 3,
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limit
-        .unwrap();
+    let set = set_limit(
+        &server,
+        v1::ConcurrencyLimit {
+            activity_type: "t".into(),
+            concurrency_key: "heavy".into(),
+            weight: 3,
+            ..Default::default()
+        },
+    )
+    .await;
     assert_eq!(
         (set.concurrency_key.as_str(), set.max_running, set.weight),
         ("heavy", 0, 3)
