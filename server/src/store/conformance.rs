@@ -845,6 +845,7 @@ async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {
             submit(store, keyed(format!("{key}-{i}"), key)).await;
         }
     }
+
     let count = |rows: &[ActivityRow], key: &str| {
         rows.iter()
             .filter(|r| r.concurrency_key.as_deref() == Some(key))
@@ -852,6 +853,10 @@ async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {
     };
     let first = claim(store, &["t"], 4, T0).await;
     assert_eq!(count(&first, "slow"), 1, "{first:?}");
+    // A keyed row of higher priority waits for its key all the same.
+    let mut urgent = keyed("slow-urgent".into(), "slow");
+    urgent.priority = 9;
+    submit(store, urgent).await;
     // With the type's limit of 2: vip's own 4 beside it, plain at the type's.
     one(
         store,
@@ -883,8 +888,8 @@ async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {
     assert_eq!(
         summary,
         [
-            (None, 2, 7, 11),
-            (Some("slow".into()), 1, 1, 5),
+            (None, 2, 7, 12),
+            (Some("slow".into()), 1, 1, 6),
             (Some("vip".into()), 4, 4, 2),
         ]
     );

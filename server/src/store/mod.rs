@@ -68,7 +68,9 @@ macro_rules! aging {
 
 /// Where a row of priority `$priority` and concurrency key `$key` goes in the
 /// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
-/// the concurrency keys migration), so the claim of unkeyed rows stops before them.
+/// the concurrency keys migration), so the claim of unkeyed rows stops before them:
+/// it takes `claim_band < 2^39`, below every keyed band (2^40 less a priority,
+/// which is an `i32`) and above every unkeyed one.
 macro_rules! band {
     ($priority:literal, $key:literal) => {
         concat!(

@@ -216,7 +216,7 @@ macro_rules! claim_ctes {
             $now,
             " AND (expires_at IS NULL OR expires_at > ",
             $now,
-            ") AND claim_band < 1099511627776 \
+            ") AND claim_band < 549755813888 \
                ORDER BY claim_band, claim_rank, id LIMIT GREATEST(0, ",
             allowed!($now, $limit),
             " - (SELECT COUNT(*) FROM k)) FOR UPDATE SKIP LOCKED)) RETURNING ",

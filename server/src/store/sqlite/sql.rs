@@ -70,7 +70,7 @@ pub const CLAIM: &str = concat!(
      worker_node = ?8 \
      WHERE id IN (SELECT id FROM activities \
        WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
-         AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 1099511627776 \
+         AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 549755813888 \
        ORDER BY claim_band, claim_rank, id LIMIT ?6) \
      RETURNING ",
     columns!()
