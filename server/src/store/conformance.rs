@@ -118,6 +118,7 @@ conformance!(
     keys_are_served_in_proportion_to_their_weights,
     a_key_may_have_its_own_limit,
     key_counts_follow_every_move_of_their_rows,
+    a_key_with_nothing_due_does_not_hold_back_the_others,
     concurrency_strategies_cancel_the_newest_or_the_oldest,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
@@ -659,8 +660,8 @@ async fn keys_share_a_claim_and_take_turns(store: &dyn Store, _raw: &Raw) {
         ["big", "big", "small", "small"]
     );
     submit(store, keyed("c0".into(), "new")).await;
-    // The key not served yet goes first.
-    assert_eq!(keys(claim(store, &["t"], 1, T0 + 1).await), ["new"]);
+    // A new key takes its turn with the keys waiting: beside big at once.
+    assert_eq!(keys(claim(store, &["t"], 2, T0 + 1).await), ["big", "new"]);
     assert_eq!(keys(claim(store, &["t"], 3, T0 + 2).await), ["big"; 3]);
 }
 
@@ -716,9 +717,21 @@ async fn keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw:
             .map(|r| r.concurrency_key.clone().unwrap_or_default())
             .collect::<Vec<_>>()
     );
-    // A key new to the type is served before those that were.
-    submit(store, keyed("new-0".into(), "new")).await;
-    assert_eq!(count(&claim(store, &["t"], 1, T0 + 30).await, "new"), 1);
+    // A key new to the type starts level with the keys waiting: served at once,
+    // then in turn, with no credit for the turns it was not there for.
+    for i in 0..4 {
+        submit(store, keyed(format!("new-{i}"), "new")).await;
+    }
+    let mut next = Vec::new();
+    for i in 0..6 {
+        next.extend(claim(store, &["t"], 1, T0 + 30 + i).await);
+    }
+    let new = count(&next, "new");
+    assert!(
+        new == 1 || new == 2,
+        "the new key ran {new} of the next 6 rows (weights 3, 1, 1, 1 and 1)"
+    );
+    assert_eq!(count(&next[..2], "new"), 1, "served among the first two");
 }
 
 async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store, _raw: &Raw) {
@@ -804,7 +817,9 @@ async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store, _raw: &Ra
     check("cancelled").await;
     one(store, Op::Redrive { key: key("b5") }, T0).await;
     check("re-driven").await;
-    // Everything run and completed: no key is left.
+    one(store, cancel("a5"), T0).await;
+    check("cancelled, maybe running").await;
+    // Everything else run and completed: no key is left.
     for _ in 0..4 {
         for row in claim(store, &["t"], 20, T0 + 2_000).await {
             assert!(finish(store, &row, output("done"), T0 + 2_000).await);
@@ -830,6 +845,34 @@ async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store, _raw: &Ra
         Outcome::Pruned(_)
     ));
     check("pruned").await;
+    // A row re-driven when its key had gone brings the key back.
+    one(store, Op::Redrive { key: key("a5") }, T0 + 3_000).await;
+    check("re-driven into a key that had gone").await;
+    assert_eq!(claim(store, &["t"], 5, T0 + 3_000).await.len(), 1);
+    check("claimed again").await;
+}
+
+async fn a_key_with_nothing_due_does_not_hold_back_the_others(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: &str, key: &str| {
+        let mut row = new(id, "t");
+        row.concurrency_key = Some(key.to_owned());
+        row
+    };
+    // First in the keys' order, but its only row is due later.
+    let mut later = keyed("later", "a-later");
+    later.next_at = T0 + 60_000;
+    submit(store, later).await;
+    submit(store, keyed("now", "b-now")).await;
+    let mut got = Vec::new();
+    for i in 0..3 {
+        got.extend(claim(store, &["t"], 1, T0 + i).await);
+    }
+    assert_eq!(
+        got.iter()
+            .map(|r| r.key.activity_id.as_str())
+            .collect::<Vec<_>>(),
+        ["now"]
+    );
 }
 
 async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) {

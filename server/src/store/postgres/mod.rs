@@ -148,6 +148,11 @@ const SESSION_LIMITS: [(&str, &str); 3] = [
 /// statistics say (PostgreSQL still sorts where nothing else can).
 const WRITER_PLANNING: [(&str, &str); 1] = [("enable_sort", "off")];
 
+/// Tells the per-row triggers that count keyed rows that this version's statements
+/// count them themselves (see the `0016_keyed_endings` migration); nodes of the
+/// version before do not set it, and the triggers count theirs.
+const KEYED_COUNTS: [(&str, &str); 1] = [("spool.keyed_counts", "statement")];
+
 /// How long taking a pooled connection may wait (and so how long start-up keeps
 /// trying an unreachable server).
 const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -249,7 +254,7 @@ impl PostgresStore {
     }
 
     pub async fn open_with(options: PgConnectOptions) -> Result<Self, Error> {
-        let options = session_limits(options);
+        let options = session_limits(options).options(KEYED_COUNTS);
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -861,6 +866,67 @@ mod tests {
         );
     }
 
+    /// A node of the version before, sharing the database during a rolling
+    /// upgrade, counts keyed rows through the per-row triggers; this version's
+    /// sessions count them in their own statements, and the triggers leave them
+    /// alone (see the `0016_keyed_endings` migration).
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn sessions_of_the_version_before_count_keys_through_the_triggers() {
+        let store = store_with(&[]).await;
+        let mut conn = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+        let run = |sql: &'static str| sqlx::query(sql);
+        async fn counts(conn: &mut PgConnection) -> Option<(i64, i64)> {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT waiting, running FROM concurrency_keys WHERE concurrency_key = 'k'",
+            )
+            .fetch_optional(conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+        }
+        let insert = "INSERT INTO activities (namespace, workflow_id, activity_id, \
+             activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
+             max_interval_ms, input, created_at, next_at, concurrency_key) \
+             VALUES ('ns', 'wf', 'a', 't', 1, 3, 1000, 2, 10000, '', 1, 1, 'k')";
+        // This version's session: the trigger leaves the row to the statement.
+        run(insert)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(counts(&mut conn).await, None);
+        run("DELETE FROM activities")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // The version before's: submit, claim and ending counted by the triggers.
+        run("SET spool.keyed_counts = ''")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        run(insert)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(counts(&mut conn).await, Some((1, 0)));
+        run("UPDATE activities SET status = 2")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(counts(&mut conn).await, Some((0, 1)));
+        run("UPDATE activities SET status = 3")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(counts(&mut conn).await, None, "an empty key goes");
+        run("RESET spool.keyed_counts")
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Every pooled session carries the limits, and a URL's own setting wins.
     #[tokio::test]
     #[cfg_attr(
@@ -879,6 +945,7 @@ mod tests {
             }
         };
         assert_eq!(show("statement_timeout").await, "30s");
+        assert_eq!(show("spool.keyed_counts").await, "statement");
         assert_eq!(show("idle_in_transaction_session_timeout").await, "1min");
         assert_eq!(
             show("lock_timeout").await,

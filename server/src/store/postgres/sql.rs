@@ -81,7 +81,8 @@ pub const SUBMIT: Savepoint = Savepoint {
 
 /// Inserts activities (one array per column) whose keys do not exist yet; returns
 /// the id and key of each row it inserted. `$17` is the submit time. Their
-/// concurrency keys count them as waiting, once per key (`ik`).
+/// concurrency keys count them as waiting, once per key (`ik`); a key that starts
+/// waiting starts at the lowest pass of those waiting (`spool_key_pass`).
 pub const INSERT: &str = concat!(
     "WITH ins AS (INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
@@ -100,11 +101,16 @@ pub const INSERT: &str = concat!(
        AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
      RETURNING id, namespace, workflow_id, activity_id, activity_type, concurrency_key), \
-     ik AS (INSERT INTO concurrency_keys (namespace, activity_type, concurrency_key, waiting) \
-       SELECT namespace, activity_type, concurrency_key, COUNT(*) FROM ins \
+     ik AS (INSERT INTO concurrency_keys \
+         (namespace, activity_type, concurrency_key, waiting, served_at) \
+       SELECT namespace, activity_type, concurrency_key, COUNT(*), \
+         spool_key_pass(namespace, activity_type) FROM ins \
        WHERE concurrency_key IS NOT NULL GROUP BY namespace, activity_type, concurrency_key \
        ON CONFLICT (namespace, activity_type, concurrency_key) \
-       DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting) \
+       DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting, \
+         served_at = CASE WHEN concurrency_keys.waiting = 0 \
+           THEN GREATEST(concurrency_keys.served_at, excluded.served_at) \
+           ELSE concurrency_keys.served_at END) \
      SELECT id, namespace, workflow_id, activity_id FROM ins"
 );
 
@@ -139,15 +145,19 @@ pub const LOCK_BY_KEY: &str = concat!(
 ///   pass first, locked (one another node is serving is skipped);
 /// - `k`: rows of those keys, each key's room at most, and a share of the claim
 ///   by its weight (`concurrency::share`), in claim order;
-/// - `kb`: what `k` gave each key, counted, and its pass moved on
-///   (`concurrency::stride`);
 /// - `c`: rows without a key, for what is left;
+/// - `kt`, `kb`: what `k` gave each key of `kc`, counted with what the
+///   statement's endings `fe` (`ended!`, or `none_ended!`) did to it, its pass
+///   moved on (`concurrency::stride`), and its own bucket; a key that gave
+///   nothing though the claim had room (its rows are not due) moves on one
+///   stride, so that keys with due rows come first;
 /// - `s`: what `k` and `c` took from the bucket.
 ///
-/// Together no more than the bucket allows.
+/// Together no more than the bucket allows. A statement of these must define
+/// `fe` before them.
 macro_rules! claim_ctes {
     ($now:literal, $worker:literal, $lease:literal, $namespace:literal, $type:literal,
-     $limit:literal, $identity:literal, $node:literal, $skip:literal) => {
+     $limit:literal, $identity:literal, $node:literal) => {
         concat!(
             "b AS (SELECT interval_ns, burst, GREATEST(tat_ns, ",
             $now,
@@ -156,7 +166,7 @@ macro_rules! claim_ctes {
             " AND activity_type = ",
             $type,
             " FOR UPDATE), \
-             kc AS (SELECT k.concurrency_key AS ck, k.served_at AS pass, \
+             kc AS (SELECT k.concurrency_key AS ck, \
                  COALESCE(x.weight, 1) AS weight, r.interval_ns, \
                  LEAST(COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
@@ -173,7 +183,6 @@ macro_rules! claim_ctes {
             $namespace,
             " AND k.activity_type = ",
             $type,
-            $skip,
             " AND k.waiting > 0 AND k.running < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
@@ -222,22 +231,35 @@ macro_rules! claim_ctes {
             " - (SELECT COUNT(*) FROM k)) FOR UPDATE SKIP LOCKED)) RETURNING ",
             columns!(),
             "), \
-             kb AS (UPDATE concurrency_keys AS q SET waiting = q.waiting - t.n, \
-                 running = q.running + t.n, \
-                 served_at = GREATEST(q.served_at, (SELECT MIN(pass) FROM kc)) \
-                   + t.n * (",
+             kt AS (SELECT kc.ck, kc.weight, kc.interval_ns, COALESCE(g.n, 0) AS n FROM kc \
+               LEFT JOIN (SELECT concurrency_key, COUNT(*) AS n FROM k GROUP BY concurrency_key) \
+                 AS g ON g.concurrency_key = kc.ck), \
+             kb AS (UPDATE concurrency_keys AS q \
+               SET waiting = q.waiting - kt.n + COALESCE(fe.back, 0), \
+                 running = q.running + kt.n - COALESCE(fe.n, 0), \
+                 served_at = q.served_at + (",
             stride!(),
-            " / t.weight), tat_ns = CASE WHEN t.interval_ns IS NULL THEN q.tat_ns \
-                 ELSE GREATEST(q.tat_ns, ",
+            " / kt.weight) * CASE WHEN kt.n > 0 THEN kt.n \
+                   WHEN (SELECT COUNT(*) FROM k) < ",
+            allowed!($now, $limit),
+            " THEN 1 ELSE 0 END, \
+                 tat_ns = CASE WHEN kt.interval_ns IS NULL OR kt.n = 0 THEN q.tat_ns \
+                   ELSE GREATEST(q.tat_ns, ",
             $now,
-            " * 1000000) + t.n * t.interval_ns END \
-               FROM (SELECT kc.ck, kc.weight, kc.interval_ns, COUNT(*) AS n FROM k JOIN kc \
-                 ON kc.ck = k.concurrency_key GROUP BY kc.ck, kc.weight, kc.interval_ns) AS t \
+            " * 1000000) + kt.n * kt.interval_ns END \
+               FROM kt LEFT JOIN fe ON fe.namespace = ",
+            $namespace,
+            " AND fe.activity_type = ",
+            $type,
+            " AND fe.concurrency_key = kt.ck \
                WHERE q.namespace = ",
             $namespace,
             " AND q.activity_type = ",
             $type,
-            " AND q.concurrency_key = t.ck RETURNING q.concurrency_key, q.waiting, q.tat_ns), \
+            " AND q.concurrency_key = kt.ck \
+                 AND (kt.n > 0 OR fe.n IS NOT NULL OR (SELECT COUNT(*) FROM k) < ",
+            allowed!($now, $limit),
+            ") RETURNING q.concurrency_key, q.waiting, q.tat_ns), \
              s AS (UPDATE rate_limits AS r SET tat_ns = b.base + ",
             taken!(),
             " * b.interval_ns FROM b WHERE r.namespace = ",
@@ -319,13 +341,23 @@ macro_rules! refill {
     };
 }
 
+/// `fe` (see `ended!`) of a statement that ends nothing.
+macro_rules! none_ended {
+    () => {
+        "fe AS (SELECT NULL::TEXT AS namespace, NULL::TEXT AS activity_type, \
+           NULL::TEXT AS concurrency_key, 0::BIGINT AS n, 0::BIGINT AS back WHERE FALSE)"
+    };
+}
+
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
 /// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. One row
 /// at least: the claimed row's columns (all NULL when it claimed none), then
 /// `refill!`.
 pub const CLAIM: &str = concat!(
     "WITH ",
-    claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", ""),
+    none_ended!(),
+    ", ",
+    claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
     " SELECT r.*, ",
     refill!("$1", "$4", "$5"),
     " FROM (SELECT 1) AS one \
@@ -357,19 +389,30 @@ macro_rules! finish {
     };
 }
 
-/// After `f AS (finish!())`: `fk`, the keys of the attempts it ended, counted
-/// once per key (see the `0016_keyed_endings` migration): each ended attempt was
-/// RUNNING, and those retried wait again.
-macro_rules! ended_keys {
+/// After `f AS (finish!())`: `fe`, the keys of the attempts it ended, with how
+/// many ended and how many of those wait again (retried). Each ended attempt was
+/// RUNNING (see the `0016_keyed_endings` migration).
+macro_rules! ended {
     () => {
-        "fk AS (UPDATE concurrency_keys AS q \
-           SET running = q.running - t.n, waiting = q.waiting + t.back \
-           FROM (SELECT namespace, activity_type, concurrency_key, COUNT(*) AS n, \
-               COUNT(*) FILTER (WHERE status = 1) AS back FROM f \
-             WHERE concurrency_key IS NOT NULL \
-             GROUP BY namespace, activity_type, concurrency_key) AS t \
-           WHERE q.namespace = t.namespace AND q.activity_type = t.activity_type \
-             AND q.concurrency_key = t.concurrency_key)"
+        "fe AS (SELECT namespace, activity_type, concurrency_key, COUNT(*) AS n, \
+           COUNT(*) FILTER (WHERE status = 1) AS back FROM f \
+         WHERE concurrency_key IS NOT NULL \
+         GROUP BY namespace, activity_type, concurrency_key)"
+    };
+}
+
+/// After `ended!`: `fk`, those keys' counts moved, once per key, but for the keys
+/// `$skip` leaves to `kb` (a statement must not update a row twice).
+macro_rules! ended_keys {
+    ($skip:literal) => {
+        concat!(
+            "fk AS (UPDATE concurrency_keys AS q \
+               SET running = q.running - fe.n, waiting = q.waiting + fe.back FROM fe \
+               WHERE q.namespace = fe.namespace AND q.activity_type = fe.activity_type \
+                 AND q.concurrency_key = fe.concurrency_key",
+            $skip,
+            ")"
+        )
     };
 }
 
@@ -377,7 +420,9 @@ pub const FINISH: &str = concat!(
     "WITH f AS (",
     finish!(),
     "), ",
-    ended_keys!(),
+    ended!(),
+    ", ",
+    ended_keys!(""),
     " SELECT id FROM f"
 );
 
@@ -391,20 +436,13 @@ pub const FINISH_AND_CLAIM: &str = concat!(
     "WITH f AS (",
     finish!(),
     "), ",
-    ended_keys!(),
+    ended!(),
     ", ",
-    claim_ctes!(
-        "$19",
-        "$20",
-        "$21",
-        "$22",
-        "$23",
-        "$24",
-        "$25",
-        "$26",
-        // A key `fk` moves is not served by this statement too (a statement
-        // cannot update a row twice); the next claim serves it.
-        " AND k.concurrency_key NOT IN (SELECT concurrency_key FROM f            WHERE concurrency_key IS NOT NULL)"
+    claim_ctes!("$19", "$20", "$21", "$22", "$23", "$24", "$25", "$26"),
+    ", ",
+    // The keys the claim locked are `kb`'s, endings and all.
+    ended_keys!(
+        " AND NOT (fe.namespace = $22 AND fe.activity_type = $23            AND fe.concurrency_key IN (SELECT ck FROM kc))"
     ),
     " SELECT r.*, e.ended, ",
     refill!("$19", "$22", "$23"),

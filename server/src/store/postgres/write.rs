@@ -226,12 +226,15 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .bind(i64::from(*limit))
                 .execute(&mut *conn)
                 .await?;
-            // And the rows of keys that endings left idle.
-            sqlx::query(sql::SWEEP_KEYS)
+            // And the rows of keys that endings left idle (counted with the
+            // rows, so that a full batch of them is followed by another soon).
+            let swept = sqlx::query(sql::SWEEP_KEYS)
                 .bind(i64::from(*limit))
                 .execute(&mut *conn)
                 .await?;
-            Ok(Outcome::Pruned(done.rows_affected()))
+            Ok(Outcome::Pruned(
+                done.rows_affected().max(swept.rows_affected()),
+            ))
         }
         Op::Renew {
             attempts,

@@ -108,10 +108,10 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
 
 /// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting,
 /// room to run more and tokens in their own bucket at `?4` (milliseconds), lowest
-/// pass first, with that room (or fewer tokens), their weight, pass and bucket's
+/// pass first, with that room (or fewer tokens), their weight and bucket's
 /// interval (see the `0012_key_shares` and `0013_key_rate_limits` migrations).
 pub const READY_KEYS: &str = concat!(
-    "SELECT concurrency_key, room, weight, served_at, interval_ns FROM (\
+    "SELECT concurrency_key, room, weight, interval_ns FROM (\
        SELECT k.concurrency_key, k.served_at, COALESCE(x.weight, 1) AS weight, r.interval_ns, \
          MIN(COALESCE(x.max_running, (SELECT max_running FROM concurrency_limits AS l \
                    WHERE l.namespace = ?1 AND l.activity_type = ?2), 2147483647) - k.running, ",
@@ -127,11 +127,11 @@ pub const READY_KEYS: &str = concat!(
 );
 
 /// Counts the `?4` rows a claim gave key `?3` of type `?2` of namespace `?1`,
-/// moves its pass on from `?5` by `?6` a row (`concurrency::stride`), and its
-/// bucket, if it has one, by its interval `?7` a row from `?8` (nanoseconds).
+/// moves its pass on by `?5` (`concurrency::stride` a row), and its bucket, if it
+/// has one, by its interval `?6` a row from `?7` (nanoseconds).
 pub const SERVE_KEY: &str = "UPDATE concurrency_keys \
-     SET waiting = waiting - ?4, running = running + ?4, served_at = MAX(served_at, ?5) + ?4 * ?6, \
-       tat_ns = CASE WHEN ?7 IS NULL THEN tat_ns ELSE MAX(tat_ns, ?8) + ?4 * ?7 END \
+     SET waiting = waiting - ?4, running = running + ?4, served_at = served_at + ?5, \
+       tat_ns = CASE WHEN ?6 IS NULL OR ?4 = 0 THEN tat_ns ELSE MAX(tat_ns, ?7) + ?4 * ?6 END \
      WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
 
 /// Sets the concurrency limit of type `?2` of namespace `?1` to `?3` running rows

@@ -441,9 +441,9 @@ fn claim_keyed(
     claimed: &mut Vec<ActivityRow>,
 ) -> Result<(), Error> {
     let keys = ready_keys(conn, &of.claim.namespace, of.activity_type, left, of.now)?;
-    let Some(floor) = keys.iter().map(|k| k.pass).min() else {
+    if keys.is_empty() {
         return Ok(());
-    };
+    }
     let total: i64 = keys.iter().map(|k| k.weight).sum();
     let count = keys.len();
     let shares: Vec<i64> = keys
@@ -472,18 +472,23 @@ fn claim_keyed(
     }
     // One statement a key served (the claim's own rows are not counted by a
     // trigger, see the `0012_key_shares` migration).
+    let taken: i64 = given.values().sum();
     for k in &keys {
-        let Some(rows) = given.get(&k.key) else {
-            continue;
+        let rows = given.get(&k.key).copied().unwrap_or(0);
+        // A key that gave nothing though the claim had room has no due row: it
+        // moves on a stride all the same, so that keys with due rows come first.
+        let strides = match rows {
+            0 if taken < left => 1,
+            0 => continue,
+            rows => rows,
         };
         conn.query(sql::SERVE_KEY)
             .map(|q| {
                 q.bind(&*of.claim.namespace)
                     .bind(of.activity_type)
                     .bind(k.key.as_str())
-                    .bind(rows)
-                    .bind(&floor)
-                    .bind(&concurrency::stride(k.weight))
+                    .bind(&rows)
+                    .bind(&(strides * concurrency::stride(k.weight)))
                     .bind(&k.interval_ns)
                     .bind(&rate::nanos(of.now))
             })
@@ -589,7 +594,6 @@ struct ReadyKey {
     key: String,
     room: i64,
     weight: i64,
-    pass: i64,
     /// Its own bucket's, if it has one.
     interval_ns: Option<i64>,
 }
@@ -619,8 +623,7 @@ fn ready_keys(
             key,
             room: q.int(1),
             weight: q.int(2),
-            pass: q.int(3),
-            interval_ns: rows::Columns::opt_int(&q, 4)?,
+            interval_ns: rows::Columns::opt_int(&q, 3)?,
         });
     }
     Ok(keys)

@@ -3,15 +3,14 @@
 --   `max_running` (the type's when NULL) and its `weight`.
 -- - `concurrency_keys.served_at` becomes the key's pass (stride scheduling): a
 --   claim serves the ready keys of lowest pass, and moves each on by
---   `n × 1,000,000 / weight` for the n rows it gave it, from the lowest pass it
---   served (so a key back from idle gets no credit for the time it was away).
---   Keys always waiting are served in proportion to their weights; a new key
---   (pass 0) is served first.
--- - The claim keeps each key's counts and pass itself, once per key it served,
---   in the claim's own statement: the per-row trigger goes, and with it one of a
---   key row's versions per claimed row.
-DROP TRIGGER keyed_claimed ON activities;
-DROP FUNCTION spool_keyed_claimed();
+--   `n × 1,000,000 / weight` for the n rows it gave it. A key that starts waiting
+--   again (or anew) starts at the lowest pass of the keys waiting now, so it is
+--   served among the next but earns no credit for the time it was away. Keys
+--   always waiting are served in proportion to their weights.
+-- - Passes start afresh (they were times).
+-- - The claim keeps each key's counts and pass itself, once per key it served
+--   (see the `0016_keyed_endings` migration for the per-row trigger).
+UPDATE concurrency_keys SET served_at = 0;
 
 CREATE TABLE concurrency_key_limits (
     namespace       TEXT   NOT NULL,
