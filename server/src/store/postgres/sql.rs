@@ -82,7 +82,8 @@ pub const SUBMIT: Savepoint = Savepoint {
 /// Inserts activities (one array per column) whose keys do not exist yet; returns
 /// the id and key of each row it inserted. `$17` is the submit time. Their
 /// concurrency keys count them as waiting, once per key (`ik`); a key that starts
-/// waiting starts at the lowest pass of those waiting (`spool_key_pass`).
+/// waiting starts at the lowest pass of those waiting (`spool_key_pass`, read
+/// once per type: `vt`).
 pub const INSERT: &str = concat!(
     "WITH ins AS (INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
@@ -101,11 +102,16 @@ pub const INSERT: &str = concat!(
        AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck) \
      ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
      RETURNING id, namespace, workflow_id, activity_id, activity_type, concurrency_key), \
+     vt AS MATERIALIZED (SELECT namespace, activity_type, \
+       spool_key_pass(namespace, activity_type) AS pass \
+       FROM (SELECT DISTINCT namespace, activity_type FROM ins \
+             WHERE concurrency_key IS NOT NULL) AS typed), \
      ik AS (INSERT INTO concurrency_keys \
          (namespace, activity_type, concurrency_key, waiting, served_at) \
-       SELECT namespace, activity_type, concurrency_key, COUNT(*), \
-         spool_key_pass(namespace, activity_type) FROM ins \
-       WHERE concurrency_key IS NOT NULL GROUP BY namespace, activity_type, concurrency_key \
+       SELECT i.namespace, i.activity_type, i.concurrency_key, COUNT(*), MIN(vt.pass) \
+       FROM ins AS i JOIN vt ON vt.namespace = i.namespace AND vt.activity_type = i.activity_type \
+       WHERE i.concurrency_key IS NOT NULL \
+       GROUP BY i.namespace, i.activity_type, i.concurrency_key \
        ON CONFLICT (namespace, activity_type, concurrency_key) \
        DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting, \
          served_at = CASE WHEN concurrency_keys.waiting = 0 \
