@@ -3,7 +3,8 @@
 -- state, `tat_ns` (as in `rate_limits`), is on the key's row of
 -- `concurrency_keys`, which the claim serving the key locks, so every node takes
 -- from the one bucket. A key with a limit keeps its row while it has no rows, so
--- that its bucket is not forgotten between them.
+-- that its bucket is not forgotten between them (see `spool_keyed_moved` in the
+-- `0016_keyed_endings` migration, and `sql::SWEEP_KEYS`).
 CREATE TABLE key_rate_limits (
     namespace       TEXT   NOT NULL,
     activity_type   TEXT   NOT NULL,
@@ -16,21 +17,3 @@ CREATE TABLE key_rate_limits (
 );
 
 ALTER TABLE concurrency_keys ADD COLUMN tat_ns BIGINT NOT NULL DEFAULT 0;
-
-CREATE OR REPLACE FUNCTION spool_keyed_moved() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE concurrency_keys
-       SET waiting = waiting + (NEW.status = 1)::INT - (OLD.status = 1)::INT,
-           running = running + (NEW.status = 2)::INT - (OLD.status = 2)::INT
-     WHERE namespace = NEW.namespace AND activity_type = NEW.activity_type
-       AND concurrency_key = NEW.concurrency_key;
-    DELETE FROM concurrency_keys
-     WHERE namespace = NEW.namespace AND activity_type = NEW.activity_type
-       AND concurrency_key = NEW.concurrency_key AND waiting = 0 AND running = 0
-       AND NOT EXISTS (SELECT 1 FROM key_rate_limits AS r
-                        WHERE r.namespace = NEW.namespace
-                          AND r.activity_type = NEW.activity_type
-                          AND r.concurrency_key = NEW.concurrency_key);
-    RETURN NULL;
-END
-$$;
