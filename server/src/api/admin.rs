@@ -21,6 +21,32 @@ pub struct AdminApi {
 }
 
 impl AdminApi {
+    /// Deletes a limit of a namespace's type, or of one key of it (`key`, empty
+    /// for the type's), with the op `remove` makes; true when there was one. Rows
+    /// it held back may go at once.
+    async fn delete_limit<T>(
+        &self,
+        request: &Request<T>,
+        namespace: &str,
+        activity_type: &str,
+        key: &str,
+        remove: impl FnOnce(String, String, Option<String>) -> Op,
+    ) -> Result<bool, Error> {
+        let namespace = validate::namespace(namespace)?;
+        validate::name("activity_type", activity_type)?;
+        let key = validate::concurrency_key("concurrency_key", key.to_owned())?;
+        authorize(request, Role::Admin, &namespace)?;
+        let op = remove(namespace.clone(), activity_type.to_owned(), key);
+        let deleted = match self.commit(op).await? {
+            Outcome::RateLimitRemoved(deleted) | Outcome::ConcurrencyLimitRemoved(deleted) => {
+                deleted
+            }
+            other => return Err(unexpected(&format!("delete answered {other:?}"))),
+        };
+        self.core.registry.mark_due(&namespace, activity_type);
+        Ok(deleted)
+    }
+
     pub fn new(core: Arc<Core>, drainer: Arc<Drainer>) -> Self {
         Self { core, drainer }
     }
@@ -119,25 +145,21 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::DeleteRateLimitRequest>,
     ) -> Result<Response<v1::DeleteRateLimitResponse>, Status> {
-        let namespace = validate::namespace(&request.get_ref().namespace)?;
-        let activity_type = request.get_ref().activity_type.clone();
-        validate::name("activity_type", &activity_type)?;
-        let key = validate::concurrency_key(
-            "concurrency_key",
-            request.get_ref().concurrency_key.clone(),
-        )?;
-        authorize(&request, Role::Admin, &namespace)?;
-        let op = Op::RemoveRateLimit {
-            namespace: namespace.clone(),
-            activity_type: activity_type.clone(),
-            key,
-        };
-        let deleted = match self.commit(op).await? {
-            Outcome::RateLimitRemoved(deleted) => deleted,
-            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
-        };
-        // Rows it held back may go now.
-        self.core.registry.mark_due(&namespace, &activity_type);
+        let r = request.get_ref();
+        let (namespace, activity_type, key) = (&r.namespace, &r.activity_type, &r.concurrency_key);
+        let deleted = self
+            .delete_limit(
+                &request,
+                namespace,
+                activity_type,
+                key,
+                |namespace, activity_type, key| Op::RemoveRateLimit {
+                    namespace,
+                    activity_type,
+                    key,
+                },
+            )
+            .await?;
         Ok(Response::new(v1::DeleteRateLimitResponse { deleted }))
     }
 
@@ -195,25 +217,21 @@ impl AdminService for AdminApi {
         &self,
         request: Request<v1::DeleteConcurrencyLimitRequest>,
     ) -> Result<Response<v1::DeleteConcurrencyLimitResponse>, Status> {
-        let namespace = validate::namespace(&request.get_ref().namespace)?;
-        let activity_type = request.get_ref().activity_type.clone();
-        validate::name("activity_type", &activity_type)?;
-        let key = validate::concurrency_key(
-            "concurrency_key",
-            request.get_ref().concurrency_key.clone(),
-        )?;
-        authorize(&request, Role::Admin, &namespace)?;
-        let op = Op::RemoveConcurrencyLimit {
-            namespace: namespace.clone(),
-            activity_type: activity_type.clone(),
-            key,
-        };
-        let deleted = match self.commit(op).await? {
-            Outcome::ConcurrencyLimitRemoved(deleted) => deleted,
-            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
-        };
-        // Rows it held back may go now.
-        self.core.registry.mark_due(&namespace, &activity_type);
+        let r = request.get_ref();
+        let (namespace, activity_type, key) = (&r.namespace, &r.activity_type, &r.concurrency_key);
+        let deleted = self
+            .delete_limit(
+                &request,
+                namespace,
+                activity_type,
+                key,
+                |namespace, activity_type, key| Op::RemoveConcurrencyLimit {
+                    namespace,
+                    activity_type,
+                    key,
+                },
+            )
+            .await?;
         Ok(Response::new(v1::DeleteConcurrencyLimitResponse {
             deleted,
         }))
