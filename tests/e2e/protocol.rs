@@ -332,6 +332,9 @@ async fn an_aged_low_priority_runs_under_a_stream_of_higher_ones() {
     let slack = Duration::from_millis(50);
     let server = TestServer::start_with(|c| c.priority_aging = Some(AGING)).await;
     let client = server.client().await;
+    // The worker first: on a loaded machine its connection can take seconds, and
+    // a stream started before it would pile up a backlog of that size.
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
 
     // About 200 rows a second, against a worker that takes 10 ms over each.
     let stream = tokio::spawn({
@@ -349,7 +352,6 @@ async fn an_aged_low_priority_runs_under_a_stream_of_higher_ones() {
             }
         }
     });
-    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     let mut order = Vec::new();
     let run_one = |order: &mut Vec<String>, message| match message {
         server_message::Message::Task(task) => {
