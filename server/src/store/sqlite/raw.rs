@@ -85,7 +85,16 @@ impl Connection {
             ffi::sqlite3_extended_result_codes(conn.db.as_ptr(), 1);
             ffi::sqlite3_busy_timeout(conn.db.as_ptr(), 10_000);
         }
-        conn.batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;")?;
+        // A checkpoint copies each page once however often the WAL rewrote it, and
+        // a transaction serving many concurrency keys dirties pages all over their
+        // index: checkpointing every 4,000 frames (~16 MB of WAL) rather than
+        // SQLite's 1,000 writes each hot page once per four times as much work.
+        // A WAL grown past 64 MiB by one large transaction is cut back after the
+        // next checkpoint.
+        conn.batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+             PRAGMA wal_autocheckpoint = 4000; PRAGMA journal_size_limit = 67108864;",
+        )?;
         conn.disable_reprepare();
         Ok(conn)
     }
