@@ -38,19 +38,20 @@ impl ActivityApi {
         // Each key the batch adds to gets its type's concurrency strategy applied
         // in the same transaction (a key over its limit may lose its newest or its
         // oldest activities).
-        let keys: std::collections::BTreeSet<_> = batch
-            .iter()
-            .filter_map(|n| {
-                let key = n.concurrency_key.clone()?;
-                Some((n.key.namespace.clone(), n.activity_type.clone(), key))
-            })
-            .collect();
+        let mut keys = std::collections::BTreeMap::<_, std::collections::BTreeSet<_>>::new();
+        for n in &batch {
+            if let Some(key) = &n.concurrency_key {
+                keys.entry((n.key.namespace.clone(), n.activity_type.clone()))
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
         let mut ops = vec![Op::Submit(batch)];
-        ops.extend(keys.into_iter().map(|(namespace, activity_type, key)| {
+        ops.extend(keys.into_iter().map(|((namespace, activity_type), keys)| {
             Op::EnforceConcurrency {
                 namespace,
                 activity_type,
-                key,
+                keys: keys.into_iter().collect(),
             }
         }));
         let mut outcomes = self.core.committer.commit(ops).await?.into_iter();

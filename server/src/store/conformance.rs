@@ -970,10 +970,11 @@ async fn concurrency_strategies_cancel_the_newest_or_the_oldest(store: &dyn Stor
     let submit_keyed = |id: &'static str| async move {
         let mut row = new(id, "t");
         row.concurrency_key = Some("k".into());
+        // With a key that has no rows beside it: it is never over its limit.
         let enforce = Op::EnforceConcurrency {
             namespace: "default".into(),
             activity_type: "t".into(),
-            key: "k".into(),
+            keys: vec!["j".into(), "k".into()],
         };
         let mut outcomes = apply(store, vec![Op::Submit(vec![row]), enforce], T0).await;
         match outcomes.pop() {

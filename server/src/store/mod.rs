@@ -258,13 +258,14 @@ macro_rules! concurrency_limits {
     };
 }
 
-/// The limit (the key's own, else the type's) and the type's strategy of key `$3`
-/// of type `$2` of namespace `$1`, when it has more rows waiting and running than
-/// the limit and a strategy that cancels.
+/// The keys of type `$2` of namespace `$1` among those `$keys` selects (a
+/// condition on `k.concurrency_key`) with more rows waiting and running than their
+/// limit (the key's own, else the type's) and a strategy that cancels: each with
+/// that limit and the type's strategy.
 macro_rules! over_limit {
-    ($ns:literal, $type:literal, $key:literal) => {
+    ($ns:literal, $type:literal, $keys:literal) => {
         concat!(
-            "SELECT COALESCE(x.max_running, l.max_running), l.strategy \
+            "SELECT k.concurrency_key, COALESCE(x.max_running, l.max_running), l.strategy \
              FROM concurrency_limits AS l \
              JOIN concurrency_keys AS k ON k.namespace = l.namespace \
                AND k.activity_type = l.activity_type ",
@@ -273,9 +274,10 @@ macro_rules! over_limit {
             $ns,
             " AND l.activity_type = ",
             $type,
-            " AND k.concurrency_key = ",
-            $key,
-            " AND l.strategy > 0 AND k.waiting + k.running > COALESCE(x.max_running, l.max_running)"
+            " AND k.concurrency_key ",
+            $keys,
+            " AND l.strategy > 0 AND k.waiting + k.running > COALESCE(x.max_running, l.max_running) \
+             ORDER BY k.concurrency_key"
         )
     };
 }
@@ -616,14 +618,16 @@ pub enum Op {
         activity_type: String,
         key: Option<String>,
     },
-    /// Apply the type's concurrency strategy to a key that may be over its limit
-    /// (after a submit): cancel its newest or its oldest activities beyond the
-    /// limit. Outcome: `Enforced`, what it cancelled (nothing for the queue
-    /// strategy, or within the limit).
+    /// Apply the type's concurrency strategy to keys that may be over their limit
+    /// (those a submit added to): cancel each one's newest or oldest activities
+    /// beyond its limit. One statement finds the keys over their limit, so a
+    /// submit spread over many keys costs one, not one a key. Outcome:
+    /// `Enforced`, what it cancelled (nothing for the queue strategy, or within
+    /// the limits).
     EnforceConcurrency {
         namespace: String,
         activity_type: String,
-        key: String,
+        keys: Vec<String>,
     },
 }
 

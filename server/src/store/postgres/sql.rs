@@ -740,9 +740,10 @@ pub const CONCURRENCY_KEY: &str = "SELECT waiting, running FROM concurrency_keys
      WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3 \
        AND (waiting > 0 OR running > 0)";
 
-/// The limit and strategy of key `$3` of type `$2` of namespace `$1`, when it
-/// has more rows waiting and running than the limit and a strategy that cancels.
-pub const OVER_LIMIT: &str = over_limit!("$1", "$2", "$3");
+/// The keys of the array `$3` of type `$2` of namespace `$1` with more rows
+/// waiting and running than their limit and a strategy that cancels: each with
+/// its limit and strategy.
+pub const OVER_LIMIT: &str = over_limit!("$1", "$2", "= ANY($3)");
 
 /// The keys (workflow, activity) of the waiting and running rows of key `$3` of
 /// type `$2` of namespace `$1` after the first `$4`, in id order `$order`

@@ -169,8 +169,8 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
         Op::EnforceConcurrency {
             namespace,
             activity_type,
-            key,
-        } => enforce(conn, namespace, activity_type, key, now).await,
+            keys,
+        } => enforce(conn, namespace, activity_type, keys, now).await,
         Op::SetKeyLimit {
             namespace,
             activity_type,
@@ -804,48 +804,47 @@ pub(super) async fn apply_one_statement(
     Ok(outcomes)
 }
 
-/// `Op::EnforceConcurrency`: cancels the rows of `key` beyond its limit that its
-/// strategy picks (see `concurrency::Strategy`).
+/// `Op::EnforceConcurrency`: cancels the rows of each of `keys` beyond its limit
+/// that its strategy picks (see `concurrency::Strategy`).
 async fn enforce(
     conn: &mut PgConnection,
     namespace: &str,
     activity_type: &str,
-    key: &str,
+    keys: &[String],
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    let over: Option<(i64, i64)> = sqlx::query_as(sql::OVER_LIMIT)
+    let over: Vec<(String, i64, i64)> = sqlx::query_as(sql::OVER_LIMIT)
         .bind(namespace)
         .bind(activity_type)
-        .bind(key)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some((max_running, code)) = over else {
-        return Ok(Outcome::Enforced(Vec::new()));
-    };
-    let strategy = concurrency::Strategy::from_code(code)
-        .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
-    let beyond = match strategy {
-        concurrency::Strategy::Queue => return Ok(Outcome::Enforced(Vec::new())),
-        concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
-        concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
-    };
-    let keys: Vec<(String, String)> = sqlx::query_as(beyond)
-        .bind(namespace)
-        .bind(activity_type)
-        .bind(key)
-        .bind(max_running)
+        .bind(keys)
         .fetch_all(&mut *conn)
         .await?;
-    let reason = strategy.reason(key, max_running);
     let mut cancelled = Vec::new();
-    for (workflow_id, activity_id) in keys {
-        let key = Key {
-            namespace: namespace.to_owned(),
-            workflow_id,
-            activity_id,
+    for (key, max_running, code) in over {
+        let strategy = concurrency::Strategy::from_code(code)
+            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
+        let beyond = match strategy {
+            concurrency::Strategy::Queue => continue,
+            concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
+            concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
         };
-        if let Outcome::Cancelled { prior, row } = cancel(conn, &key, &reason, now).await? {
-            cancelled.push((prior, row));
+        let rows: Vec<(String, String)> = sqlx::query_as(beyond)
+            .bind(namespace)
+            .bind(activity_type)
+            .bind(&key)
+            .bind(max_running)
+            .fetch_all(&mut *conn)
+            .await?;
+        let reason = strategy.reason(&key, max_running);
+        for (workflow_id, activity_id) in rows {
+            let row = Key {
+                namespace: namespace.to_owned(),
+                workflow_id,
+                activity_id,
+            };
+            if let Outcome::Cancelled { prior, row } = cancel(conn, &row, &reason, now).await? {
+                cancelled.push((prior, row));
+            }
         }
     }
     Ok(Outcome::Enforced(cancelled))

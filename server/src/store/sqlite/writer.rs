@@ -207,8 +207,8 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
         Op::EnforceConcurrency {
             namespace,
             activity_type,
-            key,
-        } => enforce(conn, namespace, activity_type, key, now),
+            keys,
+        } => enforce(conn, namespace, activity_type, keys, now),
         Op::SetKeyLimit {
             namespace,
             activity_type,
@@ -762,60 +762,60 @@ fn record_heartbeats(conn: &mut Connection, beats: &[HeartbeatDetails]) -> Resul
     Ok(recorded)
 }
 
-/// `Op::EnforceConcurrency`: cancels the rows of `key` beyond its limit that its
-/// strategy picks (see `concurrency::Strategy`).
+/// `Op::EnforceConcurrency`: cancels the rows of each of `keys` beyond its limit
+/// that its strategy picks (see `concurrency::Strategy`).
 fn enforce(
     conn: &mut Connection,
     namespace: &str,
     activity_type: &str,
-    key: &str,
+    keys: &[String],
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
-    let over = {
+    let names = serde_json::to_string(keys)
+        .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
+    let mut over = Vec::new();
+    {
         let mut q = conn
             .query(sql::OVER_LIMIT)
             .map_err(sqlite)?
             .bind(namespace)
             .bind(activity_type)
-            .bind(key);
-        if q.step().map_err(sqlite)? {
-            Some((q.int(0), q.int(1)))
-        } else {
-            None
-        }
-    };
-    let Some((max_running, code)) = over else {
-        return Ok(Outcome::Enforced(Vec::new()));
-    };
-    let strategy = concurrency::Strategy::from_code(code)
-        .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
-    let beyond = match strategy {
-        concurrency::Strategy::Queue => return Ok(Outcome::Enforced(Vec::new())),
-        concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
-        concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
-    };
-    let mut keys = Vec::new();
-    {
-        let mut q = conn
-            .query(beyond)
-            .map_err(sqlite)?
-            .bind(namespace)
-            .bind(activity_type)
-            .bind(key)
-            .bind(&max_running);
+            .bind(names.as_str());
         while q.step().map_err(sqlite)? {
-            keys.push(Key {
-                namespace: namespace.to_owned(),
-                workflow_id: q.text(0)?,
-                activity_id: q.text(1)?,
-            });
+            over.push((q.text(0)?, q.int(1), q.int(2)));
         }
     }
-    let reason = strategy.reason(key, max_running);
     let mut cancelled = Vec::new();
-    for key in keys {
-        if let Outcome::Cancelled { prior, row } = cancel(conn, &key, &reason, now)? {
-            cancelled.push((prior, row));
+    for (key, max_running, code) in over {
+        let strategy = concurrency::Strategy::from_code(code)
+            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
+        let beyond = match strategy {
+            concurrency::Strategy::Queue => continue,
+            concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
+            concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
+        };
+        let mut rows = Vec::new();
+        {
+            let mut q = conn
+                .query(beyond)
+                .map_err(sqlite)?
+                .bind(namespace)
+                .bind(activity_type)
+                .bind(key.as_str())
+                .bind(&max_running);
+            while q.step().map_err(sqlite)? {
+                rows.push(Key {
+                    namespace: namespace.to_owned(),
+                    workflow_id: q.text(0)?,
+                    activity_id: q.text(1)?,
+                });
+            }
+        }
+        let reason = strategy.reason(&key, max_running);
+        for row in rows {
+            if let Outcome::Cancelled { prior, row } = cancel(conn, &row, &reason, now)? {
+                cancelled.push((prior, row));
+            }
         }
     }
     Ok(Outcome::Enforced(cancelled))
