@@ -440,32 +440,6 @@ impl Commands {
         Ok(exit::OK)
     }
 
-    pub async fn delete_rate_limit(
-        &self,
-        namespace: String,
-        activity_type: String,
-        key: Option<String>,
-    ) -> Result<i32, Error> {
-        let deleted = match &key {
-            None => {
-                self.client
-                    .delete_rate_limit(namespace, activity_type.clone())
-                    .await?
-            }
-            Some(key) => {
-                self.client
-                    .delete_key_rate_limit(namespace, activity_type.clone(), key.clone())
-                    .await?
-            }
-        };
-        self.print_deleted(
-            deleted,
-            "rate limit",
-            &limited(&activity_type, key.as_deref()),
-        );
-        Ok(exit::OK)
-    }
-
     pub async fn set_concurrency_limit(&self, limit: v1::ConcurrencyLimit) -> Result<i32, Error> {
         let set = self.client.set_concurrency_limit(limit).await?;
         self.print_concurrency_limits(std::slice::from_ref(&set));
@@ -478,29 +452,35 @@ impl Commands {
         Ok(exit::OK)
     }
 
-    pub async fn delete_concurrency_limit(
+    /// Deletes the `kind` limit of `activity_type`, or with `key`, that key's own.
+    pub async fn delete_limit(
         &self,
+        kind: LimitKind,
         namespace: String,
         activity_type: String,
         key: Option<String>,
     ) -> Result<i32, Error> {
-        let deleted = match &key {
-            None => {
-                self.client
-                    .delete_concurrency_limit(namespace, activity_type.clone())
-                    .await?
+        let client = &self.client;
+        let of = activity_type.clone();
+        let deleted = match (kind, key.clone()) {
+            (LimitKind::Rate, None) => client.delete_rate_limit(namespace, of).await?,
+            (LimitKind::Rate, Some(key)) => {
+                client.delete_key_rate_limit(namespace, of, key).await?
             }
-            Some(key) => {
-                self.client
-                    .delete_concurrency_key_limit(namespace, activity_type.clone(), key.clone())
+            (LimitKind::Concurrency, None) => {
+                client.delete_concurrency_limit(namespace, of).await?
+            }
+            (LimitKind::Concurrency, Some(key)) => {
+                client
+                    .delete_concurrency_key_limit(namespace, of, key)
                     .await?
             }
         };
-        self.print_deleted(
-            deleted,
-            "concurrency limit",
-            &limited(&activity_type, key.as_deref()),
-        );
+        let what = match kind {
+            LimitKind::Rate => "rate limit",
+            LimitKind::Concurrency => "concurrency limit",
+        };
+        self.print_deleted(deleted, what, &limited(&activity_type, key.as_deref()));
         Ok(exit::OK)
     }
 
@@ -639,6 +619,13 @@ fn key_column(key: &str) -> String {
     } else {
         key.to_owned()
     }
+}
+
+/// The kinds of limit `AdminService` keeps.
+#[derive(Clone, Copy)]
+pub enum LimitKind {
+    Rate,
+    Concurrency,
 }
 
 /// What a limit deleted was on: a type, or one key of it.

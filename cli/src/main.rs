@@ -1109,7 +1109,12 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         Command::ConcurrencyLimit(ConcurrencyLimitCommand::Delete(a)) => {
             connect(&a.client)
                 .await?
-                .delete_concurrency_limit(a.namespace, a.activity_type, a.key)
+                .delete_limit(
+                    commands::LimitKind::Concurrency,
+                    a.namespace,
+                    a.activity_type,
+                    a.key,
+                )
                 .await
         }
         Command::RateLimit(RateLimitCommand::List(n)) => {
@@ -1118,7 +1123,12 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
         Command::RateLimit(RateLimitCommand::Delete(a)) => {
             connect(&a.client)
                 .await?
-                .delete_rate_limit(a.namespace, a.activity_type, a.key)
+                .delete_limit(
+                    commands::LimitKind::Rate,
+                    a.namespace,
+                    a.activity_type,
+                    a.key,
+                )
                 .await
         }
     }
