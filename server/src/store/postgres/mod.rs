@@ -692,6 +692,55 @@ mod tests {
         ));
     }
 
+    /// A cancel of a running attempt committed by a node that had not yet heard
+    /// another reaches the other once they hear each other: the worker running
+    /// the attempt may be connected there.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
+        let url = crate::fixtures::postgres_schema("pgstore").await;
+        let open = || async {
+            PostgresStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let a = open().await;
+        let _from_a = a
+            .subscribe()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no listener"));
+        let cancelled = Event::Cancelled {
+            worker_id: "w".into(),
+            key: Key {
+                namespace: "default".into(),
+                workflow_id: format!("wf-{}", uuid::Uuid::new_v4().simple()),
+                activity_id: "a".into(),
+            },
+            attempt: 1,
+            reason: "no longer wanted".into(),
+        };
+        a.publish(vec![cancelled.clone()])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b = open().await;
+        let mut from_b = b
+            .subscribe()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no listener"));
+        let told = next_matching(&mut from_b, |r| {
+            matches!(r, Remote::Event(Event::Cancelled { .. }))
+        })
+        .await;
+        assert!(matches!(told, Remote::Event(e) if e == cancelled));
+    }
+
     /// A node alone in its schema publishes nothing, though nodes of other
     /// schemas (other tests) talk on the same channel of the same database.
     #[tokio::test]

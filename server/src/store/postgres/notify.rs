@@ -10,7 +10,11 @@
 //! (measured at about a seventh of PostgreSQL's CPU per activity). What another
 //! node committed before it heard this one, it did not publish: on first hearing
 //! a node, this one says `Resync` (due times are read from the store again), and
-//! waiters read again every few seconds in any case.
+//! waiters read again every few seconds in any case. Cancels of running attempts
+//! are the exception: the worker running one may be connected to a node not yet
+//! heard, so a node alone keeps those it did not publish for [`UNHEARD_FOR`], and
+//! publishes them when it first hears another node (else the worker would learn
+//! only at its node's next lease renewal).
 //!
 //! Nodes whose tables are in other schemas of the same database share the
 //! channel; their envelopes name their schema and are ignored.
@@ -38,6 +42,13 @@ const HELLO_EVERY: Duration = Duration::from_secs(1);
 /// How long after its last word another node counts as listening: several
 /// hellos, so a slow one or two do not stop publication.
 const PRESENT_FOR: Duration = Duration::from_secs(5);
+
+/// How long a node alone keeps a cancel it did not publish, for a node it may yet
+/// hear: nodes starting together hear each other within a hello or two.
+const UNHEARD_FOR: Duration = Duration::from_secs(10);
+
+/// At most this many cancels kept unpublished (the oldest go first).
+const UNHEARD_MAX: usize = 10_000;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Envelope {
@@ -72,6 +83,7 @@ impl Channel {
     }
 
     /// Whether another node of this deployment was heard lately.
+    #[cfg(test)]
     pub fn others_present(&self) -> bool {
         self.presence.others(Instant::now())
     }
@@ -82,27 +94,80 @@ impl Channel {
     }
 }
 
-/// The other nodes heard from, and when last.
+/// The other nodes heard from, and when last; and, while none is, the cancels
+/// not published. One lock over both, so a cancel is either published or kept
+/// for the first node heard, never neither.
 #[derive(Default)]
 struct Presence {
-    heard: Mutex<HashMap<String, Instant>>,
+    state: Mutex<Heard>,
+}
+
+#[derive(Default)]
+struct Heard {
+    nodes: HashMap<String, Instant>,
+    unheard: std::collections::VecDeque<(Instant, Event)>,
+}
+
+impl Heard {
+    fn others(&self, now: Instant) -> bool {
+        self.nodes
+            .values()
+            .any(|at| now.saturating_duration_since(*at) < PRESENT_FOR)
+    }
 }
 
 impl Presence {
-    /// Notes a word from `node` at `now`. True when it was not counted as present
-    /// until now (new, or quiet for [`PRESENT_FOR`]): it must hear from us at once.
-    fn heard(&self, node: &str, now: Instant) -> bool {
-        let mut heard = self.heard.lock().unwrap_or_else(|e| e.into_inner());
-        heard.retain(|_, at| now.saturating_duration_since(*at) < PRESENT_FOR);
-        heard.insert(node.to_owned(), now).is_none()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Heard> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Notes a word from `node` at `now`. When it was not counted as present until
+    /// now (new, or quiet for [`PRESENT_FOR`]) it must hear from us at once: then
+    /// the cancels kept for it, else `None`.
+    fn heard(&self, node: &str, now: Instant) -> Option<Vec<Event>> {
+        let mut state = self.lock();
+        state
+            .nodes
+            .retain(|_, at| now.saturating_duration_since(*at) < PRESENT_FOR);
+        if state.nodes.insert(node.to_owned(), now).is_some() {
+            return None;
+        }
+        Some(
+            state
+                .unheard
+                .drain(..)
+                .filter(|(at, _)| now.saturating_duration_since(*at) < UNHEARD_FOR)
+                .map(|(_, event)| event)
+                .collect(),
+        )
+    }
+
+    #[cfg(test)]
     fn others(&self, now: Instant) -> bool {
-        self.heard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .any(|at| now.saturating_duration_since(*at) < PRESENT_FOR)
+        self.lock().others(now)
+    }
+
+    /// True when another node listens; else keeps `events`' cancels for the
+    /// first node heard.
+    fn listening_or_keep(&self, events: &[Event], now: Instant) -> bool {
+        let mut state = self.lock();
+        if state.others(now) {
+            return true;
+        }
+        let kept = events
+            .iter()
+            .filter(|e| matches!(e, Event::Cancelled { .. }))
+            .map(|e| (now, e.clone()));
+        state.unheard.extend(kept);
+        while state.unheard.len() > UNHEARD_MAX
+            || state
+                .unheard
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= UNHEARD_FOR)
+        {
+            state.unheard.pop_front();
+        }
+        false
     }
 }
 
@@ -112,7 +177,7 @@ pub(super) async fn publish(
     channel: &Channel,
     events: Vec<Event>,
 ) -> Result<(), Error> {
-    if !channel.others_present() {
+    if !channel.presence.listening_or_keep(&events, Instant::now()) {
         return Ok(());
     }
     notify(pool, envelopes(channel, events)).await
@@ -136,6 +201,20 @@ fn hello(pool: &PgPool, channel: &Channel) {
     tokio::spawn(async move {
         if let Err(e) = notify(&pool, payload.into_iter().collect()).await {
             tracing::debug!(error = %e, "could not say hello to other nodes");
+        }
+    });
+}
+
+/// Publishes the cancels kept while no other node was heard, without waiting for
+/// it (as a hello).
+fn tell_late(pool: &PgPool, channel: &Channel, kept: Vec<Event>) {
+    if kept.is_empty() {
+        return;
+    }
+    let (pool, payloads) = (pool.clone(), envelopes(channel, kept));
+    tokio::spawn(async move {
+        if let Err(e) = notify(&pool, payloads).await {
+            tracing::warn!(error = %e, "could not tell a node just heard of earlier cancels");
         }
     });
 }
@@ -176,8 +255,11 @@ pub(super) async fn subscribe(
                         Ok(envelope)
                             if envelope.node != channel.node && channel.ours(&envelope.scope) =>
                         {
-                            if channel.presence.heard(&envelope.node, Instant::now()) {
+                            if let Some(kept) =
+                                channel.presence.heard(&envelope.node, Instant::now())
+                            {
                                 hello(&pool, &channel);
+                                tell_late(&pool, &channel, kept);
                                 // Until it heard us, that node published nothing
                                 // for us: what it committed meanwhile is read
                                 // from the store instead.
@@ -290,15 +372,50 @@ mod tests {
         let presence = Presence::default();
         let start = Instant::now();
         assert!(!presence.others(start), "alone at first");
-        assert!(presence.heard("b", start), "a new node is answered at once");
         assert!(
-            !presence.heard("b", start + HELLO_EVERY),
+            presence.heard("b", start).is_some(),
+            "a new node is answered at once"
+        );
+        assert!(
+            presence.heard("b", start + HELLO_EVERY).is_none(),
             "a known one is not"
         );
         assert!(presence.others(start + HELLO_EVERY + PRESENT_FOR / 2));
         let quiet = start + HELLO_EVERY + PRESENT_FOR;
         assert!(!presence.others(quiet), "quiet for PRESENT_FOR: gone");
-        assert!(presence.heard("b", quiet), "back: answered at once again");
+        assert!(
+            presence.heard("b", quiet).is_some(),
+            "back: answered at once again"
+        );
+    }
+
+    #[test]
+    fn a_node_alone_keeps_its_cancels_for_the_first_node_it_hears() {
+        let key = |id: &str| Key {
+            namespace: "default".into(),
+            workflow_id: "wf".into(),
+            activity_id: id.into(),
+        };
+        let cancelled = |id: &str| Event::Cancelled {
+            worker_id: "w".into(),
+            key: key(id),
+            attempt: 1,
+            reason: "no longer wanted".into(),
+        };
+        let presence = Presence::default();
+        let start = Instant::now();
+        let events = [cancelled("old"), Event::Finished { key: key("f") }];
+        assert!(!presence.listening_or_keep(&events, start), "alone");
+        let later = start + UNHEARD_FOR / 2;
+        assert!(!presence.listening_or_keep(&[cancelled("new")], later));
+        // Heard once the first one is too old to matter: only the second is told.
+        let heard = start + UNHEARD_FOR;
+        assert_eq!(presence.heard("b", heard), Some(vec![cancelled("new")]));
+        assert!(
+            presence.listening_or_keep(&[cancelled("next")], heard),
+            "b listens: published, not kept"
+        );
+        assert_eq!(presence.heard("c", heard), Some(Vec::new()));
     }
 
     #[test]
