@@ -609,6 +609,20 @@ mod tests {
         }
     }
 
+    /// A node on the database at `url`, and what it hears from the others.
+    async fn listening_node(url: &str) -> (PostgresStore, mpsc::Receiver<Remote>) {
+        let store = PostgresStore::open(url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let heard = store
+            .subscribe()
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("no listener"));
+        (store, heard)
+    }
+
     /// Publish/subscribe between two nodes on one schema: once they have heard
     /// each other, one's events reach the other, not itself; a listener whose
     /// connection is cut comes back and says `Resync`.
@@ -619,24 +633,8 @@ mod tests {
     )]
     async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
         let url = crate::fixtures::postgres_schema("pgstore").await;
-        let open = || async {
-            PostgresStore::open(&url)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        };
-        let (a, b) = (open().await, open().await);
-        let mut from_a = a
-            .subscribe()
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("no listener"));
-        let mut from_b = b
-            .subscribe()
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("no listener"));
+        let (a, mut from_a) = listening_node(&url).await;
+        let (b, mut from_b) = listening_node(&url).await;
         crate::fixtures::eventually_for(
             std::time::Duration::from_secs(5),
             "the two nodes to hear each other",
@@ -702,18 +700,7 @@ mod tests {
     )]
     async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
         let url = crate::fixtures::postgres_schema("pgstore").await;
-        let open = || async {
-            PostgresStore::open(&url)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        };
-        let a = open().await;
-        let _from_a = a
-            .subscribe()
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("no listener"));
+        let (a, _from_a) = listening_node(&url).await;
         let cancelled = Event::Cancelled {
             worker_id: "w".into(),
             key: Key {
@@ -727,13 +714,7 @@ mod tests {
         a.publish(vec![cancelled.clone()])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let b = open().await;
-        let mut from_b = b
-            .subscribe()
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("no listener"));
+        let (_b, mut from_b) = listening_node(&url).await;
         let told = next_matching(&mut from_b, |r| {
             matches!(r, Remote::Event(Event::Cancelled { .. }))
         })
