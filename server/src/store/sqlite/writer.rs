@@ -950,6 +950,27 @@ mod tests {
         assert!(outcome.is_ok(), "batches run again: {outcome:?}");
     }
 
+    /// The bundled SQLite keeps a statement journal in memory up to 1 MiB (set in
+    /// `.cargo/config.toml`): a statement over many concurrency keys journals
+    /// more than the default 64 KiB, which went to a temporary file with a
+    /// `write` per page (33 KB per activity).
+    #[tokio::test]
+    async fn statement_journals_stay_in_memory_up_to_a_mebibyte() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (_, mut conn) = fresh(&dir).await;
+        let mut q = conn
+            .query("PRAGMA compile_options")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut options = Vec::new();
+        while q.step().unwrap_or_else(|e| panic!("{e}")) {
+            options.push(q.text(0).unwrap_or_else(|e| panic!("{e:?}")));
+        }
+        assert!(
+            options.iter().any(|o| o == "STMTJRNL_SPILL=1048576"),
+            "{options:?}"
+        );
+    }
+
     /// Text that is not UTF-8 makes the row unreadable (an error the reads count
     /// and skip), never a silently repaired string.
     #[tokio::test]
