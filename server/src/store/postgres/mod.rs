@@ -304,10 +304,11 @@ impl PostgresStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options.clone().options(WRITER_PLANNING))
             .await?;
-        // Two readers are kept open: a new connection costs a request about 90 ms
-        // (measured on loopback with TLS, the client mostly waiting), which the
-        // first `Get` after a quiet spell paid, and so did a `Get` whose second
-        // read came before its first connection was back in the pool.
+        // Two readers are kept open: a new connection cost a request about 90 ms
+        // in the tests (loopback, TLS negotiated by default; the client mostly
+        // waiting, not computing). The first `Get` of a node paid it, and so did
+        // a `Get` whose second read came before its first connection was back in
+        // the pool.
         let readers = PgPoolOptions::new()
             .max_connections(8)
             .min_connections(2)
