@@ -126,6 +126,11 @@ fn migrator() -> Migrator {
             "keyed_endings",
             include_str!("../migrations/postgres/0016_keyed_endings.sql"),
         ),
+        migration(
+            17,
+            "hot_key_endings",
+            include_str!("../migrations/postgres/0017_hot_key_endings.sql"),
+        ),
     ])
 }
 
@@ -1081,6 +1086,65 @@ mod tests {
             .execute(&mut *conn)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// An ending moves its key's counts in place: a heap-only update, so no new
+    /// entry in any index of `concurrency_keys` (see the `0017_hot_key_endings`
+    /// migration; with `concurrency_keys_idle` it was never heap-only).
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn an_ending_moves_its_keys_counts_in_place() {
+        use crate::store::{Attempt, Claim, Transition};
+        let store = store_with(&[]).await;
+        let mut activity = crate::store::new_activity_for_tests("a", "t");
+        activity.concurrency_key = Some("k".into());
+        let now = activity.next_at;
+        let claim = Op::Claim(Claim {
+            namespace: activity.key.namespace.as_str().into(),
+            activity_types: vec![Arc::from("t")],
+            worker_id: "w".into(),
+            identity: "host".into(),
+            node: "node".into(),
+            limit: 1,
+            lease_expires_at: now + 30_000,
+        });
+        let outcomes = store
+            .apply(vec![Op::Submit(vec![activity]), claim].into(), now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Some(Outcome::Claimed { rows, .. }) = outcomes.last() else {
+            panic!("no claim in {outcomes:?}");
+        };
+        let [row] = rows.as_slice() else {
+            panic!("claimed {rows:?}");
+        };
+        let ending = Op::Finish {
+            attempt: Arc::new(Attempt::from_row(row)),
+            transition: Transition::Complete {
+                output: Default::default(),
+            },
+            lease_expired_by: None,
+        };
+        let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+        let outcomes = write::apply(&mut tx, &[ending], now + 1)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(outcomes[..], [Outcome::Finished { accepted: true }]),
+            "{outcomes:?}"
+        );
+        let (updated, in_place): (i64, i64) = sqlx::query_as(
+            "SELECT pg_stat_get_xact_tuples_updated(oid), \
+               pg_stat_get_xact_tuples_hot_updated(oid) \
+             FROM pg_class WHERE oid = 'concurrency_keys'::regclass",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((updated, in_place), (1, 1), "(updates, heap-only updates)");
     }
 
     /// Every pooled session carries the limits, and a URL's own setting wins.

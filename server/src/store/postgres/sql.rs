@@ -515,7 +515,9 @@ pub const PRUNE: &str = "DELETE FROM activities WHERE id = ANY(ARRAY(SELECT id F
 
 /// Deletes up to `$1` rows of keys with neither waiting nor running rows that an
 /// ending left (see the `0016_keyed_endings` migration), but those with a rate
-/// limit of their own, whose bucket they keep.
+/// limit of their own, whose bucket they keep. It reads the table, which holds a
+/// row per key in use: an index of idle keys would cost every ending's update its
+/// place on the page (see the `0017_hot_key_endings` migration).
 pub const SWEEP_KEYS: &str = "DELETE FROM concurrency_keys AS q USING (\
        SELECT namespace, activity_type, concurrency_key FROM concurrency_keys AS k \
        WHERE waiting = 0 AND running = 0 AND NOT EXISTS (SELECT 1 FROM key_rate_limits AS r \
