@@ -490,7 +490,7 @@ impl Loop {
                         Some(seconds(now.saturating_sub(attempt.started_at))),
                         matches!(transition, Transition::Fail { .. }),
                     );
-                    if attempt.keyed {
+                    if attempt.concurrency_key.is_some() {
                         // Room for another row of its concurrency key, here or on
                         // another node.
                         self.came_due(&attempt.key.namespace, &attempt.activity_type, now, now);

@@ -252,7 +252,7 @@ mod tests {
             started_at: 0,
             expires_at: None,
             owner_node: None,
-            keyed: false,
+            concurrency_key: None,
         })
     }
 

@@ -1074,8 +1074,9 @@ pub struct Attempt {
     /// Set on a lost session's endings: only while the row is still this node's
     /// (`worker_node`), so an attempt another node took over is not ended here.
     pub owner_node: Option<Arc<str>>,
-    /// The row has a concurrency key: its ending makes room for another row.
-    pub keyed: bool,
+    /// The row's concurrency key (it never changes): its ending makes room for
+    /// another row of the key, and is counted out of the key's running rows.
+    pub concurrency_key: Option<Arc<str>>,
 }
 
 impl Attempt {
@@ -1092,7 +1093,7 @@ impl Attempt {
             started_at: row.started_at.unwrap_or(row.created_at),
             expires_at: row.expires_at,
             owner_node: None,
-            keyed: row.concurrency_key.is_some(),
+            concurrency_key: row.concurrency_key.as_deref().map(Arc::from),
         }
     }
 

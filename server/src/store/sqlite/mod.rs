@@ -103,6 +103,11 @@ fn migrator() -> Migrator {
             "key_rate_limits",
             include_str!("../migrations/sqlite/0013_key_rate_limits.sql"),
         ),
+        migration(
+            14,
+            "keyed_endings",
+            include_str!("../migrations/sqlite/0014_keyed_endings.sql"),
+        ),
     ])
 }
 

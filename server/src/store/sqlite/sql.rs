@@ -164,7 +164,8 @@ pub const CONCURRENCY_LIMITS: &str = concat!(
 );
 
 /// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
-/// lease expired before then; with `?18`, only while it is that node's).
+/// lease expired before then; with `?18`, only while it is that node's). The
+/// writer counts a keyed row's move (see the `0014_keyed_endings` migration).
 pub const FINISH: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
@@ -172,6 +173,36 @@ pub const FINISH: &str = concat!(
       AND (?17 IS NULL OR lease_expires_at < ?17) \
       AND (?18 IS NULL OR worker_node = ?18)"
 );
+
+/// Counts `?4` rows of key `?3` of type `?2` of namespace `?1` out of RUNNING,
+/// unless they were all it had (then [`KEY_IDLE`]). Only the table's row changes:
+/// `running` is in no index.
+pub const KEY_ENDED: &str = "UPDATE concurrency_keys SET running = running - ?4 \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
+       AND (waiting > 0 OR running > ?4)";
+
+/// [`KEY_ENDED`] whatever the key has left.
+pub const KEY_ENDED_ALL: &str = "UPDATE concurrency_keys SET running = running - ?4 \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+/// [`KEY_ENDED`] of `?4` rows, `?5` of them waiting again: a key that starts
+/// waiting again starts at the lowest pass of the keys waiting now (see
+/// `0012_key_shares`).
+pub const KEY_ENDED_WAITING: &str = "UPDATE concurrency_keys \
+     SET running = running - ?4, waiting = waiting + ?5, \
+       served_at = CASE WHEN waiting = 0 THEN MAX(served_at, \
+         (SELECT COALESCE(MIN(k.served_at), 0) FROM concurrency_keys AS k \
+           WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0)) \
+         ELSE served_at END \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+/// Deletes the row of key `?3` of type `?2` of namespace `?1`, whose last `?4`
+/// running rows ended with none waiting, unless it keeps a bucket of its own.
+pub const KEY_IDLE: &str = "DELETE FROM concurrency_keys \
+     WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
+       AND waiting = 0 AND running = ?4 \
+       AND NOT EXISTS (SELECT 1 FROM key_rate_limits AS r \
+         WHERE r.namespace = ?1 AND r.activity_type = ?2 AND r.concurrency_key = ?3)";
 
 /// Ends row `?15`, which the same transaction found cancellable.
 pub const CANCEL: &str = concat!(

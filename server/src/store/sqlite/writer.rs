@@ -121,11 +121,20 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
     conn.query("BEGIN IMMEDIATE")
         .and_then(|q| q.execute())
         .map_err(sqlite)?;
+    let mut moves = KeyMoves::default();
     let result = ops
         .iter()
-        .map(|op| apply_one(conn, op, now))
+        .map(|op| {
+            // Every other op may read the keys' counts: they are brought up to date
+            // first.
+            if !matches!(op, Op::Finish { .. }) {
+                moves.write(conn)?;
+            }
+            apply_one(conn, op, now, &mut moves)
+        })
         .collect::<Result<Vec<_>, _>>()
         .and_then(|outcomes| {
+            moves.write(conn)?;
             conn.query("COMMIT")
                 .and_then(|q| q.execute())
                 .map_err(sqlite)?;
@@ -143,7 +152,59 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
     result
 }
 
-fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome, Error> {
+/// Moves of keyed rows out of RUNNING, counted per key and written once per key
+/// before anything reads the counts (see the `0014_keyed_endings` migration).
+#[derive(Default)]
+struct KeyMoves {
+    /// (namespace, type, key) → (rows ended, of which waiting again).
+    keys: HashMap<(String, String, String), (i64, i64)>,
+}
+
+impl KeyMoves {
+    fn record(&mut self, namespace: String, activity_type: String, key: String, waits: bool) {
+        let moved = self.keys.entry((namespace, activity_type, key)).or_default();
+        moved.0 += 1;
+        moved.1 += i64::from(waits);
+    }
+
+    fn write(&mut self, conn: &mut Connection) -> Result<(), Error> {
+        for (of, (ended, back)) in self.keys.drain() {
+            fn bind<'c>(q: Query<'c>, of: &(String, String, String), ended: i64) -> Query<'c> {
+                q.bind(of.0.as_str())
+                    .bind(of.1.as_str())
+                    .bind(of.2.as_str())
+                    .bind(&ended)
+            }
+            if back > 0 {
+                conn.query(sql::KEY_ENDED_WAITING)
+                    .map(|q| bind(q, &of, ended).bind(&back))
+                    .and_then(Query::execute)
+                    .map_err(sqlite)?;
+                continue;
+            }
+            // The common case is one update of the key's row; a key left with
+            // nothing goes, unless it keeps a bucket.
+            for statement in [sql::KEY_ENDED, sql::KEY_IDLE, sql::KEY_ENDED_ALL] {
+                let changed = conn
+                    .query(statement)
+                    .map(|q| bind(q, &of, ended))
+                    .and_then(Query::execute)
+                    .map_err(sqlite)?;
+                if changed > 0 {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn apply_one(
+    conn: &mut Connection,
+    op: &Op,
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+) -> Result<Outcome, Error> {
     match op {
         Op::Submit(batch) => submit(conn, batch, now),
         Op::Claim(claim) => claim_rows(conn, claim, now),
@@ -152,19 +213,28 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             transition,
             lease_expired_by,
         } => {
+            let ending = Ending::of(transition, now);
             let q = conn.query(sql::FINISH).map_err(sqlite)?;
-            let changed = bind_ending(q, &Ending::of(transition, now))
+            let changed = bind_ending(q, &ending)
                 .bind(&attempt.id)
                 .bind(&i64::from(attempt.attempt))
                 .bind(lease_expired_by)
                 .bind(&attempt.owner_node.as_deref())
                 .execute()
                 .map_err(sqlite)?;
-            Ok(Outcome::Finished {
-                accepted: changed == 1,
-            })
+            let accepted = changed == 1;
+            // The row was RUNNING with this attempt, so its key is the attempt's.
+            if accepted && let Some(key) = &attempt.concurrency_key {
+                moves.record(
+                    attempt.key.namespace.clone(),
+                    attempt.activity_type.clone(),
+                    key.to_string(),
+                    ending.status == ActivityStatus::Scheduled,
+                );
+            }
+            Ok(Outcome::Finished { accepted })
         }
-        Op::Cancel { key, reason } => cancel(conn, key, reason, now),
+        Op::Cancel { key, reason } => cancel(conn, key, reason, now, moves),
         Op::Redrive { key } => redrive(conn, key, now),
         Op::SetRateLimit(limit) => {
             let statement = match limit.key {
@@ -208,7 +278,7 @@ fn apply_one(conn: &mut Connection, op: &Op, now: UnixMillis) -> Result<Outcome,
             namespace,
             activity_type,
             keys,
-        } => enforce(conn, namespace, activity_type, keys, now),
+        } => enforce(conn, namespace, activity_type, keys, now, moves),
         Op::SetKeyLimit {
             namespace,
             activity_type,
@@ -698,6 +768,7 @@ fn cancel(
     key: &Key,
     reason: &str,
     now: UnixMillis,
+    moves: &mut KeyMoves,
 ) -> Result<Outcome, Error> {
     let Some(row) = select_one(conn, key, sql::SELECT_LIGHT_BY_KEY)? else {
         return Ok(Outcome::NotFound);
@@ -710,6 +781,20 @@ fn cancel(
     let q = conn.query(sql::CANCEL).map_err(sqlite)?;
     let mut q = bind_ending(q, &ending).bind(&row.id);
     let stored = returned(&mut q)?;
+    drop(q);
+    // A running row's key is counted here and now: the caller may read the counts
+    // next (the trigger counts a waiting row's).
+    if row.status == ActivityStatus::Running
+        && let Some(key) = &stored.concurrency_key
+    {
+        moves.record(
+            stored.key.namespace.clone(),
+            stored.activity_type.clone(),
+            key.clone(),
+            false,
+        );
+        moves.write(conn)?;
+    }
     Ok(Outcome::Cancelled {
         prior: row.status,
         row: stored,
@@ -770,6 +855,7 @@ fn enforce(
     activity_type: &str,
     keys: &[String],
     now: UnixMillis,
+    moves: &mut KeyMoves,
 ) -> Result<Outcome, Error> {
     let names = serde_json::to_string(keys)
         .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
@@ -813,7 +899,7 @@ fn enforce(
         }
         let reason = strategy.reason(&key, max_running);
         for row in rows {
-            if let Outcome::Cancelled { prior, row } = cancel(conn, &row, &reason, now)? {
+            if let Outcome::Cancelled { prior, row } = cancel(conn, &row, &reason, now, moves)? {
                 cancelled.push((prior, row));
             }
         }
