@@ -33,3 +33,11 @@ BEGIN
                           AND r.activity_type = NEW.activity_type
                           AND r.concurrency_key = NEW.concurrency_key);
 END;
+
+-- The keyed index leads with the key: every statement reads it by namespace, type
+-- and key together, and a search compares far fewer columns when the first one
+-- already tells two entries apart (namespace and type are the same for most).
+DROP INDEX activities_keyed;
+CREATE INDEX activities_keyed
+    ON activities (concurrency_key, namespace, activity_type, claim_band, claim_rank, id, next_at)
+    WHERE status = 1 AND concurrency_key IS NOT NULL;
