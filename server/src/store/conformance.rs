@@ -120,6 +120,7 @@ conformance!(
     key_counts_follow_every_move_of_their_rows,
     a_key_with_nothing_due_does_not_hold_back_the_others,
     concurrency_strategies_cancel_the_newest_or_the_oldest,
+    a_batchs_endings_make_room_for_its_submits,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -1032,6 +1033,110 @@ async fn concurrency_strategies_cancel_the_newest_or_the_oldest(store: &dyn Stor
         (uses[0].strategy, uses[0].running, uses[0].keys),
         (concurrency::Strategy::Queue, 0, 1)
     );
+}
+
+/// Endings and submits of the same key in one batch: a submit's strategy counts
+/// the key's rows as the batch's endings left them (a completed one gone, a
+/// retried one waiting again), however each store keeps its counts.
+async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store, raw: &Raw) {
+    one(
+        store,
+        Op::SetConcurrencyLimit {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            max_running: 1,
+            strategy: concurrency::Strategy::CancelNewest,
+        },
+        T0,
+    )
+    .await;
+    let keyed = |id: &str| {
+        let mut row = new(id, "t");
+        row.concurrency_key = Some("k".into());
+        row
+    };
+    let enforce = || Op::EnforceConcurrency {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        keys: vec!["k".into()],
+    };
+    submit(store, keyed("a")).await;
+    let running = claim(store, &["t"], 1, T0).await;
+    assert_eq!(running.len(), 1);
+    let ending = Op::Finish {
+        attempt: Arc::new(Attempt::from_row(&running[0])),
+        transition: output("done"),
+        lease_expired_by: None,
+    };
+    let outcomes = apply(
+        store,
+        vec![ending, Op::Submit(vec![keyed("b")]), enforce()],
+        T0 + 1,
+    )
+    .await;
+    assert!(
+        matches!(
+            outcomes.as_slice(),
+            [
+                Outcome::Finished { accepted: true },
+                Outcome::Submitted(_),
+                Outcome::Enforced(cancelled)
+            ] if cancelled.is_empty()
+        ),
+        "{outcomes:?}"
+    );
+    assert_eq!(get(store, "b").await.status, ActivityStatus::Scheduled);
+    // And a retry in a batch counts as waiting again before the next submit.
+    let running = claim(store, &["t"], 1, T0 + 1).await;
+    assert_eq!(running[0].key.activity_id, "b");
+    let retry = Op::Finish {
+        attempt: Arc::new(Attempt::from_row(&running[0])),
+        transition: Transition::Retry {
+            next_at: T0 + 10_000,
+            error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
+        },
+        lease_expired_by: None,
+    };
+    let outcomes = apply(
+        store,
+        vec![retry, Op::Submit(vec![keyed("c")]), enforce()],
+        T0 + 2,
+    )
+    .await;
+    match outcomes.last() {
+        Some(Outcome::Enforced(cancelled)) => assert_eq!(
+            cancelled
+                .iter()
+                .map(|(_, row)| row.key.activity_id.as_str())
+                .collect::<Vec<_>>(),
+            ["c"],
+            "b waits again, so c is one too many"
+        ),
+        other => panic!("expected Enforced, got {other:?}"),
+    }
+    // On SQLite a claim later in the batch sees the room too, and refills it at
+    // once; PostgreSQL's one statement reads a snapshot from before the endings,
+    // so its next batch does.
+    if raw.is_sqlite() {
+        let running = claim(store, &["t"], 1, T0 + 10_000).await;
+        assert_eq!(running[0].key.activity_id, "b");
+        submit(store, keyed("d")).await;
+        let ending = Op::Finish {
+            attempt: Arc::new(Attempt::from_row(&running[0])),
+            transition: output("done"),
+            lease_expired_by: None,
+        };
+        let outcomes = apply(store, vec![ending, claim_for(&["t"], 1)], T0 + 10_001).await;
+        match outcomes.last() {
+            Some(Outcome::Claimed { rows, .. }) => assert_eq!(
+                rows.iter()
+                    .map(|r| r.key.activity_id.as_str())
+                    .collect::<Vec<_>>(),
+                ["d"]
+            ),
+            other => panic!("expected Claimed, got {other:?}"),
+        }
+    }
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.

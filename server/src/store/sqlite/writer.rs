@@ -162,7 +162,10 @@ struct KeyMoves {
 
 impl KeyMoves {
     fn record(&mut self, namespace: String, activity_type: String, key: String, waits: bool) {
-        let moved = self.keys.entry((namespace, activity_type, key)).or_default();
+        let moved = self
+            .keys
+            .entry((namespace, activity_type, key))
+            .or_default();
         moved.0 += 1;
         moved.1 += i64::from(waits);
     }
