@@ -5,10 +5,14 @@
 //! A batch crosses threads once each way (the ops in, the outcomes out); every
 //! statement inside runs on this thread against prepared, cached statements.
 //!
-//! Invariant: a batch is all or nothing. Any error rolls the whole transaction back
-//! and is returned; nothing of that batch is written. If even the rollback fails and
-//! the connection is left inside a transaction, it is replaced by a fresh one, so
-//! one failure cannot fail every later batch.
+//! Invariants:
+//! - a batch is all or nothing. Any error rolls the whole transaction back and is
+//!   returned; nothing of that batch is written. If even the rollback fails and the
+//!   connection is left inside a transaction, it is replaced by a fresh one, so one
+//!   failure cannot fail every later batch;
+//! - the concurrency keys' counts are current for every statement that reads them:
+//!   the moves of keyed rows out of RUNNING, which this writer counts itself
+//!   ([`KeyMoves`]), are written before any op but an ending, and before `COMMIT`.
 
 use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
