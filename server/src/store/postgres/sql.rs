@@ -148,7 +148,9 @@ pub const LOCK_BY_KEY: &str = concat!(
 /// - `b`: the type's rate limit bucket (see `store::rate`), locked, so nodes
 ///   claiming the type take turns with it; no row when the type is not limited;
 /// - `kc`: the concurrency keys with rows waiting and room to run more, lowest
-///   pass first, locked (one another node is serving is skipped);
+///   pass first, locked (one another node is serving is skipped); the room counts
+///   the attempts the statement's endings `fe` ended, so a slot an ending frees
+///   is refilled by the same statement;
 /// - `k`: rows of those keys, each key's room at most, and a share of the claim
 ///   by its weight (`concurrency::share`), in claim order;
 /// - `c`: rows without a key, for what is left;
@@ -179,17 +181,20 @@ macro_rules! claim_ctes {
             $namespace,
             " AND l.activity_type = ",
             $type,
-            "), 2147483647) - k.running, ",
+            "), 2147483647) - (k.running - COALESCE(e.n, 0)), ",
             key_tokens!($now),
             ") AS room FROM concurrency_keys AS k ",
             key_limits!(),
             " ",
             key_rate!(),
-            " WHERE k.namespace = ",
+            " LEFT JOIN fe AS e ON e.namespace = k.namespace \
+               AND e.activity_type = k.activity_type AND e.concurrency_key = k.concurrency_key \
+             WHERE k.namespace = ",
             $namespace,
             " AND k.activity_type = ",
             $type,
-            " AND k.waiting > 0 AND k.running < COALESCE(x.max_running, (SELECT max_running \
+            " AND k.waiting > 0 \
+               AND k.running - COALESCE(e.n, 0) < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
             " AND l.activity_type = ",
