@@ -131,6 +131,11 @@ fn migrator() -> Migrator {
             "hot_key_endings",
             include_str!("../migrations/postgres/0017_hot_key_endings.sql"),
         ),
+        migration(
+            18,
+            "ready_keys",
+            include_str!("../migrations/postgres/0018_ready_keys.sql"),
+        ),
     ])
 }
 
@@ -1088,22 +1093,54 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
     }
 
-    /// An ending moves its key's counts in place: a heap-only update, so no new
-    /// entry in any index of `concurrency_keys` (see the `0017_hot_key_endings`
-    /// migration; with `concurrency_keys_idle` it was never heap-only).
+    /// A submit to a key already waiting, and an ending, move the key's counts in
+    /// place: heap-only updates, so no new entry in any index of
+    /// `concurrency_keys` (see the `0017_hot_key_endings` and `0018_ready_keys`
+    /// migrations; neither was heap-only before them).
     #[tokio::test]
     #[cfg_attr(
         not(spool_test_postgres),
         ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
     )]
-    async fn an_ending_moves_its_keys_counts_in_place() {
+    async fn submits_and_endings_move_their_keys_counts_in_place() {
         use crate::store::{Attempt, Claim, Transition};
         let store = store_with(&[]).await;
-        let mut activity = crate::store::new_activity_for_tests("a", "t");
-        activity.concurrency_key = Some("k".into());
-        let now = activity.next_at;
+        let keyed = |id: &str| {
+            let mut activity = crate::store::new_activity_for_tests(id, "t");
+            activity.concurrency_key = Some("k".into());
+            activity
+        };
+        let now = keyed("a").next_at;
+        // How many updates of `concurrency_keys` `op` made, and how many of them
+        // heap-only, as this session counts them (its counts not yet reported
+        // include earlier transactions, hence the difference); rolled back.
+        let counted = |op: Op| {
+            let store = &store;
+            async move {
+                let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+                let counts = "SELECT pg_stat_get_xact_tuples_updated(oid), \
+                       pg_stat_get_xact_tuples_hot_updated(oid) \
+                     FROM pg_class WHERE oid = 'concurrency_keys'::regclass";
+                let (updated, in_place): (i64, i64) = sqlx::query_as(counts)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                let outcomes = write::apply(&mut tx, &[op], now + 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert!(
+                    !matches!(outcomes[..], [Outcome::Finished { accepted: false }]),
+                    "{outcomes:?}"
+                );
+                let (updated_after, in_place_after): (i64, i64) = sqlx::query_as(counts)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                (updated_after - updated, in_place_after - in_place)
+            }
+        };
         let claim = Op::Claim(Claim {
-            namespace: activity.key.namespace.as_str().into(),
+            namespace: "default".into(),
             activity_types: vec![Arc::from("t")],
             worker_id: "w".into(),
             identity: "host".into(),
@@ -1112,7 +1149,10 @@ mod tests {
             lease_expires_at: now + 30_000,
         });
         let outcomes = store
-            .apply(vec![Op::Submit(vec![activity]), claim].into(), now)
+            .apply(
+                vec![Op::Submit(vec![keyed("a"), keyed("b")]), claim].into(),
+                now,
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let Some(Outcome::Claimed { rows, .. }) = outcomes.last() else {
@@ -1121,6 +1161,11 @@ mod tests {
         let [row] = rows.as_slice() else {
             panic!("claimed {rows:?}");
         };
+        assert_eq!(
+            counted(Op::Submit(vec![keyed("c")])).await,
+            (1, 1),
+            "a submit: (updates, heap-only updates)"
+        );
         let ending = Op::Finish {
             attempt: Arc::new(Attempt::from_row(row)),
             transition: Transition::Complete {
@@ -1128,23 +1173,11 @@ mod tests {
             },
             lease_expired_by: None,
         };
-        let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
-        let outcomes = write::apply(&mut tx, &[ending], now + 1)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            matches!(outcomes[..], [Outcome::Finished { accepted: true }]),
-            "{outcomes:?}"
+        assert_eq!(
+            counted(ending).await,
+            (1, 1),
+            "an ending: (updates, heap-only updates)"
         );
-        let (updated, in_place): (i64, i64) = sqlx::query_as(
-            "SELECT pg_stat_get_xact_tuples_updated(oid), \
-               pg_stat_get_xact_tuples_hot_updated(oid) \
-             FROM pg_class WHERE oid = 'concurrency_keys'::regclass",
-        )
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((updated, in_place), (1, 1), "(updates, heap-only updates)");
     }
 
     /// Every pooled session carries the limits, and a URL's own setting wins.

@@ -193,7 +193,7 @@ macro_rules! claim_ctes {
             $namespace,
             " AND k.activity_type = ",
             $type,
-            " AND k.waiting > 0 \
+            " AND k.ready \
                AND k.running - COALESCE(e.n, 0) < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,
