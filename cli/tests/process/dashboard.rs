@@ -8,6 +8,7 @@
 //! otherwise into the test's temporary directory.
 
 use std::{
+    os::unix::process::CommandExt,
     path::PathBuf,
     process::{Child, Command, Stdio},
 };
@@ -22,7 +23,9 @@ const VIEWER: &str = "viewer-token-0123456789";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
-/// Chromium under ChromeDriver, both stopped when dropped.
+/// Chromium under ChromeDriver, both stopped when dropped: ChromeDriver runs in a
+/// process group of its own, with the Chromium processes it starts, and the whole
+/// group is killed (killing ChromeDriver alone left Chromium running).
 struct Browser {
     client: Client,
     driver: Child,
@@ -32,6 +35,10 @@ struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.driver.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -42,6 +49,7 @@ impl Browser {
         let port = free_port();
         let driver = Command::new(CHROMEDRIVER)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
