@@ -5,6 +5,9 @@
 -- equal to `waiting > 0` for every statement of every version, which changes only
 -- when a key starts or stops waiting. A claim still moves its keys' passes, an
 -- indexed column; submits and endings update their keys in place.
+-- Nodes of the version before ask for `waiting > 0`, which this index cannot
+-- serve: during a rolling upgrade their claims read all of a type's keys and sort
+-- them (slower, and as correct) until they are replaced.
 ALTER TABLE concurrency_keys ADD COLUMN ready BOOLEAN GENERATED ALWAYS AS (waiting > 0) STORED;
 DROP INDEX concurrency_keys_ready;
 CREATE INDEX concurrency_keys_ready
