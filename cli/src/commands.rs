@@ -793,6 +793,7 @@ pub fn activity_json(a: &v1::Activity) -> serde_json::Value {
         "finished_at": a.finished_at.as_ref().map(format_time),
         "worker_id": a.worker_id,
         "concurrency_key": a.concurrency_key,
+        "fairness_key": a.fairness_key,
         "waiting_reason": a.waiting_reason,
     })
 }
@@ -810,6 +811,7 @@ fn activity_text(a: &v1::Activity) -> String {
     line("waiting", a.waiting_reason.clone());
     line("attempt", attempt_text(a));
     line("concurrency", a.concurrency_key.clone());
+    line("fairness", a.fairness_key.clone());
     line(
         "input",
         a.input

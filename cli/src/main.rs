@@ -396,6 +396,10 @@ struct BenchArgs {
     /// measured beside that backlog (fairness between keys).
     #[arg(long, default_value_t = 0)]
     backlog: usize,
+    /// The keys of --keys and --backlog are fairness keys (`submit
+    /// --fairness-key`), not concurrency keys.
+    #[arg(long, conflicts_with = "key_limit")]
+    fairness_keys: bool,
 }
 
 #[derive(clap::Args)]
@@ -633,6 +637,14 @@ struct SubmitArgs {
     /// limit at once (`spool concurrency-limit set`).
     #[arg(long, default_value = "")]
     concurrency_key: String,
+    /// Activities of the type are served fairly over these keys (a tenant, say):
+    /// one key's backlog does not delay another key's activities.
+    #[arg(long, default_value = "")]
+    fairness_key: String,
+    /// This activity's weight within its fairness key, 1 to 1,000: a key whose
+    /// activities weigh 3 is served three times as often as one whose weigh 1.
+    #[arg(long, requires = "fairness_key", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    fairness_weight: Option<u32>,
     /// Wait for the outcome (exit 3 if it FAILED or was CANCELLED).
     #[arg(long)]
     wait: bool,
@@ -945,6 +957,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         key_limit: args.key_limit,
         rate_limit: args.rate_limit,
         backlog: args.backlog,
+        fairness_keys: args.fairness_keys,
     };
     let report = bench::run(options).await?;
     if json {
@@ -1032,6 +1045,8 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                 }),
                 priority: a.priority,
                 concurrency_key: a.concurrency_key,
+                fairness_key: a.fairness_key,
+                fairness_weight: a.fairness_weight.unwrap_or_default(),
                 ..Default::default()
             };
             let wait = a.wait.then_some(a.timeout);

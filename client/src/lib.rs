@@ -877,6 +877,28 @@ impl<A: Activity> Submit<'_, A> {
         self
     }
 
+    /// At most the type's concurrency limit of the activities sharing this key run
+    /// at once, over all workers and nodes (a customer id, say).
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.request.concurrency_key = key.into();
+        self
+    }
+
+    /// Activities of the type are served fairly over these keys (a tenant, say):
+    /// one key's backlog does not delay another key's activities.
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Self {
+        self.request.fairness_key = key.into();
+        self
+    }
+
+    /// This activity's weight within its fairness key, 1 to 1,000 (default 1): a
+    /// key whose activities weigh 3 is served three times as often as one whose
+    /// activities weigh 1.
+    pub fn fairness_weight(mut self, weight: u32) -> Self {
+        self.request.fairness_weight = weight;
+        self
+    }
+
     /// A header stored with the activity and delivered to every attempt (keys:
     /// lowercase ASCII letters, digits, `-`, `_`, `.`).
     pub fn header(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {

@@ -270,6 +270,7 @@ mod tests {
             priority: 0,
             headers: Default::default(),
             concurrency_key: None,
+            fairness: None,
         };
         committer
             .commit(vec![store::Op::Submit(vec![new])])

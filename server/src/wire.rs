@@ -28,6 +28,7 @@ pub fn activity(row: ActivityRow) -> v1::Activity {
         counted_attempts: row.attempt.saturating_sub(row.uncounted),
         headers: row.headers.into_iter().collect(),
         concurrency_key: row.concurrency_key.unwrap_or_default(),
+        fairness_key: row.fairness_key.unwrap_or_default(),
         // Set by Get, which reads the limits.
         waiting_reason: String::new(),
         history: Vec::new(),

@@ -75,6 +75,8 @@ pub struct Options {
     /// of its type, while its own rows come with another key ("tenant-b"): how
     /// long a newcomer waits beside another tenant's backlog.
     pub backlog: usize,
+    /// The keys of `keys` and `backlog` are fairness keys, not concurrency keys.
+    pub fairness_keys: bool,
 }
 
 /// The tag of the latency phase's backlog rows, whose input carries no send time
@@ -219,6 +221,7 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
     bench.set_limits().await?;
     report["keys"] = options.keys.into();
     report["key_limit"] = options.key_limit.into();
+    report["fairness_keys"] = options.fairness_keys.into();
     report["rate_limit"] = options.rate_limit.into();
     if options.preload > 0 {
         let started = Instant::now();
@@ -406,20 +409,26 @@ impl Bench {
     }
 
     fn submit_request(&self, activity_type: &str, tag: &str, i: usize) -> v1::SubmitRequest {
-        v1::SubmitRequest {
+        let mut request = v1::SubmitRequest {
             namespace: NAMESPACE.to_owned(),
             workflow_id: format!("{}-{activity_type}-{tag}", self.run_id),
             activity_id: i.to_string(),
             activity_type: activity_type.to_owned(),
             input: Some(self.input(tag != BACKLOG)),
-            concurrency_key: match (tag, self.options.backlog, self.options.keys) {
-                (BACKLOG, _, _) => "tenant-a".to_owned(),
-                ("latency", 1.., _) => "tenant-b".to_owned(),
-                (_, _, 0) => String::new(),
-                (_, _, keys) => format!("key-{}", i % keys),
-            },
             ..Default::default()
+        };
+        let key = match (tag, self.options.backlog, self.options.keys) {
+            (BACKLOG, _, _) => "tenant-a".to_owned(),
+            ("latency", 1.., _) => "tenant-b".to_owned(),
+            (_, _, 0) => String::new(),
+            (_, _, keys) => format!("key-{}", i % keys),
+        };
+        if self.options.fairness_keys {
+            request.fairness_key = key;
+        } else {
+            request.concurrency_key = key;
         }
+        request
     }
 
     /// Sets the limits the options ask for on every measured type.

@@ -30,7 +30,7 @@ use crate::{
     config::{Config, RetryDefaults},
     dispatch::registry::Registration,
     store::{
-        Key, NewActivity, Op, Payload, RetrySpec, Timeouts, concurrency,
+        Fairness, Key, NewActivity, Op, Payload, RetrySpec, Timeouts, concurrency,
         rate::{self, RateLimit},
     },
 };
@@ -405,7 +405,33 @@ pub fn submit(
         priority: request.priority,
         headers: headers(request.headers)?,
         concurrency_key: concurrency_key("concurrency_key", request.concurrency_key)?,
+        fairness: fairness(request.fairness_key, request.fairness_weight)?,
     })
+}
+
+/// A submit's fairness key and its weight: none when the key is empty (and then
+/// no weight either); a weight of 0 is 1, and at most
+/// [`concurrency::MAX_WEIGHT`].
+fn fairness(key: String, weight: u32) -> Result<Option<Fairness>, Error> {
+    if key.is_empty() {
+        if weight != 0 {
+            return Err(invalid(
+                "fairness_weight is a fairness key's: give the fairness_key".to_owned(),
+            ));
+        }
+        return Ok(None);
+    }
+    name("fairness_key", &key)?;
+    if weight > concurrency::MAX_WEIGHT {
+        return Err(invalid(format!(
+            "fairness_weight is {weight}; it must be from 1 to {}",
+            concurrency::MAX_WEIGHT
+        )));
+    }
+    Ok(Some(Fairness {
+        key,
+        weight: weight.max(1),
+    }))
 }
 
 /// A submit's headers: at most [`crate::limits::MAX_HEADERS`], keys of lowercase ASCII
@@ -577,6 +603,45 @@ mod tests {
     }
 
     #[test]
+    fn a_fairness_weight_needs_its_key_and_stays_in_range() {
+        let config = Config::new("sqlite://x.db");
+        let asked = |key: &str, weight: u32| {
+            submit(
+                v1::SubmitRequest {
+                    activity_type: "email.send".into(),
+                    fairness_key: key.into(),
+                    fairness_weight: weight,
+                    ..Default::default()
+                },
+                &config,
+                0,
+            )
+            .map(|n| n.fairness)
+        };
+        let fair = |weight| {
+            Some(Fairness {
+                key: "t".into(),
+                weight,
+            })
+        };
+        assert_eq!(asked("", 0).ok(), Some(None));
+        assert_eq!(asked("t", 0).ok(), Some(fair(1)), "0 is weight 1");
+        assert_eq!(asked("t", 1_000).ok(), Some(fair(1_000)));
+        for (key, weight, says) in [
+            ("", 2, "give the fairness_key"),
+            ("t", 1_001, "from 1 to 1000"),
+            ("a\u{7}b", 1, "fairness_key"),
+        ] {
+            match asked(key, weight) {
+                Err(Error::InvalidArgument(message)) => {
+                    assert!(message.contains(says), "{key:?} {weight}: {message}")
+                }
+                other => panic!("{key:?} {weight}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn worker_text_is_sanitised_not_refused() {
         assert_eq!(worker_text("a\0b\nc".to_owned(), 100), "a\u{fffd}b\nc");
         assert_eq!(worker_text("nul\0only".to_owned(), 100), "nul\u{fffd}only");
@@ -715,6 +780,8 @@ mod tests {
         let request = v1::SubmitRequest {
             headers: [("tenant".to_owned(), "acme".to_owned())].into(),
             concurrency_key: "customer-7".into(),
+            fairness_key: "tenant-1".into(),
+            fairness_weight: 3,
             namespace: "orders".into(),
             workflow_id: "wf-1".into(),
             activity_id: "act-1".into(),
@@ -760,6 +827,13 @@ mod tests {
         );
         assert_eq!(new.priority, -7);
         assert_eq!(new.concurrency_key.as_deref(), Some("customer-7"));
+        assert_eq!(
+            new.fairness,
+            Some(Fairness {
+                key: "tenant-1".into(),
+                weight: 3
+            })
+        );
         assert_eq!(
             new.retry,
             RetrySpec {

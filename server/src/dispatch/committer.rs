@@ -833,6 +833,7 @@ mod tests {
             priority: 0,
             headers: Default::default(),
             concurrency_key: None,
+            fairness: None,
         }
     }
 

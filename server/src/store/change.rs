@@ -329,6 +329,7 @@ pub(crate) fn new_row(id: i64, new: &NewActivity, now: UnixMillis) -> ActivityRo
         expires_at: expires_at(now, new.timeouts.schedule_to_close_ms),
         headers: new.headers.clone(),
         concurrency_key: new.concurrency_key.clone(),
+        fairness_key: new.fairness.as_ref().map(|f| f.key.clone()),
     }
 }
 

@@ -33,6 +33,16 @@ impl Raw {
         done.unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// The one integer `sql` answers.
+    async fn scalar(&self, sql: &str) -> i64 {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        let read = match self {
+            Raw::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Raw::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        };
+        read.unwrap_or_else(|e| panic!("{e}"))
+    }
+
     fn is_sqlite(&self) -> bool {
         matches!(self, Raw::Sqlite(_))
     }
@@ -121,6 +131,8 @@ conformance!(
     a_key_with_nothing_due_does_not_hold_back_the_others,
     concurrency_strategies_cancel_the_newest_or_the_oldest,
     a_batchs_endings_make_room_for_its_submits,
+    a_fairness_keys_backlog_does_not_delay_another_keys_rows,
+    fairness_keys_are_served_in_proportion_to_their_weights,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -179,6 +191,7 @@ fn new(id: &str, ty: &str) -> NewActivity {
         priority: 0,
         headers: Default::default(),
         concurrency_key: None,
+        fairness: None,
     }
 }
 
@@ -1134,6 +1147,96 @@ async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store, _raw: &Ra
         ),
         other => panic!("expected Claimed, got {other:?}"),
     }
+}
+
+/// A row of type `ty` with fairness key `key` of `weight`.
+fn fair(id: &str, ty: &str, key: &str, weight: u32) -> NewActivity {
+    NewActivity {
+        fairness: Some(Fairness {
+            key: key.into(),
+            weight,
+        }),
+        ..new(id, ty)
+    }
+}
+
+async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(store: &dyn Store, raw: &Raw) {
+    // Tenant a's backlog, in one submit; then one row of tenant b and one row
+    // without a fairness key.
+    let backlog = (0..50)
+        .map(|i| fair(&format!("a{i}"), "t", "a", 1))
+        .collect();
+    one(store, Op::Submit(backlog), T0).await;
+    submit(store, fair("b0", "t", "b", 1)).await;
+    submit(store, new("u0", "t")).await;
+    assert_eq!(get(store, "b0").await.fairness_key.as_deref(), Some("b"));
+
+    // u0 is ranked by its due time, ahead of a's backlog (spread over virtual
+    // time from now on); b0 next to a's head, not after its 50 rows.
+    let mut first: Vec<String> = claim(store, &["t"], 4, T0)
+        .await
+        .into_iter()
+        .map(|r| r.key.activity_id)
+        .collect();
+    first.sort();
+    assert_eq!(first, ["a0", "a1", "b0", "u0"]);
+
+    // b's next row goes next to a's head again, and a priority aging set
+    // meanwhile ranks every waiting row again from where its key placed it.
+    submit(store, fair("b1", "t", "b", 1)).await;
+    let aging = Some(std::time::Duration::from_secs(1));
+    let ranked = store.set_priority_aging(aging).await;
+    assert_eq!(ranked.unwrap_or_else(|e| panic!("{e}")), Some(49));
+    let order = claim_order(store, T0).await;
+    assert_eq!(order.len(), 49);
+    assert_eq!(order.iter().position(|o| o == "b1"), Some(2), "{order:?}");
+    let a: Vec<&String> = order.iter().filter(|o| o.starts_with('a')).collect();
+    let in_order: Vec<String> = (2..50).map(|i| format!("a{i}")).collect();
+    assert!(a.iter().zip(&in_order).all(|(x, y)| *x == y), "{order:?}");
+
+    // Each key's chain is kept until it falls behind now; then the pruner
+    // deletes it, and a key that comes back starts afresh.
+    let chains = "SELECT COUNT(*) FROM fairness_keys";
+    assert_eq!(raw.scalar(chains).await, 2);
+    let prune = |now| {
+        one(
+            store,
+            Op::Prune {
+                before: 0,
+                limit: 100,
+            },
+            now,
+        )
+    };
+    prune(T0).await;
+    assert_eq!(raw.scalar(chains).await, 2, "a's chain is 50 ms ahead");
+    prune(T0 + 60).await;
+    assert_eq!(raw.scalar(chains).await, 0);
+}
+
+async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw: &Raw) {
+    // h's rows weigh 3 and l's 1: both backlogs submitted at once, h's first.
+    for (key, weight) in [("h", 3), ("l", 1)] {
+        let rows = (0..40)
+            .map(|i| fair(&format!("{key}{i}"), "t", key, weight))
+            .collect();
+        one(store, Op::Submit(rows), T0).await;
+    }
+    let order = claim_order(store, T0).await;
+    let heavy = |n: usize| order[..n].iter().filter(|o| o.starts_with('h')).count();
+    // Three of h's rows for each of l's (to the millisecond a row of weight 1
+    // takes: h's first three go before l's first).
+    assert_eq!(heavy(3), 3, "{order:?}");
+    assert!((15..=16).contains(&heavy(20)), "{order:?}");
+    assert!((30..=31).contains(&heavy(40)), "{order:?}");
+    // And l's rows, each a place of its own, stay in their order.
+    let light: Vec<&String> = order.iter().filter(|o| o.starts_with('l')).collect();
+    assert_eq!(light.len(), 40);
+    assert!(
+        light
+            .windows(2)
+            .all(|w| { w[0][1..].parse::<u32>().ok() < w[1][1..].parse::<u32>().ok() })
+    );
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.
@@ -2280,6 +2383,18 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
                     } else {
                         String::new()
                     },
+                    // Every fifth one has a fairness key, some with a weight out
+                    // of range.
+                    fairness_key: if priority % 5 == 0 {
+                        format!("tenant-{}", priority % 4)
+                    } else {
+                        String::new()
+                    },
+                    fairness_weight: if priority % 5 == 0 {
+                        priority.unsigned_abs() % 1_200
+                    } else {
+                        0
+                    },
                 }
             },
         );
@@ -2368,6 +2483,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             row.status,
             &row.headers,
             &row.concurrency_key,
+            &row.fairness_key,
         );
         let sent = (
             &new.key,
@@ -2381,6 +2497,7 @@ async fn every_submit_is_refused_or_stored_and_read_back_equal(store: &dyn Store
             ActivityStatus::Scheduled,
             &asked.headers.clone().into_iter().collect::<Headers>(),
             &Some(asked.concurrency_key.clone()).filter(|k| !k.is_empty()),
+            &Some(asked.fairness_key.clone()).filter(|k| !k.is_empty()),
         );
         assert_eq!(read_back, sent, "case {case}: {shown}");
         stored += 1;

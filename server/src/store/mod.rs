@@ -22,7 +22,8 @@ macro_rules! columns {
          heartbeat_timeout_ms, start_to_close_ms, schedule_to_close_ms, priority, input_type, \
          input, output_type, output, error_kind, error_type, error_message, error_details_type, \
          error_details, heartbeat_type, heartbeat_details, created_at, next_at, started_at, \
-         finished_at, lease_expires_at, worker_id, expires_at, headers, concurrency_key"
+         finished_at, lease_expires_at, worker_id, expires_at, headers, concurrency_key, \
+         fairness_key"
     };
 }
 
@@ -52,7 +53,7 @@ macro_rules! light_columns {
             " AS heartbeat_type, ",
             $null_blob,
             " AS heartbeat_details, created_at, next_at, started_at, finished_at, \
-             lease_expires_at, worker_id, expires_at, headers, concurrency_key"
+             lease_expires_at, worker_id, expires_at, headers, concurrency_key, fairness_key"
         )
     };
 }
@@ -284,6 +285,7 @@ macro_rules! over_limit {
 
 mod change;
 pub mod concurrency;
+pub mod fairness;
 pub mod postgres;
 pub mod rate;
 mod rows;
@@ -455,6 +457,16 @@ pub struct NewActivity {
     pub headers: Headers,
     /// Rows sharing it run at most the type's concurrency limit at once.
     pub concurrency_key: Option<String>,
+    /// Rows of a type are served fairly over these (see [`fairness`]).
+    pub fairness: Option<Fairness>,
+}
+
+/// A submitted row's fairness key and its weight within it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fairness {
+    pub key: String,
+    /// 1 to [`concurrency::MAX_WEIGHT`].
+    pub weight: u32,
 }
 
 /// An activity's headers, in key order.
@@ -487,6 +499,7 @@ pub struct ActivityRow {
     pub expires_at: Option<UnixMillis>,
     pub headers: Headers,
     pub concurrency_key: Option<String>,
+    pub fairness_key: Option<String>,
 }
 
 impl ActivityRow {
@@ -996,6 +1009,7 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
         expires_at: None,
         headers: Headers::new(),
         concurrency_key: None,
+        fairness_key: None,
     }
 }
 
@@ -1029,6 +1043,7 @@ pub(crate) fn new_activity_for_tests(activity_id: &str, activity_type: &str) -> 
         priority: 0,
         headers: Headers::new(),
         concurrency_key: None,
+        fairness: None,
     }
 }
 

@@ -183,10 +183,11 @@ pub(super) mod col {
     pub const EXPIRES_AT: usize = 34;
     pub const HEADERS: usize = 35;
     pub const CONCURRENCY_KEY: usize = 36;
+    pub const FAIRNESS_KEY: usize = 37;
 }
 
 /// How many columns `columns!()` has: a statement may return more after them.
-pub(super) const COLUMNS: usize = col::CONCURRENCY_KEY + 1;
+pub(super) const COLUMNS: usize = col::FAIRNESS_KEY + 1;
 
 /// A result row read by column position: what every dialect's rows offer the one
 /// decoder. Each read is strict (a NULL in a required column, text that is not
@@ -320,6 +321,7 @@ pub(super) fn decode(row: &impl Columns) -> Result<ActivityRow, Error> {
             None => super::Headers::new(),
         },
         concurrency_key: row.opt_text(col::CONCURRENCY_KEY)?,
+        fairness_key: row.opt_text(col::FAIRNESS_KEY)?,
     })
 }
 

@@ -85,6 +85,10 @@ pub struct Detail {
     output: Option<PayloadOut>,
     heartbeat_details: Option<PayloadOut>,
     headers: std::collections::BTreeMap<String, String>,
+    concurrency_key: Option<String>,
+    fairness_key: Option<String>,
+    /// Why a due SCHEDULED activity is held back by a limit, if one is.
+    waiting_reason: Option<String>,
     history: Vec<AttemptOut>,
 }
 
@@ -206,6 +210,9 @@ pub fn detail(mut a: v1::Activity) -> Detail {
         output: payload(a.output),
         heartbeat_details: payload(a.heartbeat_details),
         headers: a.headers.into_iter().collect(),
+        concurrency_key: Some(a.concurrency_key).filter(|k| !k.is_empty()),
+        fairness_key: Some(a.fairness_key).filter(|k| !k.is_empty()),
+        waiting_reason: Some(a.waiting_reason).filter(|r| !r.is_empty()),
         history: a
             .history
             .into_iter()

@@ -46,7 +46,8 @@ macro_rules! ending {
          attempt_outcome = CASE WHEN a.status = 2 THEN v.e_outcome ELSE a.attempt_outcome END, \
          attempt_ended_at = CASE WHEN a.status = 2 THEN v.e_ended_at ELSE a.attempt_ended_at END, \
          claim_band = CASE WHEN v.e_next_at IS NULL THEN a.claim_band ELSE ", band!("a.priority", "a.concurrency_key"), " END, \
-         claim_rank = COALESCE(", rank!("v.e_next_at", "a.priority"), ", a.claim_rank)"
+         claim_rank = COALESCE(", rank!("v.e_next_at", "a.priority"), ", a.claim_rank), \
+         fair_at = CASE WHEN v.e_next_at IS NULL THEN a.fair_at END"
         )
     };
 }
@@ -79,45 +80,115 @@ pub const SUBMIT: Savepoint = Savepoint {
     release: "RELEASE SAVEPOINT submit",
 };
 
-/// Inserts activities (one array per column) whose keys do not exist yet; returns
+/// The arrays of a submit, one per column, as `v` (with `o`, each row's place).
+macro_rules! submitted {
+    ($($extra:literal),*) => {
+        concat!(
+            "UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
+             $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
+             $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
+             $18::BIGINT[], $19::TEXT[], $20::TEXT[]", $(", ", $extra,)* ") WITH ORDINALITY \
+             AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck"
+        )
+    };
+}
+
+/// Inserts the rows of `$rows` (`submitted!`, with `fk` and `fa`, their fairness
+/// key and `fair_at`, in the order `$order`) whose keys do not exist yet, after
+/// the CTEs `$with`; returns
 /// the id and key of each row it inserted. `$17` is the submit time. Their
 /// concurrency keys count them as waiting, once per key (`ik`); a key that starts
 /// waiting starts at the lowest pass of those waiting (`spool_key_pass`, read
 /// once per type: `vt`).
-pub const INSERT: &str = concat!(
-    "WITH ins AS (INSERT INTO activities (namespace, workflow_id, activity_id, \
-     activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
-     max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
-     schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers, concurrency_key, claim_band, claim_rank) \
-     SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, ex, \
-            hd, ck, ",
-    band!("pr", "ck"),
-    ", ",
-    rank!("nx", "pr"),
-    " FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], \
-                 $7::FLOAT8[], $8::BIGINT[], $9::TEXT[], $10::BIGINT[], $11::BIGINT[], \
-                 $12::BIGINT[], $13::BIGINT[], $14::TEXT[], $15::BYTEA[], $16::BIGINT[], \
-                 $18::BIGINT[], $19::TEXT[], $20::TEXT[]) \
-       AS v(ns, wf, act, ty, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, nx, ex, hd, ck) \
-     ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
-     RETURNING id, namespace, workflow_id, activity_id, activity_type, concurrency_key), \
-     vt AS MATERIALIZED (SELECT namespace, activity_type, \
-       spool_key_pass(namespace, activity_type) AS pass \
-       FROM (SELECT DISTINCT namespace, activity_type FROM ins \
-             WHERE concurrency_key IS NOT NULL) AS typed), \
-     ik AS (INSERT INTO concurrency_keys \
-         (namespace, activity_type, concurrency_key, waiting, served_at) \
-       SELECT i.namespace, i.activity_type, i.concurrency_key, COUNT(*), MIN(vt.pass) \
-       FROM ins AS i JOIN vt ON vt.namespace = i.namespace AND vt.activity_type = i.activity_type \
-       WHERE i.concurrency_key IS NOT NULL \
-       GROUP BY i.namespace, i.activity_type, i.concurrency_key \
-       ON CONFLICT (namespace, activity_type, concurrency_key) \
-       DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting, \
-         served_at = CASE WHEN concurrency_keys.waiting = 0 \
-           THEN GREATEST(concurrency_keys.served_at, excluded.served_at) \
-           ELSE concurrency_keys.served_at END) \
-     SELECT id, namespace, workflow_id, activity_id FROM ins"
+macro_rules! insert {
+    ($with:expr, $rows:expr, $order:literal) => {
+        concat!(
+            "WITH ",
+            $with,
+            "ins AS (INSERT INTO activities (namespace, workflow_id, activity_id, \
+             activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
+             max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
+             schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
+             headers, concurrency_key, fairness_key, fair_at, claim_band, claim_rank) \
+             SELECT ns, wf, act, ty, 1, max, ii, bc, mi, nr, hb, s2c, sched, pr, it, inp, $17, nx, \
+               ex, hd, ck, fk, fa, ",
+            band!("pr", "ck"),
+            ", ",
+            rank!("COALESCE(fa, nx)", "pr"),
+            " FROM ",
+            $rows,
+            $order,
+            " ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING \
+             RETURNING id, namespace, workflow_id, activity_id, activity_type, concurrency_key), \
+             vt AS MATERIALIZED (SELECT namespace, activity_type, \
+               spool_key_pass(namespace, activity_type) AS pass \
+               FROM (SELECT DISTINCT namespace, activity_type FROM ins \
+                     WHERE concurrency_key IS NOT NULL) AS typed), \
+             ik AS (INSERT INTO concurrency_keys \
+                 (namespace, activity_type, concurrency_key, waiting, served_at) \
+               SELECT i.namespace, i.activity_type, i.concurrency_key, COUNT(*), MIN(vt.pass) \
+               FROM ins AS i JOIN vt ON vt.namespace = i.namespace \
+                 AND vt.activity_type = i.activity_type \
+               WHERE i.concurrency_key IS NOT NULL \
+               GROUP BY i.namespace, i.activity_type, i.concurrency_key \
+               ON CONFLICT (namespace, activity_type, concurrency_key) \
+               DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting, \
+                 served_at = CASE WHEN concurrency_keys.waiting = 0 \
+                   THEN GREATEST(concurrency_keys.served_at, excluded.served_at) \
+                   ELSE concurrency_keys.served_at END) \
+             SELECT id, namespace, workflow_id, activity_id FROM ins"
+        )
+    };
+}
+
+/// Inserts activities none of which has a fairness key (see `insert!`).
+pub const INSERT: &str = insert!(
+    "",
+    concat!(
+        "(SELECT *, NULL::TEXT AS fk, NULL::BIGINT AS fa FROM ",
+        submitted!(),
+        ", o)) AS v"
+    ),
+    ""
+);
+
+/// Inserts activities some of which have a fairness key (`$21`, with `$22` the
+/// stride of each, see `store::fairness`): each key's chain moves on by its rows'
+/// strides in one upsert per key and band (`fc`, which also returns where the
+/// chain was before them: from the latest of the chain, the head of the band and
+/// now), and each row is placed at its key's start plus the strides of its key's
+/// rows up to it (`fv`, in one pass over the rows: a join of the rows to their
+/// places would be a nested loop over two CTEs).
+pub const INSERT_FAIR: &str = insert!(
+    concat!(
+        "s AS MATERIALIZED (SELECT *, ",
+        band!("pr", "ck"),
+        " AS bd FROM ",
+        submitted!("$21::TEXT[]", "$22::BIGINT[]"),
+        ", fk, fs, o)), \
+         fg AS (SELECT ns, ty, bd, fk, SUM(fs)::BIGINT AS total FROM s \
+           WHERE fk IS NOT NULL GROUP BY ns, ty, bd, fk), \
+         fc AS (INSERT INTO fairness_keys AS f \
+             (namespace, activity_type, claim_band, fairness_key, last_us, span_us) \
+           SELECT ns, ty, bd, fk, GREATEST($17, COALESCE((SELECT a.claim_rank + a.priority * ",
+        aging!(),
+        " FROM activities AS a WHERE a.namespace = fg.ns AND a.activity_type = fg.ty \
+               AND a.status = 1 AND a.claim_band = fg.bd ORDER BY a.claim_rank LIMIT 1), $17)) \
+               * 1000 + total, total FROM fg \
+           ON CONFLICT (namespace, activity_type, claim_band, fairness_key) \
+           DO UPDATE SET last_us = GREATEST(f.last_us + excluded.span_us, excluded.last_us), \
+             span_us = excluded.span_us \
+           RETURNING namespace, activity_type, claim_band, fairness_key, \
+             last_us - span_us AS start), \
+         fv AS (SELECT s.*, CASE WHEN fc.start IS NOT NULL THEN GREATEST((fc.start \
+             + SUM(s.fs) OVER (PARTITION BY s.ns, s.ty, s.bd, s.fk ORDER BY s.o)) / 1000, s.nx) \
+             END AS fa \
+           FROM s LEFT JOIN fc ON fc.namespace = s.ns AND fc.activity_type = s.ty \
+             AND fc.claim_band = s.bd AND fc.fairness_key = s.fk), "
+    ),
+    "fv AS v",
+    // The window of `fv` leaves them in key order; ids follow the submit's.
+    " ORDER BY o"
 );
 
 pub const SELECT_BY_KEY: &str = concat!(
@@ -499,7 +570,7 @@ pub const REDRIVE: &str = concat!(
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("$2", "priority"),
-    " WHERE id = $1 RETURNING ",
+    ", fair_at = NULL WHERE id = $1 RETURNING ",
     columns!()
 );
 
@@ -531,6 +602,15 @@ pub const SWEEP_KEYS: &str = "DELETE FROM concurrency_keys AS q USING (\
        LIMIT $1 FOR UPDATE SKIP LOCKED) AS d \
      WHERE q.namespace = d.namespace AND q.activity_type = d.activity_type \
        AND q.concurrency_key = d.concurrency_key";
+
+/// Deletes up to `$2` chains of fairness keys that no longer change where a row
+/// goes: those behind `$1` (ms, see `fairness::idle`); one a submit holds is
+/// skipped.
+pub const SWEEP_FAIRNESS: &str = "DELETE FROM fairness_keys AS q USING (\
+       SELECT namespace, activity_type, claim_band, fairness_key FROM fairness_keys \
+       WHERE last_us <= $1 * 1000 LIMIT $2 FOR UPDATE SKIP LOCKED) AS d \
+     WHERE q.namespace = d.namespace AND q.activity_type = d.activity_type \
+       AND q.claim_band = d.claim_band AND q.fairness_key = d.fairness_key";
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
 /// (`octet_length` takes a TOASTed value's size from its header): `$1` namespace,
@@ -682,7 +762,7 @@ pub const RERANK: &str = concat!(
     "UPDATE activities SET claim_band = ",
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
-    rank!("next_at", "priority"),
+    rank!("COALESCE(fair_at, next_at)", "priority"),
     " WHERE status = 1"
 );
 

@@ -22,7 +22,7 @@ use super::{decode, sql};
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Found},
-    concurrency, rate, rows,
+    concurrency, fairness, rate, rows,
 };
 use spool_proto::time::UnixMillis;
 
@@ -232,8 +232,16 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .bind(i64::from(*limit))
                 .execute(&mut *conn)
                 .await?;
+            // And the chains of fairness keys no row can be placed by any more.
+            let chains = sqlx::query(sql::SWEEP_FAIRNESS)
+                .bind(now)
+                .bind(i64::from(*limit))
+                .execute(&mut *conn)
+                .await?;
             Ok(Outcome::Pruned(
-                done.rows_affected().max(swept.rows_affected()),
+                done.rows_affected()
+                    .max(swept.rows_affected())
+                    .max(chains.rows_affected()),
             ))
         }
         Op::Renew {
@@ -446,7 +454,9 @@ async fn insert(
     let int = |f: &dyn Fn(&NewActivity) -> i64| all.iter().map(|n| f(n)).collect::<Vec<_>>();
     let opt =
         |f: &dyn Fn(&NewActivity) -> Option<i64>| all.iter().map(|n| f(n)).collect::<Vec<_>>();
-    let inserted = sqlx::query(sql::INSERT)
+    let fair = all.iter().any(|n| n.fairness.is_some());
+    let statement = if fair { sql::INSERT_FAIR } else { sql::INSERT };
+    let query = sqlx::query(statement)
         .bind(col(&|n| n.key.namespace.clone()))
         .bind(col(&|n| n.key.workflow_id.clone()))
         .bind(col(&|n| n.key.activity_id.clone()))
@@ -484,9 +494,21 @@ async fn insert(
             all.iter()
                 .map(|n| n.concurrency_key.clone())
                 .collect::<Vec<_>>(),
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        );
+    let query = if fair {
+        query
+            .bind(
+                all.iter()
+                    .map(|n| n.fairness.as_ref().map(|f| f.key.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(opt(&|n| {
+                n.fairness.as_ref().map(|f| fairness::stride_us(f.weight))
+            }))
+    } else {
+        query
+    };
+    let inserted = query.fetch_all(&mut *conn).await?;
     let mut ids = HashMap::with_capacity(inserted.len());
     for row in &inserted {
         let key = Key {

@@ -108,6 +108,11 @@ fn migrator() -> Migrator {
             "keyed_endings",
             include_str!("../migrations/sqlite/0014_keyed_endings.sql"),
         ),
+        migration(
+            15,
+            "fairness_keys",
+            include_str!("../migrations/sqlite/0015_fairness_keys.sql"),
+        ),
     ])
 }
 

@@ -22,7 +22,7 @@ macro_rules! ending {
             " END, \
          claim_rank = COALESCE(",
             rank!("?2", "priority"),
-            ", claim_rank)"
+            ", claim_rank), fair_at = CASE WHEN ?2 IS NULL THEN fair_at END"
         )
     };
 }
@@ -34,20 +34,44 @@ macro_rules! light {
     };
 }
 
-/// Inserts one activity unless its key exists.
+/// Inserts one activity unless its key exists: `?21` its fairness key, `?22` its
+/// place on the key's chain (`FAIR_PLACE`).
 pub const INSERT: &str = concat!(
     "INSERT INTO activities (namespace, workflow_id, activity_id, \
      activity_type, status, max_attempts, initial_interval_ms, backoff_coefficient, \
      max_interval_ms, non_retryable, heartbeat_timeout_ms, start_to_close_ms, \
      schedule_to_close_ms, priority, input_type, input, created_at, next_at, expires_at, \
-     headers, concurrency_key, claim_band, claim_rank) \
+     headers, concurrency_key, fairness_key, fair_at, claim_band, claim_rank) \
      VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
-             ?19, ?20, ",
+             ?19, ?20, ?21, ?22, ",
     band!("?13", "?20"),
     ", ",
-    rank!("?17", "?13"),
+    rank!("COALESCE(?22, ?17)", "?13"),
     ") ON CONFLICT (namespace, workflow_id, activity_id) DO NOTHING RETURNING id"
 );
+
+/// Moves the chain of fairness key `?3` of type `?2` of namespace `?1` on by
+/// `?5` µs for a row of priority `?6` and concurrency key `?7` submitted at `?4`
+/// (ms), and returns where it is now: from the latest of the chain, the head of
+/// the row's band and now (see `store::fairness`).
+pub const FAIR_PLACE: &str = concat!(
+    "INSERT INTO fairness_keys (namespace, activity_type, claim_band, fairness_key, last_us) \
+     SELECT ?1, ?2, b.band, ?3, MAX(?4, COALESCE((SELECT claim_rank + priority * ",
+    aging!(),
+    " FROM activities INDEXED BY activities_due \
+         WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 AND claim_band = b.band \
+         ORDER BY claim_rank LIMIT 1), ?4)) * 1000 + ?5 \
+     FROM (SELECT ",
+    band!("?6", "?7"),
+    " AS band) AS b WHERE TRUE \
+     ON CONFLICT (namespace, activity_type, claim_band, fairness_key) \
+       DO UPDATE SET last_us = MAX(last_us + ?5, excluded.last_us) \
+     RETURNING last_us"
+);
+
+/// Deletes the chains of fairness keys that no longer change where a row goes:
+/// those behind `?1` (ms, see `fairness::idle`).
+pub const SWEEP_FAIRNESS: &str = "DELETE FROM fairness_keys WHERE last_us <= ?1 * 1000";
 
 pub const SELECT_BY_KEY: &str = concat!(
     "SELECT ",
@@ -230,7 +254,7 @@ pub const REDRIVE: &str = concat!(
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("?2", "priority"),
-    " WHERE id = ?1 RETURNING ",
+    ", fair_at = NULL WHERE id = ?1 RETURNING ",
     columns!()
 );
 
@@ -391,7 +415,7 @@ pub const RERANK: &str = concat!(
     "UPDATE activities SET claim_band = ",
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
-    rank!("next_at", "priority"),
+    rank!("COALESCE(fair_at, next_at)", "priority"),
     " WHERE status = 1"
 );
 

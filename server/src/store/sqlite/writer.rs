@@ -24,9 +24,10 @@ use super::{
     sql,
 };
 use crate::store::{
-    ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
+    ActivityRow, ActivityStatus, Claim, Error, Fairness, HeartbeatDetails, Key, NewActivity, Op,
+    Outcome,
     change::{self, Conflict, Ending, Entry, Found},
-    concurrency, rate,
+    concurrency, fairness, rate,
     rows::{self, encode_list},
 };
 
@@ -328,12 +329,19 @@ fn apply_one(
             remove(conn, statement, namespace, activity_type, key.as_deref())
                 .map(Outcome::RateLimitRemoved)
         }
-        Op::Prune { before, limit } => conn
-            .query(sql::PRUNE)
-            .map(|q| q.bind(before).bind(&i64::from(*limit)))
-            .and_then(Query::execute)
-            .map(Outcome::Pruned)
-            .map_err(sqlite),
+        Op::Prune { before, limit } => {
+            let pruned = conn
+                .query(sql::PRUNE)
+                .map(|q| q.bind(before).bind(&i64::from(*limit)))
+                .and_then(Query::execute)
+                .map_err(sqlite)?;
+            // And the chains of fairness keys no row can be placed by any more.
+            conn.query(sql::SWEEP_FAIRNESS)
+                .map(|q| q.bind(&now))
+                .and_then(Query::execute)
+                .map_err(sqlite)?;
+            Ok(Outcome::Pruned(pruned))
+        }
         Op::Renew {
             attempts,
             lease_expires_at,
@@ -411,6 +419,10 @@ fn submit(conn: &mut Connection, batch: &[NewActivity], now: UnixMillis) -> Resu
 
 /// Inserts one activity unless its key exists; the new row's id.
 fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<Option<i64>, Error> {
+    let fair_at = match &new.fairness {
+        Some(fairness) => Some(place(conn, new, fairness, now)?),
+        None => None,
+    };
     let non_retryable = encode_list(&new.retry.non_retryable);
     let mut q = conn
         .query(sql::INSERT)
@@ -434,12 +446,40 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
         .bind(&new.next_at)
         .bind(&change::expires_at(now, new.timeouts.schedule_to_close_ms))
         .bind(&rows::encode_headers(&new.headers))
-        .bind(&new.concurrency_key.as_deref());
+        .bind(&new.concurrency_key.as_deref())
+        .bind(&new.fairness.as_ref().map(|f| f.key.as_str()))
+        .bind(&fair_at);
     Ok(if q.step().map_err(sqlite)? {
         Some(q.int(0))
     } else {
         None
     })
+}
+
+/// Moves the chain of a new row's fairness key on by the row, and answers the
+/// row's `fair_at` (see `store::fairness`).
+fn place(
+    conn: &mut Connection,
+    new: &NewActivity,
+    fairness: &Fairness,
+    now: UnixMillis,
+) -> Result<i64, Error> {
+    let mut q = conn
+        .query(sql::FAIR_PLACE)
+        .map_err(sqlite)?
+        .bind(&new.key.namespace)
+        .bind(&new.activity_type)
+        .bind(fairness.key.as_str())
+        .bind(&now)
+        .bind(&fairness::stride_us(fairness.weight))
+        .bind(&i64::from(new.priority))
+        .bind(&new.concurrency_key.as_deref());
+    if !q.step().map_err(sqlite)? {
+        return Err(Error::Corrupt(
+            "a fairness key's chain was not returned".to_owned(),
+        ));
+    }
+    Ok(fairness::fair_at(q.int(0), new.next_at))
 }
 
 fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<Outcome, Error> {

@@ -598,9 +598,11 @@
       cancel.hidden = !writable || !["SCHEDULED", "RUNNING"].includes(st);
 
       patch(facts, [a.namespace, a.activity_type, a.attempt, a.max_attempts, a.counted_attempts, a.created_at,
-        a.next_at, a.started_at, a.finished_at, a.worker_id], () => [
+        a.next_at, a.started_at, a.finished_at, a.worker_id, a.concurrency_key, a.fairness_key,
+        a.waiting_reason], () => [
         fact("Namespace", a.namespace || ns),
         fact("Type", a.activity_type),
+        ...(a.waiting_reason ? [fact("Waiting", a.waiting_reason)] : []),
         fact("Attempt", attemptText(a)),
         fact("Counted attempts", String(a.counted_attempts ?? "—")),
         fact("Created", timeEl(a.created_at)),
@@ -608,6 +610,8 @@
         fact("Started", timeEl(a.started_at)),
         fact("Finished", timeEl(a.finished_at)),
         fact("Worker", a.worker_id || el("span", { class: "muted" }, "—")),
+        ...(a.concurrency_key ? [fact("Concurrency key", a.concurrency_key)] : []),
+        ...(a.fairness_key ? [fact("Fairness key", a.fairness_key)] : []),
       ]);
       patch(headers, a.headers || {}, (h) => {
         const entries = Object.entries(h);

@@ -1,0 +1,89 @@
+//! Fairness keys as the stores keep them: the rows of a namespace's type are
+//! served fairly over their `fairness_key`s (tenants) by the order the claim
+//! already follows, `claim_rank`, with no work at claim time.
+//!
+//! A submit gives each row with a fairness key a virtual due time, `fair_at`
+//! (start-time fair queuing): its key's chain moved on by one stride, one
+//! millisecond at weight 1 ([`stride_us`]), starting at the latest of
+//! - the key's own chain (`fairness_keys.last_us`, per namespace, type, band and
+//!   key),
+//! - the virtual time of the row the claim would take next in the same band (the
+//!   head: `claim_rank + priority × aging`), so that a key starting now joins the
+//!   keys being served instead of being served alone until it catches up with
+//!   them, and
+//! - now, so that a key never banks credit for the time it was idle.
+//!
+//! The row is then ranked as if it came due at `max(next_at, fair_at)`. One key's
+//! backlog of a million rows spans a million milliseconds of virtual time, while
+//! another key's new row lands next to the head: it waits for about one row of
+//! each key with rows waiting (per weight), not for the backlog. Rows without a
+//! fairness key keep being ranked by when they come due.
+//!
+//! Invariants:
+//! - a chain only moves forward, and is moved in the submit's own transaction (on
+//!   PostgreSQL under the key's row lock), so two submits of one key never share
+//!   a place;
+//! - a chain behind now ([`idle`]) changes nothing any more: it is deleted by the
+//!   pruner, and a key that returns starts afresh;
+//! - `fair_at` is a rank only: the claim still takes a row only when `next_at` is
+//!   due, and a retry, a snooze or a re-drive ranks the row by its new due time
+//!   again (`fair_at` is cleared).
+
+use super::concurrency::MAX_WEIGHT;
+
+/// How far one row of weight 1 moves its key's chain: one millisecond of virtual
+/// time, kept in microseconds so that weights up to [`MAX_WEIGHT`] stay exact
+/// enough (a key of weight 1,000 places a row each microsecond).
+pub const STRIDE_US: i64 = 1_000;
+
+/// How far one row of `weight` (0 counts as 1) moves its key's chain.
+pub fn stride_us(weight: u32) -> i64 {
+    STRIDE_US / i64::from(weight.clamp(1, MAX_WEIGHT))
+}
+
+/// A row's `fair_at` (ms) from its key's chain just after it (µs): the chain's
+/// millisecond, unless the row comes due later (a delayed row is ranked by its
+/// due time, and does not move the chain there).
+pub fn fair_at(chain_us: i64, next_at_ms: i64) -> i64 {
+    (chain_us / 1_000).max(next_at_ms)
+}
+
+/// Whether a chain left at `last_us` no longer changes where a row submitted at
+/// or after `now_ms` goes (every row starts at now at least).
+pub fn idle(last_us: i64, now_ms: i64) -> bool {
+    last_us <= micros(now_ms)
+}
+
+fn micros(ms: i64) -> i64 {
+    ms.saturating_mul(1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_ranked_by_its_chain_unless_it_comes_due_later() {
+        assert_eq!(fair_at(101_000, 100), 101);
+        assert_eq!(fair_at(101_999, 100), 101);
+        assert_eq!(fair_at(101_000, 60_000), 60_000);
+    }
+
+    #[test]
+    fn heavier_rows_move_the_chain_less() {
+        assert_eq!(stride_us(0), 1_000);
+        assert_eq!(stride_us(1), 1_000);
+        assert_eq!(stride_us(3), 333);
+        assert_eq!(stride_us(1_000), 1);
+        assert_eq!(stride_us(u32::MAX), 1);
+        // Three rows of weight 3 share the millisecond one row of weight 1 takes.
+        let places: Vec<i64> = (1..=4).map(|n| fair_at(n * stride_us(3), 0)).collect();
+        assert_eq!(places, [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn only_a_chain_behind_now_is_idle() {
+        assert!(idle(100_000, 100));
+        assert!(!idle(100_001, 100));
+    }
+}

@@ -1,0 +1,27 @@
+-- Fairness keys (see `store::fairness`): a row submitted with one is ranked by a
+-- virtual due time, `fair_at`, placed on its key's chain, so that the claim's
+-- usual order serves the keys of a type in turn.
+-- - `fairness_key` is kept for reads; `fair_at` is what the rank was computed from
+--   (a change of the priority aging ranks the row from it again), cleared when
+--   the row is rescheduled. Neither is indexed: a row's ending still updates it
+--   in place.
+-- - `fairness_keys` holds each key's chain per band (`last_us`, microseconds) and
+--   how far the last submit moved it (`span_us`), so that a submit placing
+--   several rows of a key in one statement knows where its own rows start; a
+--   chain behind now changes nothing, and the pruner deletes it, reading the
+--   table whole: it holds a row per key with rows submitted lately, and an index
+--   of `last_us` would cost every submit an entry (no update would be heap-only).
+-- - Nodes of the version before this one ignore fairness keys: rows they accept
+--   have none, and their re-ranking (a change of the priority aging) ranks every
+--   row by its due time again.
+ALTER TABLE activities ADD COLUMN fairness_key TEXT, ADD COLUMN fair_at BIGINT;
+
+CREATE TABLE fairness_keys (
+    namespace     TEXT   NOT NULL,
+    activity_type TEXT   NOT NULL,
+    claim_band    BIGINT NOT NULL,
+    fairness_key  TEXT   NOT NULL,
+    last_us       BIGINT NOT NULL,
+    span_us       BIGINT NOT NULL,
+    PRIMARY KEY (namespace, activity_type, claim_band, fairness_key)
+);
