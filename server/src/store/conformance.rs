@@ -133,6 +133,7 @@ conformance!(
     a_batchs_endings_make_room_for_its_submits,
     a_fairness_keys_backlog_does_not_delay_another_keys_rows,
     fairness_keys_are_served_in_proportion_to_their_weights,
+    a_newcomer_joins_the_head_of_a_backlog_behind_now,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
     retry_and_snooze_reschedule,
@@ -1212,6 +1213,59 @@ async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(store: &dyn St
     assert_eq!(raw.scalar(chains).await, 2, "a's chain is 50 ms ahead");
     prune(T0 + 60).await;
     assert_eq!(raw.scalar(chains).await, 0);
+}
+
+async fn a_newcomer_joins_the_head_of_a_backlog_behind_now(store: &dyn Store, raw: &Raw) {
+    // a's backlog has waited 10 s past the virtual times it was given when b's
+    // first row comes.
+    let backlog = (0..20)
+        .map(|i| fair(&format!("a{i}"), "t", "a", 1))
+        .collect();
+    one(store, Op::Submit(backlog), T0).await;
+    let later = T0 + 10_000;
+    let b0 = NewActivity {
+        next_at: later,
+        ..fair("b0", "t", "b", 1)
+    };
+    one(store, Op::Submit(vec![b0]), later).await;
+    let mut first: Vec<String> = claim(store, &["t"], 3, later)
+        .await
+        .into_iter()
+        .map(|r| r.key.activity_id)
+        .collect();
+    first.sort();
+    assert_eq!(first, ["a0", "a1", "b0"], "b0 next to a's head");
+
+    // b's chain is behind the head of the band now: the pruner deletes it; a's
+    // is ahead, and stays.
+    one(
+        store,
+        Op::Prune {
+            before: 0,
+            limit: 100,
+        },
+        later,
+    )
+    .await;
+    let chains = "SELECT COUNT(*) FROM fairness_keys WHERE fairness_key = 'a'";
+    assert_eq!(raw.scalar(chains).await, 1);
+    assert_eq!(raw.scalar("SELECT COUNT(*) FROM fairness_keys").await, 1);
+
+    // A row submitted with a delay is ranked by its due time, and leaves its
+    // key's chain where it was: the key's next row still goes next to the head
+    // (a2, at T0 + 3; b1 moved the chain one place on).
+    let delayed = NewActivity {
+        next_at: later + 60_000,
+        ..fair("b1", "t", "b", 1)
+    };
+    let due = NewActivity {
+        next_at: later,
+        ..fair("b2", "t", "b", 1)
+    };
+    one(store, Op::Submit(vec![delayed, due]), later).await;
+    let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
+    assert_eq!(raw.scalar(&fair_at("b1")).await, later + 60_000);
+    assert_eq!(raw.scalar(&fair_at("b2")).await, T0 + 5);
 }
 
 async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw: &Raw) {

@@ -4,14 +4,18 @@
 //!
 //! A submit gives each row with a fairness key a virtual due time, `fair_at`
 //! (start-time fair queuing): its key's chain moved on by one stride, one
-//! millisecond at weight 1 ([`stride_us`]), starting at the latest of
+//! millisecond at weight 1 ([`stride_us`]), starting at the later of
 //! - the key's own chain (`fairness_keys.last_us`, per namespace, type, band and
-//!   key),
+//!   key), and
 //! - the virtual time of the row the claim would take next in the same band (the
-//!   head: `claim_rank + priority × aging`), so that a key starting now joins the
-//!   keys being served instead of being served alone until it catches up with
-//!   them, and
-//! - now, so that a key never banks credit for the time it was idle.
+//!   head: `claim_rank + priority × aging`), or now when the band has no row
+//!   waiting.
+//!
+//! The head is what makes it fair both ways: a key starting anew joins the keys
+//! being served, so it is neither served alone until it catches up with a key
+//! whose backlog runs ahead of now, nor queued behind a key whose backlog has
+//! waited past its virtual times; and a key back from idle has no credit for the
+//! time it was away.
 //!
 //! The row is then ranked as if it came due at `max(next_at, fair_at)`. One key's
 //! backlog of a million rows spans a million milliseconds of virtual time, while
@@ -23,8 +27,10 @@
 //! - a chain only moves forward, and is moved in the submit's own transaction (on
 //!   PostgreSQL under the key's row lock), so two submits of one key never share
 //!   a place;
-//! - a chain behind now ([`idle`]) changes nothing any more: it is deleted by the
-//!   pruner, and a key that returns starts afresh;
+//! - a chain behind the head of its band, or behind now when the band has no row
+//!   waiting, changes nothing any more: the pruner deletes it, and a
+//!   key that returns starts afresh (a row ranked ahead of the head since can
+//!   move the head back, by at most what that row's own rank allows);
 //! - `fair_at` is a rank only: the claim still takes a row only when `next_at` is
 //!   due, and a retry, a snooze or a re-drive ranks the row by its new due time
 //!   again (`fair_at` is cleared).
@@ -42,20 +48,16 @@ pub fn stride_us(weight: u32) -> i64 {
 }
 
 /// A row's `fair_at` (ms) from its key's chain just after it (µs): the chain's
-/// millisecond, unless the row comes due later (a delayed row is ranked by its
-/// due time, and does not move the chain there).
-pub fn fair_at(chain_us: i64, next_at_ms: i64) -> i64 {
-    (chain_us / 1_000).max(next_at_ms)
-}
-
-/// Whether a chain left at `last_us` no longer changes where a row submitted at
-/// or after `now_ms` goes (every row starts at now at least).
-pub fn idle(last_us: i64, now_ms: i64) -> bool {
-    last_us <= micros(now_ms)
-}
-
-fn micros(ms: i64) -> i64 {
-    ms.saturating_mul(1_000)
+/// millisecond, which is behind now when the head has waited past its own (the
+/// row then goes next to it), unless the row was submitted with a delay and comes
+/// due later (it is ranked by its due time, and does not move the chain there).
+pub fn fair_at(chain_us: i64, next_at_ms: i64, now_ms: i64) -> i64 {
+    let chain = chain_us / 1_000;
+    if next_at_ms > now_ms {
+        chain.max(next_at_ms)
+    } else {
+        chain
+    }
 }
 
 #[cfg(test)]
@@ -64,9 +66,13 @@ mod tests {
 
     #[test]
     fn a_row_is_ranked_by_its_chain_unless_it_comes_due_later() {
-        assert_eq!(fair_at(101_000, 100), 101);
-        assert_eq!(fair_at(101_999, 100), 101);
-        assert_eq!(fair_at(101_000, 60_000), 60_000);
+        assert_eq!(fair_at(101_000, 100, 100), 101);
+        assert_eq!(fair_at(101_999, 100, 100), 101);
+        // Behind now: next to an overdue head.
+        assert_eq!(fair_at(51_000, 100, 100), 51);
+        // Delayed: its due time.
+        assert_eq!(fair_at(101_000, 60_000, 100), 60_000);
+        assert_eq!(fair_at(90_000_000, 60_000, 100), 90_000);
     }
 
     #[test]
@@ -77,13 +83,7 @@ mod tests {
         assert_eq!(stride_us(1_000), 1);
         assert_eq!(stride_us(u32::MAX), 1);
         // Three rows of weight 3 share the millisecond one row of weight 1 takes.
-        let places: Vec<i64> = (1..=4).map(|n| fair_at(n * stride_us(3), 0)).collect();
+        let places: Vec<i64> = (1..=4).map(|n| fair_at(n * stride_us(3), 0, 0)).collect();
         assert_eq!(places, [0, 0, 0, 1]);
-    }
-
-    #[test]
-    fn only_a_chain_behind_now_is_idle() {
-        assert!(idle(100_000, 100));
-        assert!(!idle(100_001, 100));
     }
 }

@@ -94,6 +94,25 @@ macro_rules! rank {
     };
 }
 
+/// The virtual time (ms) of the row of namespace `$ns`, type `$ty` and band `$band`
+/// the claim would take first (see `store::fairness`), read along `activities_due`;
+/// NULL when the band has no row waiting.
+macro_rules! fair_head {
+    ($ns:literal, $ty:literal, $band:literal) => {
+        concat!(
+            "(SELECT h.claim_rank + h.priority * ",
+            aging!(),
+            " FROM activities AS h WHERE h.namespace = ",
+            $ns,
+            " AND h.activity_type = ",
+            $ty,
+            " AND h.status = 1 AND h.claim_band = ",
+            $band,
+            " ORDER BY h.claim_rank LIMIT 1)"
+        )
+    };
+}
+
 /// How far a row moves its key's pass at weight 1 (`concurrency::STRIDE`).
 macro_rules! stride {
     () => {

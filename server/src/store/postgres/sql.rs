@@ -155,8 +155,8 @@ pub const INSERT: &str = insert!(
 /// Inserts activities some of which have a fairness key (`$21`, with `$22` the
 /// stride of each, see `store::fairness`): each key's chain moves on by its rows'
 /// strides in one upsert per key and band (`fc`, which also returns where the
-/// chain was before them: from the latest of the chain, the head of the band and
-/// now), and each row is placed at its key's start plus the strides of its key's
+/// chain was before them: from the later of the chain and the head of the band,
+/// or now when the band has no row waiting), and each row is placed at its key's start plus the strides of its key's
 /// rows up to it (`fv`, in one pass over the rows: a join of the rows to their
 /// places would be a nested loop over two CTEs).
 pub const INSERT_FAIR: &str = insert!(
@@ -170,19 +170,17 @@ pub const INSERT_FAIR: &str = insert!(
            WHERE fk IS NOT NULL GROUP BY ns, ty, bd, fk), \
          fc AS (INSERT INTO fairness_keys AS f \
              (namespace, activity_type, claim_band, fairness_key, last_us, span_us) \
-           SELECT ns, ty, bd, fk, GREATEST($17, COALESCE((SELECT a.claim_rank + a.priority * ",
-        aging!(),
-        " FROM activities AS a WHERE a.namespace = fg.ns AND a.activity_type = fg.ty \
-               AND a.status = 1 AND a.claim_band = fg.bd ORDER BY a.claim_rank LIMIT 1), $17)) \
-               * 1000 + total, total FROM fg \
+           SELECT ns, ty, bd, fk, COALESCE(",
+        fair_head!("fg.ns", "fg.ty", "fg.bd"),
+        ", $17) * 1000 + total, total FROM fg \
            ON CONFLICT (namespace, activity_type, claim_band, fairness_key) \
            DO UPDATE SET last_us = GREATEST(f.last_us + excluded.span_us, excluded.last_us), \
              span_us = excluded.span_us \
            RETURNING namespace, activity_type, claim_band, fairness_key, \
              last_us - span_us AS start), \
          fv AS (SELECT s.*, CASE WHEN fc.start IS NOT NULL THEN GREATEST((fc.start \
-             + SUM(s.fs) OVER (PARTITION BY s.ns, s.ty, s.bd, s.fk ORDER BY s.o)) / 1000, s.nx) \
-             END AS fa \
+             + SUM(s.fs) OVER (PARTITION BY s.ns, s.ty, s.bd, s.fk ORDER BY s.o)) / 1000, \
+             CASE WHEN s.nx > $17 THEN s.nx END) END AS fa \
            FROM s LEFT JOIN fc ON fc.namespace = s.ns AND fc.activity_type = s.ty \
              AND fc.claim_band = s.bd AND fc.fairness_key = s.fk), "
     ),
@@ -604,13 +602,17 @@ pub const SWEEP_KEYS: &str = "DELETE FROM concurrency_keys AS q USING (\
        AND q.concurrency_key = d.concurrency_key";
 
 /// Deletes up to `$2` chains of fairness keys that no longer change where a row
-/// goes: those behind `$1` (ms, see `fairness::idle`); one a submit holds is
-/// skipped.
-pub const SWEEP_FAIRNESS: &str = "DELETE FROM fairness_keys AS q USING (\
-       SELECT namespace, activity_type, claim_band, fairness_key FROM fairness_keys \
-       WHERE last_us <= $1 * 1000 LIMIT $2 FOR UPDATE SKIP LOCKED) AS d \
+/// goes: those behind the head of their band, or behind `$1` (ms) when it has no
+/// row waiting (see `store::fairness`); one a submit holds is skipped.
+pub const SWEEP_FAIRNESS: &str = concat!(
+    "DELETE FROM fairness_keys AS q USING (\
+       SELECT namespace, activity_type, claim_band, fairness_key FROM fairness_keys AS f \
+       WHERE last_us <= COALESCE(",
+    fair_head!("f.namespace", "f.activity_type", "f.claim_band"),
+    ", $1) * 1000 LIMIT $2 FOR UPDATE SKIP LOCKED) AS d \
      WHERE q.namespace = d.namespace AND q.activity_type = d.activity_type \
-       AND q.claim_band = d.claim_band AND q.fairness_key = d.fairness_key";
+       AND q.claim_band = d.claim_band AND q.fairness_key = d.fairness_key"
+);
 
 /// A page's ids and stored sizes, to cut it by bytes before any payload is read
 /// (`octet_length` takes a TOASTed value's size from its header): `$1` namespace,

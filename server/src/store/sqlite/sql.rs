@@ -52,15 +52,14 @@ pub const INSERT: &str = concat!(
 
 /// Moves the chain of fairness key `?3` of type `?2` of namespace `?1` on by
 /// `?5` µs for a row of priority `?6` and concurrency key `?7` submitted at `?4`
-/// (ms), and returns where it is now: from the latest of the chain, the head of
-/// the row's band and now (see `store::fairness`).
+/// (ms), and returns where it is now: from the later of the chain and the head of
+/// the row's band, or now when the band has no row waiting (see
+/// `store::fairness`).
 pub const FAIR_PLACE: &str = concat!(
     "INSERT INTO fairness_keys (namespace, activity_type, claim_band, fairness_key, last_us) \
-     SELECT ?1, ?2, b.band, ?3, MAX(?4, COALESCE((SELECT claim_rank + priority * ",
-    aging!(),
-    " FROM activities INDEXED BY activities_due \
-         WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 AND claim_band = b.band \
-         ORDER BY claim_rank LIMIT 1), ?4)) * 1000 + ?5 \
+     SELECT ?1, ?2, b.band, ?3, COALESCE(",
+    fair_head!("?1", "?2", "b.band"),
+    ", ?4) * 1000 + ?5 \
      FROM (SELECT ",
     band!("?6", "?7"),
     " AS band) AS b WHERE TRUE \
@@ -70,8 +69,13 @@ pub const FAIR_PLACE: &str = concat!(
 );
 
 /// Deletes the chains of fairness keys that no longer change where a row goes:
-/// those behind `?1` (ms, see `fairness::idle`).
-pub const SWEEP_FAIRNESS: &str = "DELETE FROM fairness_keys WHERE last_us <= ?1 * 1000";
+/// those behind the head of their band, or behind `?1` (ms) when it has no row
+/// waiting (see `store::fairness`).
+pub const SWEEP_FAIRNESS: &str = concat!(
+    "DELETE FROM fairness_keys AS f WHERE f.last_us <= COALESCE(",
+    fair_head!("f.namespace", "f.activity_type", "f.claim_band"),
+    ", ?1) * 1000"
+);
 
 pub const SELECT_BY_KEY: &str = concat!(
     "SELECT ",

@@ -479,7 +479,7 @@ fn place(
             "a fairness key's chain was not returned".to_owned(),
         ));
     }
-    Ok(fairness::fair_at(q.int(0), new.next_at))
+    Ok(fairness::fair_at(q.int(0), new.next_at, now))
 }
 
 fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<Outcome, Error> {
