@@ -1,5 +1,7 @@
 //! Concurrency keys: at most the type's limit of the activities sharing a key run
 //! at once, over all workers and nodes, and every one of them completes.
+//! Fairness keys: one tenant's backlog does not hold back another's rows, and
+//! weights given at submit share the claims.
 
 use std::{
     sync::{
@@ -372,12 +374,30 @@ async fn strategies_cancel_the_newest_or_the_oldest() {
 /// row would wait for every row before it.)
 #[tokio::test]
 async fn a_backlog_of_one_key_does_not_hold_back_another() {
+    a_backlog_does_not_hold_back_another_tenant(|req, tenant| {
+        req.concurrency_key = tenant.into();
+    })
+    .await;
+}
+
+/// The same with fairness keys, which hold nothing back and only order the rows.
+#[tokio::test]
+async fn a_backlog_of_one_fairness_key_does_not_hold_back_another() {
+    a_backlog_does_not_hold_back_another_tenant(|req, tenant| {
+        req.fairness_key = tenant.into();
+    })
+    .await;
+}
+
+/// Tenant a's backlog of 5,000 rows, then tenant b's rows one at a time, each
+/// given its tenant by `tenant`: b's rows start within 500 ms.
+async fn a_backlog_does_not_hold_back_another_tenant(tenant: fn(&mut v1::SubmitRequest, &str)) {
     let server = TestServer::start().await;
     let client = server.client().await;
     let activities = (0..5_000)
         .map(|i| {
             let mut req = request("t", "wf", &format!("a{i}"));
-            req.concurrency_key = "tenant-a".into();
+            tenant(&mut req, "tenant-a");
             req
         })
         .collect::<Vec<_>>();
@@ -409,7 +429,7 @@ async fn a_backlog_of_one_key_does_not_hold_back_another() {
     let mut waits = Vec::new();
     for i in 0..10 {
         let mut req = request("t", "wf", &format!("b{i}"));
-        req.concurrency_key = "tenant-b".into();
+        tenant(&mut req, "tenant-b");
         let mut client = client.clone();
         let submitted = tokio::time::Instant::now();
         submit(&mut client, req).await;
@@ -500,4 +520,68 @@ async fn a_heavier_key_is_served_more_often() {
         .into_inner()
         .deleted;
     assert!(deleted);
+}
+
+/// Fairness weights are given at submit: one slot, rows of weight 3 and of
+/// weight 1 waiting together, three of the first for each of the second.
+#[tokio::test]
+async fn a_heavier_fairness_key_is_served_more_often() {
+    let server = TestServer::start().await;
+    let activities = [("heavy", 3), ("light", 1)]
+        .into_iter()
+        .flat_map(|(k, weight)| {
+            (0..60).map(move |i| {
+                let mut req = request("t", "wf", &format!("{k}-{i}"));
+                req.fairness_key = k.into();
+                req.fairness_weight = weight;
+                req
+            })
+        })
+        .collect();
+    let mut client = server.client().await;
+    client
+        .submit_batch(v1::SubmitBatchRequest { activities })
+        .await
+        .unwrap();
+    let heavy = get(&mut client, key("wf", "heavy-0")).await;
+    assert_eq!(heavy.fairness_key, "heavy");
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut task = raw.task().await;
+    let mut served = Vec::new();
+    for _ in 0..40 {
+        served.push(task.activity_id.clone());
+        raw.complete(&task, task.attempt).await;
+        task = raw.ack_and_task().await.1;
+    }
+    let heavy = served.iter().filter(|id| id.starts_with("heavy")).count();
+    assert!(
+        (29..=31).contains(&heavy),
+        "weights 3 and 1: the heavy key ran {heavy} of 40: {served:?}"
+    );
+}
+
+/// A fairness weight out of range, or without its key, is refused before
+/// anything is stored.
+#[tokio::test]
+async fn a_fairness_weight_is_refused_out_of_range_or_alone() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    for (key, weight, says) in [
+        ("t", 1_001, "from 1 to 1000"),
+        ("", 3, "give the fairness_key"),
+    ] {
+        let mut req = request("t", "wf", "refused");
+        req.fairness_key = key.into();
+        req.fairness_weight = weight;
+        let status = client.submit(req).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(says), "{}", status.message());
+    }
+    let found = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "refused")),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(found.map(|_| ()).unwrap_err().code(), tonic::Code::NotFound);
 }

@@ -83,10 +83,25 @@ async fn the_client_subcommands_work_and_fail_clearly() {
             "w",
             "--activity-id",
             "b",
+            "--fairness-key",
+            "tenant-b",
+            "--fairness-weight",
+            "2",
         ],
     )
     .await;
     assert!(out.status.success(), "{}", stderr(&out));
+    let got = json(&spool(&env, &["--json", "get", "w", "b"]).await);
+    assert_eq!(got["fairness_key"], "tenant-b");
+    let table = stdout(&spool(&env, &["get", "w", "b"]).await);
+    assert!(table.contains("fairness      tenant-b"), "{table}");
+    let alone = spool(&env, &["submit", "greet", "--fairness-weight", "2"]).await;
+    assert_eq!(alone.status.code(), Some(2), "a weight needs its key");
+    assert!(
+        stderr(&alone).contains("--fairness-key"),
+        "{}",
+        stderr(&alone)
+    );
 
     let listed = json(
         &spool(

@@ -328,6 +328,25 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
     assert_eq!(injected, serde_json::json!([true, 0]));
     browser.shot("activity-payload").await;
 
+    // An activity's keys are among its facts.
+    let mut keyed = quick_retry_request("unserved", "keyed", 3);
+    keyed.concurrency_key = "customer-7".into();
+    keyed.fairness_key = "tenant-a".into();
+    submit(&client, keyed).await;
+    browser
+        .goto(&format!("{base}/#/activity?ns=default&wf=p&id=keyed"))
+        .await;
+    browser
+        .until(
+            "the activity's keys to be shown",
+            "return (document.querySelector('dl.facts')?.textContent || '').includes('tenant-a')",
+        )
+        .await;
+    let facts = browser.text("dl.facts").await;
+    for shown in ["Concurrency key", "customer-7", "Fairness key", "tenant-a"] {
+        assert!(facts.contains(shown), "{shown} in {facts}");
+    }
+
     // Dead letters: re-drive one from the page; it runs again and completes.
     browser
         .find("#nav-dead-letters")
