@@ -1172,6 +1172,16 @@ async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(store: &dyn St
     submit(store, new("u0", "t")).await;
     assert_eq!(get(store, "b0").await.fairness_key.as_deref(), Some("b"));
 
+    // A submit of a stored key stores nothing, and moves no chain.
+    let chain = "SELECT last_us FROM fairness_keys WHERE fairness_key = 'b'";
+    let before = raw.scalar(chain).await;
+    submit(store, fair("b0", "t", "b", 1)).await;
+    let again = vec![fair("a0", "t", "a", 1), fair("b0", "t", "b", 1)];
+    one(store, Op::Submit(again), T0).await;
+    assert_eq!(raw.scalar(chain).await, before);
+    let a_chain = "SELECT last_us FROM fairness_keys WHERE fairness_key = 'a'";
+    assert_eq!(raw.scalar(a_chain).await, (T0 + 50) * 1_000);
+
     // u0 is ranked by its due time, ahead of a's backlog (spread over virtual
     // time from now on); b0 next to a's head, not after its 50 rows.
     let mut first: Vec<String> = claim(store, &["t"], 4, T0)
@@ -1195,8 +1205,9 @@ async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(store: &dyn St
     let in_order: Vec<String> = (2..50).map(|i| format!("a{i}")).collect();
     assert!(a.iter().zip(&in_order).all(|(x, y)| *x == y), "{order:?}");
 
-    // Each key's chain is kept until it falls behind now; then the pruner
-    // deletes it, and a key that comes back starts afresh.
+    // Each key's chain is kept until it falls behind now (the band has no row
+    // due any more); then the pruner deletes it, and a key that comes back
+    // starts afresh.
     let chains = "SELECT COUNT(*) FROM fairness_keys";
     assert_eq!(raw.scalar(chains).await, 2);
     let prune = |now| {
@@ -1251,6 +1262,21 @@ async fn a_newcomer_joins_the_head_of_a_backlog_behind_now(store: &dyn Store, ra
     assert_eq!(raw.scalar(chains).await, 1);
     assert_eq!(raw.scalar("SELECT COUNT(*) FROM fairness_keys").await, 1);
 
+    // A row not due yet is not the head: with only a delayed row waiting in its
+    // band, a new key starts at now.
+    let delayed = NewActivity {
+        next_at: later + 3_600_000,
+        ..new("u1", "d")
+    };
+    one(store, Op::Submit(vec![delayed]), later).await;
+    let c0 = NewActivity {
+        next_at: later,
+        ..fair("c0", "d", "c", 1)
+    };
+    one(store, Op::Submit(vec![c0]), later).await;
+    let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
+    assert_eq!(raw.scalar(&fair_at("c0")).await, later + 1);
+
     // A row submitted with a delay is ranked by its due time, and leaves its
     // key's chain where it was: the key's next row still goes next to the head
     // (a2, at T0 + 3; b1 moved the chain one place on).
@@ -1263,18 +1289,22 @@ async fn a_newcomer_joins_the_head_of_a_backlog_behind_now(store: &dyn Store, ra
         ..fair("b2", "t", "b", 1)
     };
     one(store, Op::Submit(vec![delayed, due]), later).await;
-    let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
     assert_eq!(raw.scalar(&fair_at("b1")).await, later + 60_000);
     assert_eq!(raw.scalar(&fair_at("b2")).await, T0 + 5);
 }
 
-async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw: &Raw) {
+async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Store, raw: &Raw) {
     // h's rows weigh 3 and l's 1: both backlogs submitted at once, h's first.
     for (key, weight) in [("h", 3), ("l", 1)] {
         let rows = (0..40)
             .map(|i| fair(&format!("{key}{i}"), "t", key, weight))
             .collect();
         one(store, Op::Submit(rows), T0).await;
+    }
+    // Whole milliseconds, rounded down: h's first three rows share T0.
+    let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
+    for (id, at) in [("h0", T0), ("h2", T0), ("h3", T0 + 1), ("l0", T0 + 1)] {
+        assert_eq!(raw.scalar(&fair_at(id)).await, at, "{id}");
     }
     let order = claim_order(store, T0).await;
     let heavy = |n: usize| order[..n].iter().filter(|o| o.starts_with('h')).count();

@@ -8,8 +8,8 @@
 //! - the key's own chain (`fairness_keys.last_us`, per namespace, type, band and
 //!   key), and
 //! - the virtual time of the row the claim would take next in the same band (the
-//!   head: `claim_rank + priority × aging`), or now when the band has no row
-//!   waiting.
+//!   head: `claim_rank + priority × aging` of the first row due now; a delayed or
+//!   retrying row is not the head), or now when the band has no row due.
 //!
 //! The head is what makes it fair both ways: a key starting anew joins the keys
 //! being served, so it is neither served alone until it catches up with a key
@@ -17,7 +17,9 @@
 //! waited past its virtual times; and a key back from idle has no credit for the
 //! time it was away.
 //!
-//! The row is then ranked as if it came due at `max(next_at, fair_at)`. One key's
+//! The row is then ranked as if it came due at `fair_at`, or at `next_at` when it
+//! was submitted with a delay that ends later (the chain still moves one stride,
+//! not to `next_at`). One key's
 //! backlog of a million rows spans a million milliseconds of virtual time, while
 //! another key's new row lands next to the head: it waits for about one row of
 //! each key with rows waiting (per weight), not for the backlog. Rows without a
@@ -27,13 +29,14 @@
 //! - a chain only moves forward, and is moved in the submit's own transaction (on
 //!   PostgreSQL under the key's row lock), so two submits of one key never share
 //!   a place;
+//! - a submit of a key already stored moves no chain;
 //! - a chain behind the head of its band, or behind now when the band has no row
-//!   waiting, changes nothing any more: the pruner deletes it, and a
-//!   key that returns starts afresh (a row ranked ahead of the head since can
+//!   due, changes nothing any more: the pruner deletes it, and a key that
+//!   returns starts afresh (a row ranked ahead of the head since can
 //!   move the head back, by at most what that row's own rank allows);
 //! - `fair_at` is a rank only: the claim still takes a row only when `next_at` is
-//!   due, and a retry, a snooze or a re-drive ranks the row by its new due time
-//!   again (`fair_at` is cleared).
+//!   due, and a retry, a snooze, a release or a re-drive ranks the row by its new
+//!   due time again (`fair_at` is cleared).
 
 use super::concurrency::MAX_WEIGHT;
 

@@ -95,10 +95,11 @@ macro_rules! rank {
 }
 
 /// The virtual time (ms) of the row of namespace `$ns`, type `$ty` and band `$band`
-/// the claim would take first (see `store::fairness`), read along `activities_due`;
-/// NULL when the band has no row waiting.
+/// the claim would take first at `$now` (see `store::fairness`), read along
+/// `activities_due`: rows not due yet (delayed, or retrying) are not the head;
+/// NULL when the band has no row due.
 macro_rules! fair_head {
-    ($ns:literal, $ty:literal, $band:literal) => {
+    ($ns:literal, $ty:literal, $band:literal, $now:literal) => {
         concat!(
             "(SELECT h.claim_rank + h.priority * ",
             aging!(),
@@ -108,6 +109,8 @@ macro_rules! fair_head {
             $ty,
             " AND h.status = 1 AND h.claim_band = ",
             $band,
+            " AND h.next_at <= ",
+            $now,
             " ORDER BY h.claim_rank LIMIT 1)"
         )
     };

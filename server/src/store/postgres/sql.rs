@@ -153,8 +153,10 @@ pub const INSERT: &str = insert!(
 );
 
 /// Inserts activities some of which have a fairness key (`$21`, with `$22` the
-/// stride of each, see `store::fairness`): each key's chain moves on by its rows'
-/// strides in one upsert per key and band (`fc`, which also returns where the
+/// stride of each, see `store::fairness`), leaving out those already stored
+/// (which must not move a chain): each key's chain moves on by its rows' strides
+/// in one upsert per key and band, in key order so that two nodes lock chains in
+/// the same order (`fc`, which also returns where the
 /// chain was before them: from the later of the chain and the head of the band,
 /// or now when the band has no row waiting), and each row is placed at its key's start plus the strides of its key's
 /// rows up to it (`fv`, in one pass over the rows: a join of the rows to their
@@ -165,21 +167,23 @@ pub const INSERT_FAIR: &str = insert!(
         band!("pr", "ck"),
         " AS bd FROM ",
         submitted!("$21::TEXT[]", "$22::BIGINT[]"),
-        ", fk, fs, o)), \
+        ", fk, fs, o) WHERE NOT EXISTS (SELECT 1 FROM activities AS e \
+           WHERE e.namespace = v.ns AND e.workflow_id = v.wf AND e.activity_id = v.act)), \
          fg AS (SELECT ns, ty, bd, fk, SUM(fs)::BIGINT AS total FROM s \
            WHERE fk IS NOT NULL GROUP BY ns, ty, bd, fk), \
          fc AS (INSERT INTO fairness_keys AS f \
              (namespace, activity_type, claim_band, fairness_key, last_us, span_us) \
            SELECT ns, ty, bd, fk, COALESCE(",
-        fair_head!("fg.ns", "fg.ty", "fg.bd"),
-        ", $17) * 1000 + total, total FROM fg \
+        fair_head!("fg.ns", "fg.ty", "fg.bd", "$17"),
+        ", $17) * 1000 + total, total FROM fg ORDER BY ns, ty, bd, fk \
            ON CONFLICT (namespace, activity_type, claim_band, fairness_key) \
            DO UPDATE SET last_us = GREATEST(f.last_us + excluded.span_us, excluded.last_us), \
              span_us = excluded.span_us \
            RETURNING namespace, activity_type, claim_band, fairness_key, \
              last_us - span_us AS start), \
          fv AS (SELECT s.*, CASE WHEN fc.start IS NOT NULL THEN GREATEST((fc.start \
-             + SUM(s.fs) OVER (PARTITION BY s.ns, s.ty, s.bd, s.fk ORDER BY s.o)) / 1000, \
+             + (SUM(s.fs) OVER (PARTITION BY s.ns, s.ty, s.bd, s.fk ORDER BY s.o))::BIGINT) \
+             / 1000, \
              CASE WHEN s.nx > $17 THEN s.nx END) END AS fa \
            FROM s LEFT JOIN fc ON fc.namespace = s.ns AND fc.activity_type = s.ty \
              AND fc.claim_band = s.bd AND fc.fairness_key = s.fk), "
@@ -608,7 +612,7 @@ pub const SWEEP_FAIRNESS: &str = concat!(
     "DELETE FROM fairness_keys AS q USING (\
        SELECT namespace, activity_type, claim_band, fairness_key FROM fairness_keys AS f \
        WHERE last_us <= COALESCE(",
-    fair_head!("f.namespace", "f.activity_type", "f.claim_band"),
+    fair_head!("f.namespace", "f.activity_type", "f.claim_band", "$1"),
     ", $1) * 1000 LIMIT $2 FOR UPDATE SKIP LOCKED) AS d \
      WHERE q.namespace = d.namespace AND q.activity_type = d.activity_type \
        AND q.claim_band = d.claim_band AND q.fairness_key = d.fairness_key"

@@ -58,7 +58,7 @@ pub const INSERT: &str = concat!(
 pub const FAIR_PLACE: &str = concat!(
     "INSERT INTO fairness_keys (namespace, activity_type, claim_band, fairness_key, last_us) \
      SELECT ?1, ?2, b.band, ?3, COALESCE(",
-    fair_head!("?1", "?2", "b.band"),
+    fair_head!("?1", "?2", "b.band", "?4"),
     ", ?4) * 1000 + ?5 \
      FROM (SELECT ",
     band!("?6", "?7"),
@@ -73,9 +73,13 @@ pub const FAIR_PLACE: &str = concat!(
 /// waiting (see `store::fairness`).
 pub const SWEEP_FAIRNESS: &str = concat!(
     "DELETE FROM fairness_keys AS f WHERE f.last_us <= COALESCE(",
-    fair_head!("f.namespace", "f.activity_type", "f.claim_band"),
+    fair_head!("f.namespace", "f.activity_type", "f.claim_band", "?1"),
     ", ?1) * 1000"
 );
+
+/// Whether activity `?3` of workflow `?2` of namespace `?1` is stored.
+pub const EXISTS_BY_KEY: &str =
+    "SELECT 1 FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3";
 
 pub const SELECT_BY_KEY: &str = concat!(
     "SELECT ",

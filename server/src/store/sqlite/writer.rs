@@ -420,6 +420,8 @@ fn submit(conn: &mut Connection, batch: &[NewActivity], now: UnixMillis) -> Resu
 /// Inserts one activity unless its key exists; the new row's id.
 fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<Option<i64>, Error> {
     let fair_at = match &new.fairness {
+        // A stored key is not submitted again, and must not move its chain.
+        Some(_) if exists(conn, &new.key)? => return Ok(None),
         Some(fairness) => Some(place(conn, new, fairness, now)?),
         None => None,
     };
@@ -454,6 +456,17 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
     } else {
         None
     })
+}
+
+/// Whether the activity `key` names is stored.
+fn exists(conn: &mut Connection, key: &Key) -> Result<bool, Error> {
+    conn.query(sql::EXISTS_BY_KEY)
+        .map_err(sqlite)?
+        .bind(&key.namespace)
+        .bind(&key.workflow_id)
+        .bind(&key.activity_id)
+        .step()
+        .map_err(sqlite)
 }
 
 /// Moves the chain of a new row's fairness key on by the row, and answers the

@@ -8,7 +8,8 @@
 -- - `fairness_keys` holds each key's chain per band (`last_us`, microseconds) and
 --   how far the last submit moved it (`span_us`), so that a submit placing
 --   several rows of a key in one statement knows where its own rows start; a
---   chain behind now changes nothing, and the pruner deletes it, reading the
+--   chain behind the head of its band (or behind now, when the band has no
+--   row due) changes nothing, and the pruner deletes it, reading the
 --   table whole: it holds a row per key with rows submitted lately, and an index
 --   of `last_us` would cost every submit an entry (no update would be heap-only).
 -- - Nodes of the version before this one ignore fairness keys: rows they accept

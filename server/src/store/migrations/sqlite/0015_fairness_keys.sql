@@ -5,7 +5,8 @@
 --   (a change of the priority aging ranks the row from it again), cleared when
 --   the row is rescheduled.
 -- - `fairness_keys` holds each key's chain per band (`last_us`, microseconds);
---   a chain behind now changes nothing, and the pruner deletes it, reading the
+--   a chain behind the head of its band (or behind now, when the band has no
+--   row due) changes nothing, and the pruner deletes it, reading the
 --   table whole: it holds a row per key with rows submitted lately, and an index
 --   of `last_us` would cost every submit an entry.
 ALTER TABLE activities ADD COLUMN fairness_key TEXT;
