@@ -97,7 +97,9 @@ macro_rules! submitted {
 /// key and `fair_at`, in the order `$order`) whose keys do not exist yet, after
 /// the CTEs `$with`; returns
 /// the id and key of each row it inserted. `$17` is the submit time. Their
-/// concurrency keys count them as waiting, once per key (`ik`); a key that starts
+/// concurrency keys count them as waiting, once per key (`ik`, locking the keys'
+/// rows in key order, so that two nodes' submits never wait on each other in a
+/// cycle); a key that starts
 /// waiting starts at the lowest pass of those waiting (`spool_key_pass`, read
 /// once per type: `vt`).
 macro_rules! insert {
@@ -131,6 +133,7 @@ macro_rules! insert {
                  AND vt.activity_type = i.activity_type \
                WHERE i.concurrency_key IS NOT NULL \
                GROUP BY i.namespace, i.activity_type, i.concurrency_key \
+               ORDER BY i.namespace, i.activity_type, i.concurrency_key \
                ON CONFLICT (namespace, activity_type, concurrency_key) \
                DO UPDATE SET waiting = concurrency_keys.waiting + excluded.waiting, \
                  served_at = CASE WHEN concurrency_keys.waiting = 0 \
