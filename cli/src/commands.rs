@@ -452,6 +452,33 @@ impl Commands {
         Ok(exit::OK)
     }
 
+    pub async fn set_fairness_weight(&self, weight: v1::FairnessWeight) -> Result<i32, Error> {
+        let set = self.client.set_fairness_weight(weight).await?;
+        self.print_fairness_weights(std::slice::from_ref(&set));
+        Ok(exit::OK)
+    }
+
+    pub async fn fairness_weights(&self, namespace: String) -> Result<i32, Error> {
+        let weights = self.client.list_fairness_weights(namespace).await?;
+        self.print_fairness_weights(&weights);
+        Ok(exit::OK)
+    }
+
+    pub async fn delete_fairness_weight(
+        &self,
+        namespace: String,
+        activity_type: String,
+        key: String,
+    ) -> Result<i32, Error> {
+        let what = limited(&activity_type, Some(&key));
+        let deleted = self
+            .client
+            .delete_fairness_weight(namespace, activity_type, key)
+            .await?;
+        self.print_deleted(deleted, "fairness weight", &what);
+        Ok(exit::OK)
+    }
+
     /// Deletes the `kind` limit of `activity_type`, or with `key`, that key's own.
     pub async fn delete_limit(
         &self,
@@ -551,6 +578,37 @@ impl Commands {
                 ],
                 &rows
             )
+        );
+    }
+
+    fn print_fairness_weights(&self, weights: &[v1::FairnessWeight]) {
+        if self.json {
+            let list: Vec<serde_json::Value> = weights
+                .iter()
+                .map(|w| {
+                    serde_json::json!({
+                        "namespace": w.namespace, "activity_type": w.activity_type,
+                        "fairness_key": w.fairness_key, "weight": w.weight,
+                    })
+                })
+                .collect();
+            print_json(&serde_json::json!({"fairness_weights": list}));
+            return;
+        }
+        let rows: Vec<Vec<String>> = weights
+            .iter()
+            .map(|w| {
+                vec![
+                    w.namespace.clone(),
+                    w.activity_type.clone(),
+                    w.fairness_key.clone(),
+                    w.weight.to_string(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(&["NAMESPACE", "TYPE", "FAIRNESS KEY", "WEIGHT"], &rows)
         );
     }
 

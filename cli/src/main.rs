@@ -141,6 +141,11 @@ enum Command {
     /// --max run at once.
     #[command(subcommand)]
     ConcurrencyLimit(ConcurrencyLimitCommand),
+    /// Weights of fairness keys, on every node: activities of the key
+    /// (`submit --fairness-key`) submitted from then on are placed with the key's
+    /// weight, whatever --fairness-weight they are given.
+    #[command(subcommand)]
+    FairnessWeight(FairnessWeightCommand),
     /// Print a shell completion script: `spool completions bash >
     /// /etc/bash_completion.d/spool` (or zsh, fish, elvish, powershell).
     Completions {
@@ -189,6 +194,48 @@ enum ConcurrencyLimitCommand {
     List(NamespaceArgs),
     /// Remove a type's limit, or with --key what was set for that key.
     Delete(LimitDeleteArgs),
+}
+
+#[derive(clap::Subcommand)]
+enum FairnessWeightCommand {
+    /// Set (or replace) one fairness key's weight: its share of claims against
+    /// the type's other keys waiting, 1 to 1000.
+    Set(FairnessWeightSetArgs),
+    /// List the weights set.
+    List(NamespaceArgs),
+    /// Remove a key's weight: its activities are placed by their own weights again.
+    Delete(FairnessWeightDeleteArgs),
+}
+
+#[derive(clap::Args)]
+struct FairnessWeightSetArgs {
+    /// The activity type.
+    activity_type: String,
+    /// The fairness key (a tenant, say).
+    #[arg(long)]
+    key: String,
+    /// 1 to 1000: a key of weight 3 is served three times as often as one of 1.
+    #[arg(long)]
+    weight: u32,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(clap::Args)]
+struct FairnessWeightDeleteArgs {
+    /// The activity type.
+    activity_type: String,
+    /// The fairness key.
+    #[arg(long)]
+    key: String,
+    /// The namespace (default: "default").
+    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
+    namespace: String,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -264,8 +311,8 @@ struct ClientOnly {
 
 #[derive(clap::Args)]
 struct NamespaceArgs {
-    /// The namespace (default: "default"; for `workers` and `rate-limit list`,
-    /// every namespace).
+    /// The namespace (default: "default"; for `workers` and the limits' and
+    /// weights' `list`, every namespace).
     #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
     namespace: String,
     #[command(flatten)]
@@ -1130,6 +1177,27 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                     a.activity_type,
                     a.key,
                 )
+                .await
+        }
+        Command::FairnessWeight(FairnessWeightCommand::Set(a)) => {
+            let weight = v1::FairnessWeight {
+                namespace: a.namespace,
+                activity_type: a.activity_type,
+                fairness_key: a.key,
+                weight: a.weight,
+            };
+            connect(&a.client).await?.set_fairness_weight(weight).await
+        }
+        Command::FairnessWeight(FairnessWeightCommand::List(n)) => {
+            connect(&n.client)
+                .await?
+                .fairness_weights(n.namespace)
+                .await
+        }
+        Command::FairnessWeight(FairnessWeightCommand::Delete(a)) => {
+            connect(&a.client)
+                .await?
+                .delete_fairness_weight(a.namespace, a.activity_type, a.key)
                 .await
         }
         Command::RateLimit(RateLimitCommand::List(n)) => {

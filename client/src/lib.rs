@@ -709,6 +709,65 @@ impl Client {
             .deleted)
     }
 
+    /// Sets the weight of one fairness key of a namespace's activity type, on
+    /// every node: activities of the key submitted from now on are placed with
+    /// `weight.weight`, whatever fairness weight they are submitted with. Answers
+    /// the weight as stored.
+    pub async fn set_fairness_weight(
+        &self,
+        weight: v1::FairnessWeight,
+    ) -> Result<v1::FairnessWeight, Error> {
+        let request = v1::SetFairnessWeightRequest {
+            fairness_weight: Some(weight),
+        };
+        self.admin()
+            .set_fairness_weight(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .fairness_weight
+            .ok_or_else(|| self.failed(tonic::Status::internal("no weight in the answer")))
+    }
+
+    /// The fairness weights set in `namespace` (every namespace when empty).
+    pub async fn list_fairness_weights(
+        &self,
+        namespace: impl Into<String>,
+    ) -> Result<Vec<v1::FairnessWeight>, Error> {
+        let request = v1::ListFairnessWeightsRequest {
+            namespace: namespace.into(),
+        };
+        Ok(self
+            .admin()
+            .list_fairness_weights(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .fairness_weights)
+    }
+
+    /// Removes the weight set for one fairness key of a type, so that its
+    /// activities are placed by their own weights again; false when none was set.
+    pub async fn delete_fairness_weight(
+        &self,
+        namespace: impl Into<String>,
+        activity_type: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Result<bool, Error> {
+        let request = v1::DeleteFairnessWeightRequest {
+            namespace: namespace.into(),
+            activity_type: activity_type.into(),
+            fairness_key: key.into(),
+        };
+        Ok(self
+            .admin()
+            .delete_fairness_weight(self.request(request))
+            .await
+            .map_err(|s| self.failed(s))?
+            .into_inner()
+            .deleted)
+    }
+
     /// What the server is (version, protocol versions) and what it accepts (payload
     /// size, batch size, worker concurrency, heartbeat interval, longest wait).
     pub async fn server_info(&self) -> Result<v1::ServerInfo, Error> {

@@ -96,6 +96,15 @@ pub fn concurrency_limit(
     }
 }
 
+pub fn fairness_weight(weight: crate::store::fairness::FairnessWeight) -> v1::FairnessWeight {
+    v1::FairnessWeight {
+        namespace: weight.namespace,
+        activity_type: weight.activity_type,
+        fairness_key: weight.key,
+        weight: weight.weight,
+    }
+}
+
 pub fn rate_limit(used: crate::store::rate::RateLimitUse) -> v1::RateLimit {
     let limit = used.limit;
     v1::RateLimit {

@@ -474,6 +474,25 @@ async fn tokens_have_roles_and_namespaces() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
+    let weight = v1::SetFairnessWeightRequest {
+        fairness_weight: Some(v1::FairnessWeight {
+            namespace: "orders".into(),
+            activity_type: "t".into(),
+            fairness_key: "k".into(),
+            weight: 2,
+        }),
+    };
+    let err = admin
+        .set_fairness_weight(with_token(weight.clone(), CLIENT))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(
+        admin
+            .set_fairness_weight(with_token(weight, ADMIN))
+            .await
+            .is_ok()
+    );
 
     // A worker token cannot submit; it may serve its namespace only.
     let err = client

@@ -560,6 +560,134 @@ async fn a_heavier_fairness_key_is_served_more_often() {
     );
 }
 
+/// A weight an operator sets for a fairness key replaces the weights its rows
+/// are submitted with: one slot, rows of two keys submitted with no weight, the
+/// key set to weight 3 served three times as often. Deleted, the rows' own
+/// weights count again.
+#[tokio::test]
+async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    let weight = |key: &str, weight: u32| v1::SetFairnessWeightRequest {
+        fairness_weight: Some(v1::FairnessWeight {
+            activity_type: "t".into(),
+            fairness_key: key.into(),
+            weight,
+            ..Default::default()
+        }),
+    };
+    let set = admin
+        .set_fairness_weight(weight("heavy", 3))
+        .await
+        .unwrap()
+        .into_inner()
+        .fairness_weight
+        .unwrap();
+    assert_eq!((set.namespace.as_str(), set.weight), ("default", 3));
+    // The light key's rows say 5, but the operator says 1.
+    admin.set_fairness_weight(weight("light", 1)).await.unwrap();
+    let listed = admin
+        .list_fairness_weights(v1::ListFairnessWeightsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .fairness_weights;
+    let listed: Vec<(&str, u32)> = listed
+        .iter()
+        .map(|w| (w.fairness_key.as_str(), w.weight))
+        .collect();
+    assert_eq!(listed, [("heavy", 3), ("light", 1)]);
+
+    let activities = [("heavy", 0), ("light", 5)]
+        .into_iter()
+        .flat_map(|(k, weight)| {
+            (0..60).map(move |i| {
+                let mut req = request("t", "wf", &format!("{k}-{i}"));
+                req.fairness_key = k.into();
+                req.fairness_weight = weight;
+                req
+            })
+        })
+        .collect();
+    let mut client = server.client().await;
+    client
+        .submit_batch(v1::SubmitBatchRequest { activities })
+        .await
+        .unwrap();
+    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut task = raw.task().await;
+    let mut served = Vec::new();
+    for _ in 0..40 {
+        served.push(task.activity_id.clone());
+        raw.complete(&task, task.attempt).await;
+        task = raw.ack_and_task().await.1;
+    }
+    let heavy = served.iter().filter(|id| id.starts_with("heavy")).count();
+    assert!(
+        (29..=31).contains(&heavy),
+        "weights 3 and 1 set: the heavy key ran {heavy} of 40: {served:?}"
+    );
+
+    let delete = || v1::DeleteFairnessWeightRequest {
+        activity_type: "t".into(),
+        fairness_key: "light".into(),
+        ..Default::default()
+    };
+    let deleted = admin.delete_fairness_weight(delete()).await.unwrap();
+    assert!(deleted.into_inner().deleted);
+    let again = admin.delete_fairness_weight(delete()).await.unwrap();
+    assert!(!again.into_inner().deleted, "nothing left to delete");
+}
+
+/// A fairness weight an operator sets is refused out of range, without its type
+/// or key, and nothing refused is stored.
+#[tokio::test]
+async fn a_set_fairness_weight_is_refused_out_of_range_or_unnamed() {
+    let server = TestServer::start().await;
+    let mut admin = server.admin().await;
+    for (activity_type, key, weight, says) in [
+        ("t", "k", 0, "weight is 0; it must be from 1 to 1000"),
+        ("t", "k", 1_001, "weight is 1001; it must be from 1 to 1000"),
+        ("", "k", 2, "activity_type is required"),
+        ("t", "", 2, "fairness_key is required"),
+        ("t", "a\u{7}b", 2, "fairness_key"),
+    ] {
+        let err = admin
+            .set_fairness_weight(v1::SetFairnessWeightRequest {
+                fairness_weight: Some(v1::FairnessWeight {
+                    activity_type: activity_type.into(),
+                    fairness_key: key.into(),
+                    weight,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(says), "{}", err.message());
+    }
+    let err = admin
+        .set_fairness_weight(v1::SetFairnessWeightRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let err = admin
+        .delete_fairness_weight(v1::DeleteFairnessWeightRequest {
+            activity_type: "t".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let listed = admin
+        .list_fairness_weights(v1::ListFairnessWeightsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .fairness_weights;
+    assert!(listed.is_empty(), "nothing refused was stored: {listed:?}");
+}
+
 /// A fairness weight out of range, or without its key, is refused before
 /// anything is stored.
 #[tokio::test]

@@ -103,6 +103,12 @@ impl Store for Faulty {
     ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
         self.inner.concurrency_limits(namespace).await
     }
+    async fn fairness_weights(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<store::fairness::FairnessWeight>, store::Error> {
+        self.inner.fairness_weights(namespace).await
+    }
     async fn concurrency_key(
         &self,
         namespace: &str,

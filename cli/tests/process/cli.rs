@@ -95,6 +95,56 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     assert_eq!(got["fairness_key"], "tenant-b");
     let table = stdout(&spool(&env, &["get", "w", "b"]).await);
     assert!(table.contains("fairness      tenant-b"), "{table}");
+    // An operator's weight for the key, listed, then deleted.
+    let set = spool(
+        &env,
+        &[
+            "fairness-weight",
+            "set",
+            "greet",
+            "--key",
+            "tenant-b",
+            "--weight",
+            "7",
+        ],
+    )
+    .await;
+    assert!(set.status.success(), "{}", stderr(&set));
+    assert!(stdout(&set).contains("tenant-b"), "{}", stdout(&set));
+    let listed = json(&spool(&env, &["--json", "fairness-weight", "list"]).await);
+    assert_eq!(listed["fairness_weights"][0]["fairness_key"], "tenant-b");
+    assert_eq!(listed["fairness_weights"][0]["weight"], 7);
+    let refused = spool(
+        &env,
+        &[
+            "fairness-weight",
+            "set",
+            "greet",
+            "--key",
+            "tenant-b",
+            "--weight",
+            "0",
+        ],
+    )
+    .await;
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("weight is 0"),
+        "{}",
+        stderr(&refused)
+    );
+    let deleted = spool(
+        &env,
+        &["fairness-weight", "delete", "greet", "--key", "tenant-b"],
+    )
+    .await;
+    assert!(
+        stdout(&deleted).contains("no fairness weight now"),
+        "{}",
+        stdout(&deleted)
+    );
+    let listed = json(&spool(&env, &["--json", "fairness-weight", "list"]).await);
+    assert_eq!(listed["fairness_weights"], serde_json::json!([]));
     let alone = spool(&env, &["submit", "greet", "--fairness-weight", "2"]).await;
     assert_eq!(alone.status.code(), Some(2), "a weight needs its key");
     assert!(

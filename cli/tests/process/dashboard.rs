@@ -435,6 +435,15 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
         })
         .await
         .unwrap_or_else(|e| panic!("set a key's rate limit: {e}"));
+    client
+        .set_fairness_weight(v1::FairnessWeight {
+            activity_type: "charge".into(),
+            fairness_key: "tenant-a".into(),
+            weight: 4,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a fairness weight: {e}"));
     browser
         .find("#nav-limits")
         .await
@@ -463,6 +472,13 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
     assert!(
         acme.contains("acme") && acme.contains('5') && acme.contains('3'),
         "{acme}"
+    );
+    let tenant = browser
+        .text("#fairness-weights tr[data-type=\"charge\"][data-key=\"tenant-a\"]")
+        .await;
+    assert!(
+        tenant.contains("tenant-a") && tenant.contains('4'),
+        "{tenant}"
     );
     browser.shot("limits").await;
 

@@ -1,5 +1,6 @@
 //! `AdminService`: the operator's view of this node, and the settings that hold
-//! for every node (rate limits, stored in the database).
+//! for every node (rate and concurrency limits, fairness weights), stored in the
+//! database.
 
 use std::sync::Arc;
 
@@ -235,6 +236,62 @@ impl AdminService for AdminApi {
         Ok(Response::new(v1::DeleteConcurrencyLimitResponse {
             deleted,
         }))
+    }
+
+    async fn set_fairness_weight(
+        &self,
+        request: Request<v1::SetFairnessWeightRequest>,
+    ) -> Result<Response<v1::SetFairnessWeightResponse>, Status> {
+        let weight = validate::fairness_weight(request.get_ref().fairness_weight.clone())?;
+        authorize(&request, Role::Admin, &weight.namespace)?;
+        match self.commit(Op::SetFairnessWeight(weight.clone())).await? {
+            Outcome::FairnessWeightSet => {}
+            other => return Err(unexpected(&format!("set answered {other:?}")).into()),
+        }
+        // What was committed is what was asked: a weight has no read-only part.
+        Ok(Response::new(v1::SetFairnessWeightResponse {
+            fairness_weight: Some(crate::wire::fairness_weight(weight)),
+        }))
+    }
+
+    async fn list_fairness_weights(
+        &self,
+        request: Request<v1::ListFairnessWeightsRequest>,
+    ) -> Result<Response<v1::ListFairnessWeightsResponse>, Status> {
+        let namespace = Self::readable(&request, &request.get_ref().namespace)?;
+        let weights = self
+            .core
+            .store
+            .fairness_weights(namespace.as_deref())
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(v1::ListFairnessWeightsResponse {
+            fairness_weights: weights
+                .into_iter()
+                .map(crate::wire::fairness_weight)
+                .collect(),
+        }))
+    }
+
+    async fn delete_fairness_weight(
+        &self,
+        request: Request<v1::DeleteFairnessWeightRequest>,
+    ) -> Result<Response<v1::DeleteFairnessWeightResponse>, Status> {
+        let r = request.get_ref();
+        let namespace = validate::namespace(&r.namespace)?;
+        validate::name("activity_type", &r.activity_type)?;
+        validate::name("fairness_key", &r.fairness_key)?;
+        authorize(&request, Role::Admin, &namespace)?;
+        let op = Op::RemoveFairnessWeight {
+            namespace,
+            activity_type: r.activity_type.clone(),
+            key: r.fairness_key.clone(),
+        };
+        let deleted = match self.commit(op).await? {
+            Outcome::FairnessWeightRemoved(deleted) => deleted,
+            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
+        };
+        Ok(Response::new(v1::DeleteFairnessWeightResponse { deleted }))
     }
 }
 

@@ -31,6 +31,7 @@ use crate::{
     dispatch::registry::Registration,
     store::{
         Fairness, Key, NewActivity, Op, Payload, RetrySpec, Timeouts, concurrency,
+        fairness::FairnessWeight,
         rate::{self, RateLimit},
     },
 };
@@ -197,6 +198,30 @@ pub fn concurrency_key(field: &str, key: String) -> Result<Option<String>, Error
     }
     name(field, &key)?;
     Ok(Some(key))
+}
+
+/// A fairness key's weight to set: a named type and key, and a weight from 1 to
+/// [`concurrency::MAX_WEIGHT`] (0 is refused: it would read as "no weight").
+pub fn fairness_weight(weight: Option<v1::FairnessWeight>) -> Result<FairnessWeight, Error> {
+    let Some(weight) = weight else {
+        return Err(invalid("fairness_weight is required".to_owned()));
+    };
+    let namespace = namespace(&weight.namespace)?;
+    name("fairness_weight.activity_type", &weight.activity_type)?;
+    name("fairness_weight.fairness_key", &weight.fairness_key)?;
+    if !(1..=concurrency::MAX_WEIGHT).contains(&weight.weight) {
+        return Err(invalid(format!(
+            "fairness_weight.weight is {}; it must be from 1 to {}",
+            weight.weight,
+            concurrency::MAX_WEIGHT
+        )));
+    }
+    Ok(FairnessWeight {
+        namespace,
+        activity_type: weight.activity_type,
+        key: weight.fairness_key,
+        weight: weight.weight,
+    })
 }
 
 /// A concurrency limit to set, as the op that sets it: for a named type, from 1 to
@@ -600,6 +625,33 @@ mod tests {
         assert!(text("reason", "bell\u{7}", 100).is_err());
         assert!(text("reason", "escape\u{1b}[0m", 100).is_err());
         assert!(text("reason", &"x".repeat(101), 100).is_err());
+    }
+
+    #[test]
+    fn a_set_fairness_weight_names_its_key_and_stays_in_range() {
+        let asked = |key: &str, weight: u32| {
+            fairness_weight(Some(v1::FairnessWeight {
+                namespace: String::new(),
+                activity_type: "t".into(),
+                fairness_key: key.into(),
+                weight,
+            }))
+        };
+        assert_eq!(
+            asked("tenant", 3).ok(),
+            Some(FairnessWeight {
+                namespace: "default".into(),
+                activity_type: "t".into(),
+                key: "tenant".into(),
+                weight: 3,
+            })
+        );
+        assert!(asked("tenant", 1_000).is_ok());
+        assert!(asked("tenant", 0).is_err());
+        assert!(asked("tenant", 1_001).is_err());
+        assert!(asked("", 3).is_err());
+        assert!(asked("nul\0", 3).is_err());
+        assert!(fairness_weight(None).is_err());
     }
 
     #[test]

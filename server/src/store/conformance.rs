@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::*;
 use crate::{
     lifecycle,
-    store::{Attempt, concurrency},
+    store::{Attempt, concurrency, fairness::FairnessWeight},
 };
 
 /// A fresh, empty store of one backend, and what keeps it alive.
@@ -133,6 +133,7 @@ conformance!(
     a_batchs_endings_make_room_for_its_submits,
     a_fairness_keys_backlog_does_not_delay_another_keys_rows,
     fairness_keys_are_served_in_proportion_to_their_weights,
+    a_weight_set_for_a_fairness_key_places_its_new_rows,
     a_newcomer_joins_the_head_of_a_backlog_behind_now,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
@@ -1321,6 +1322,82 @@ async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Sto
             .windows(2)
             .all(|w| { w[0][1..].parse::<u32>().ok() < w[1][1..].parse::<u32>().ok() })
     );
+}
+
+async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, raw: &Raw) {
+    let weight = |ty: &str, key: &str, weight: u32| {
+        Op::SetFairnessWeight(FairnessWeight {
+            namespace: "default".into(),
+            activity_type: ty.into(),
+            key: key.into(),
+            weight,
+        })
+    };
+    // h weighs 3 on t; l weighs 1 on t (set twice: the second replaces the
+    // first) and 5 on u, which is not t's.
+    for op in [
+        weight("t", "h", 3),
+        weight("t", "l", 2),
+        weight("t", "l", 1),
+        weight("u", "l", 5),
+    ] {
+        assert!(matches!(
+            one(store, op, T0).await,
+            Outcome::FairnessWeightSet
+        ));
+    }
+    let listed = store
+        .fairness_weights(None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let listed: Vec<(String, String, u32)> = listed
+        .into_iter()
+        .map(|w| (w.activity_type, w.key, w.weight))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("t".into(), "h".into(), 3),
+            ("t".into(), "l".into(), 1),
+            ("u".into(), "l".into(), 5)
+        ]
+    );
+    let elsewhere = store.fairness_weights(Some("other")).await;
+    assert!(elsewhere.is_ok_and(|w| w.is_empty()));
+
+    // The rows' own weights are the other way round: the set weights count, so
+    // they are placed as in `fairness_keys_are_served_in_proportion_to_their_weights`.
+    for (key, own) in [("h", 1), ("l", 4)] {
+        let rows = (0..40)
+            .map(|i| fair(&format!("{key}{i}"), "t", key, own))
+            .collect();
+        one(store, Op::Submit(rows), T0).await;
+    }
+    let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
+    for (id, at) in [("h0", T0), ("h2", T0), ("h3", T0 + 1), ("l0", T0 + 1)] {
+        assert_eq!(raw.scalar(&fair_at(id)).await, at, "{id}");
+    }
+
+    // Deleted, h's new rows weigh what they say again: 1, a millisecond each
+    // after its chain's 40 places of a third (13.32 ms).
+    let remove = || Op::RemoveFairnessWeight {
+        namespace: "default".into(),
+        activity_type: "t".into(),
+        key: "h".into(),
+    };
+    let removed = one(store, remove(), T0).await;
+    assert!(matches!(removed, Outcome::FairnessWeightRemoved(true)));
+    let again = one(store, remove(), T0).await;
+    assert!(matches!(again, Outcome::FairnessWeightRemoved(false)));
+    let rows = vec![fair("h40", "t", "h", 1), fair("h41", "t", "h", 1)];
+    one(store, Op::Submit(rows), T0).await;
+    assert_eq!(raw.scalar(&fair_at("h40")).await, T0 + 14);
+    assert_eq!(raw.scalar(&fair_at("h41")).await, T0 + 15);
+
+    let order = claim_order(store, T0).await;
+    let heavy = |n: usize| order[..n].iter().filter(|o| o.starts_with('h')).count();
+    assert!((15..=16).contains(&heavy(20)), "{order:?}");
+    assert!((30..=31).contains(&heavy(40)), "{order:?}");
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.

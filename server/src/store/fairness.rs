@@ -25,6 +25,11 @@
 //! each key with rows waiting (per weight), not for the backlog. Rows without a
 //! fairness key keep being ranked by when they come due.
 //!
+//! A weight set for a key (`fairness_weights`, through `AdminService`) takes the
+//! place of the weights its rows are submitted with: the submit reads it in the
+//! same statement that moves the chain, so every node places the key's new rows
+//! by it once it is committed. Rows already placed keep their places.
+//!
 //! Invariants:
 //! - a chain only moves forward, and is moved in the submit's own transaction (on
 //!   PostgreSQL under the key's row lock), so two submits of one key never share
@@ -63,6 +68,16 @@ pub fn fair_at(chain_us: i64, next_at_ms: i64, now_ms: i64) -> i64 {
     }
 }
 
+/// The weight set for one fairness key of a namespace's type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairnessWeight {
+    pub namespace: String,
+    pub activity_type: String,
+    pub key: String,
+    /// 1 to [`MAX_WEIGHT`].
+    pub weight: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +91,11 @@ mod tests {
         // Delayed: its due time.
         assert_eq!(fair_at(101_000, 60_000, 100), 60_000);
         assert_eq!(fair_at(90_000_000, 60_000, 100), 90_000);
+    }
+
+    #[test]
+    fn the_statements_stride_is_the_schedulers() {
+        assert_eq!(fair_stride_us!().parse::<i64>().ok(), Some(STRIDE_US));
     }
 
     #[test]

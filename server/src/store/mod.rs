@@ -116,6 +116,34 @@ macro_rules! fair_head {
     };
 }
 
+/// How far a row of fairness key `$key` of namespace `$ns` and type `$ty` moves
+/// its chain (µs): by the weight set for the key (`fairness_weights`), else by
+/// `$given`, the stride of the row's own weight (see `store::fairness`).
+macro_rules! fair_stride {
+    ($ns:literal, $ty:literal, $key:literal, $given:literal) => {
+        concat!(
+            "COALESCE((SELECT ",
+            fair_stride_us!(),
+            " / w.weight FROM fairness_weights AS w WHERE w.namespace = ",
+            $ns,
+            " AND w.activity_type = ",
+            $ty,
+            " AND w.fairness_key = ",
+            $key,
+            "), ",
+            $given,
+            ")"
+        )
+    };
+}
+
+/// How far a row of weight 1 moves its fairness key's chain (`fairness::STRIDE_US`).
+macro_rules! fair_stride_us {
+    () => {
+        "1000"
+    };
+}
+
 /// How far a row moves its key's pass at weight 1 (`concurrency::STRIDE`).
 macro_rules! stride {
     () => {
@@ -653,6 +681,16 @@ pub enum Op {
         activity_type: String,
         key: Option<String>,
     },
+    /// Set (or replace) the weight of one fairness key of a namespace's type: rows
+    /// of the key submitted from now on are placed with it, whatever weight they
+    /// were given. Outcome: `FairnessWeightSet`.
+    SetFairnessWeight(fairness::FairnessWeight),
+    /// Outcome: `FairnessWeightRemoved`, true when there was one.
+    RemoveFairnessWeight {
+        namespace: String,
+        activity_type: String,
+        key: String,
+    },
     /// Apply the type's concurrency strategy to keys that may be over their limit
     /// (those a submit added to): cancel each one's newest or oldest activities
     /// beyond its limit. One statement finds the keys over their limit, so a
@@ -701,6 +739,8 @@ pub enum Outcome {
     RateLimitRemoved(bool),
     ConcurrencyLimitSet,
     ConcurrencyLimitRemoved(bool),
+    FairnessWeightSet,
+    FairnessWeightRemoved(bool),
     /// Each activity cancelled, with its status before.
     Enforced(Vec<(ActivityStatus, ActivityRow)>),
 }
@@ -906,6 +946,13 @@ pub trait Store: Send + Sync + 'static {
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<concurrency::ConcurrencyLimit>, Error>;
+
+    /// The fairness weights set for keys of `namespace` (all namespaces when
+    /// `None`), sorted by namespace, type and key.
+    async fn fairness_weights(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<fairness::FairnessWeight>, Error>;
 
     /// The waiting and running rows of one concurrency key of a namespace's type;
     /// `None` when it has neither.

@@ -494,6 +494,19 @@ pub(super) fn concurrency_limit(
     })
 }
 
+/// A fairness key's weight, from the columns of the dialects'
+/// `FAIRNESS_WEIGHTS`: namespace, type, key, weight.
+pub(super) fn fairness_weight(
+    row: &impl Columns,
+) -> Result<super::fairness::FairnessWeight, Error> {
+    Ok(super::fairness::FairnessWeight {
+        namespace: row.text(0)?,
+        activity_type: row.text(1)?,
+        key: row.text(2)?,
+        weight: u32_from(row.int(3)?, "weight")?,
+    })
+}
+
 /// A count in column `i`, which is never negative.
 fn count(row: &impl Columns, i: usize) -> Result<u64, Error> {
     u64::try_from(row.int(i)?).map_err(|_| Error::Corrupt("a negative count".to_owned()))

@@ -306,6 +306,7 @@ pub fn workers(listed: v1::ListWorkersResponse) -> serde_json::Value {
 pub fn limits(
     rate: v1::ListRateLimitsResponse,
     concurrency: v1::ListConcurrencyLimitsResponse,
+    fairness: v1::ListFairnessWeightsResponse,
 ) -> serde_json::Value {
     let period = |p: Option<prost_types::Duration>| {
         spool_proto::duration::from_proto(p.as_ref())
@@ -350,7 +351,23 @@ pub fn limits(
             })
         })
         .collect();
-    serde_json::json!({ "rate_limits": rate, "concurrency_limits": concurrency })
+    let fairness: Vec<serde_json::Value> = fairness
+        .fairness_weights
+        .into_iter()
+        .map(|w| {
+            serde_json::json!({
+                "namespace": w.namespace,
+                "activity_type": w.activity_type,
+                "fairness_key": w.fairness_key,
+                "weight": w.weight,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "rate_limits": rate,
+        "concurrency_limits": concurrency,
+        "fairness_weights": fairness,
+    })
 }
 
 #[cfg(test)]

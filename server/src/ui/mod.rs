@@ -389,7 +389,7 @@ async fn workers(
 }
 
 /// The rate and concurrency limits of a namespace (every one the caller may read,
-/// when empty), with their use now.
+/// when empty), with their use now, and the fairness weights set in it.
 async fn limits(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
@@ -412,13 +412,24 @@ async fn limits(
         .list_concurrency_limits(request(
             &principal,
             v1::ListConcurrencyLimitsRequest {
+                namespace: q.namespace.clone(),
+            },
+        ))
+        .await
+        .map_err(from_status)?
+        .into_inner();
+    let fairness = ui
+        .admin
+        .list_fairness_weights(request(
+            &principal,
+            v1::ListFairnessWeightsRequest {
                 namespace: q.namespace,
             },
         ))
         .await
         .map_err(from_status)?
         .into_inner();
-    Ok(Json(json::limits(rate, concurrency)).into_response())
+    Ok(Json(json::limits(rate, concurrency, fairness)).into_response())
 }
 
 #[derive(Deserialize)]

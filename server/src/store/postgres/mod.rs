@@ -141,6 +141,11 @@ fn migrator() -> Migrator {
             "fairness_keys",
             include_str!("../migrations/postgres/0019_fairness_keys.sql"),
         ),
+        migration(
+            20,
+            "fairness_weights",
+            include_str!("../migrations/postgres/0020_fairness_weights.sql"),
+        ),
     ])
 }
 
@@ -566,6 +571,19 @@ impl Store for PostgresStore {
             .await?;
         rows.iter()
             .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
+            .collect()
+    }
+
+    async fn fairness_weights(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<super::fairness::FairnessWeight>, Error> {
+        let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
             .collect()
     }
 

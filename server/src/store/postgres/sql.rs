@@ -156,7 +156,8 @@ pub const INSERT: &str = insert!(
 );
 
 /// Inserts activities some of which have a fairness key (`$21`, with `$22` the
-/// stride of each, see `store::fairness`), leaving out those already stored
+/// stride of each's own weight, which a weight set for the key replaces: see
+/// `store::fairness`), leaving out those already stored
 /// (which must not move a chain): each key's chain moves on by its rows' strides
 /// in one upsert per key and band, in key order so that two nodes lock chains in
 /// the same order (`fc`, which also returns where the
@@ -168,9 +169,11 @@ pub const INSERT_FAIR: &str = insert!(
     concat!(
         "s AS MATERIALIZED (SELECT *, ",
         band!("pr", "ck"),
-        " AS bd FROM ",
+        " AS bd, ",
+        fair_stride!("v.ns", "v.ty", "v.fk", "v.gs"),
+        " AS fs FROM ",
         submitted!("$21::TEXT[]", "$22::BIGINT[]"),
-        ", fk, fs, o) WHERE NOT EXISTS (SELECT 1 FROM activities AS e \
+        ", fk, gs, o) WHERE NOT EXISTS (SELECT 1 FROM activities AS e \
            WHERE e.namespace = v.ns AND e.workflow_id = v.wf AND e.activity_id = v.act)), \
          fg AS (SELECT ns, ty, bd, fk, SUM(fs)::BIGINT AS total FROM s \
            WHERE fk IS NOT NULL GROUP BY ns, ty, bd, fk), \
@@ -821,6 +824,19 @@ pub const SET_KEY_LIMIT: &str = "INSERT INTO concurrency_key_limits \
 
 pub const REMOVE_KEY_LIMIT: &str = "DELETE FROM concurrency_key_limits \
      WHERE namespace = $1 AND activity_type = $2 AND concurrency_key = $3";
+
+pub const SET_FAIRNESS_WEIGHT: &str = "INSERT INTO fairness_weights \
+       (namespace, activity_type, fairness_key, weight) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (namespace, activity_type, fairness_key) \
+       DO UPDATE SET weight = excluded.weight";
+
+pub const REMOVE_FAIRNESS_WEIGHT: &str = "DELETE FROM fairness_weights \
+     WHERE namespace = $1 AND activity_type = $2 AND fairness_key = $3";
+
+/// The fairness weights of namespace `$1` (of all, when NULL), in order (see
+/// `rows::fairness_weight`).
+pub const FAIRNESS_WEIGHTS: &str = "SELECT namespace, activity_type, fairness_key, weight \
+     FROM fairness_weights WHERE $1::TEXT IS NULL OR namespace = $1 ORDER BY 1, 2, 3";
 
 /// The concurrency limits of namespace `$1` (of all, when NULL), each type's then
 /// its keys', in order (see `rows::concurrency_limit`).

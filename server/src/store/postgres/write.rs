@@ -201,6 +201,29 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .await
                 .map(Outcome::ConcurrencyLimitRemoved)
         }
+        Op::SetFairnessWeight(set) => {
+            sqlx::query(sql::SET_FAIRNESS_WEIGHT)
+                .bind(&set.namespace)
+                .bind(&set.activity_type)
+                .bind(&set.key)
+                .bind(i64::from(set.weight))
+                .execute(&mut *conn)
+                .await?;
+            Ok(Outcome::FairnessWeightSet)
+        }
+        Op::RemoveFairnessWeight {
+            namespace,
+            activity_type,
+            key,
+        } => remove(
+            conn,
+            sql::REMOVE_FAIRNESS_WEIGHT,
+            namespace,
+            activity_type,
+            Some(key),
+        )
+        .await
+        .map(Outcome::FairnessWeightRemoved),
         Op::RemoveRateLimit {
             namespace,
             activity_type,

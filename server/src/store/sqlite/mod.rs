@@ -113,6 +113,11 @@ fn migrator() -> Migrator {
             "fairness_keys",
             include_str!("../migrations/sqlite/0015_fairness_keys.sql"),
         ),
+        migration(
+            16,
+            "fairness_weights",
+            include_str!("../migrations/sqlite/0016_fairness_weights.sql"),
+        ),
     ])
 }
 
@@ -313,6 +318,19 @@ impl Store for SqliteStore {
             .await?;
         rows.iter()
             .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
+            .collect()
+    }
+
+    async fn fairness_weights(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<super::fairness::FairnessWeight>, Error> {
+        let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
+            .bind(namespace)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.iter()
+            .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
             .collect()
     }
 

@@ -51,20 +51,24 @@ pub const INSERT: &str = concat!(
 );
 
 /// Moves the chain of fairness key `?3` of type `?2` of namespace `?1` on by
-/// `?5` µs for a row of priority `?6` and concurrency key `?7` submitted at `?4`
-/// (ms), and returns where it is now: from the later of the chain and the head of
-/// the row's band, or now when the band has no row waiting (see
-/// `store::fairness`).
+/// the key's set weight's stride, else by `?5` µs, for a row of priority `?6` and
+/// concurrency key `?7` submitted at `?4` (ms), and returns where it is now: from
+/// the later of the chain and the head of the row's band, or now when the band has
+/// no row waiting (see `store::fairness`).
 pub const FAIR_PLACE: &str = concat!(
     "INSERT INTO fairness_keys (namespace, activity_type, claim_band, fairness_key, last_us) \
      SELECT ?1, ?2, b.band, ?3, COALESCE(",
     fair_head!("?1", "?2", "b.band", "?4"),
-    ", ?4) * 1000 + ?5 \
+    ", ?4) * 1000 + b.stride \
      FROM (SELECT ",
     band!("?6", "?7"),
-    " AS band) AS b WHERE TRUE \
+    " AS band, ",
+    fair_stride!("?1", "?2", "?3", "?5"),
+    " AS stride) AS b WHERE TRUE \
      ON CONFLICT (namespace, activity_type, claim_band, fairness_key) \
-       DO UPDATE SET last_us = MAX(last_us + ?5, excluded.last_us) \
+       DO UPDATE SET last_us = MAX(last_us + ",
+    fair_stride!("?1", "?2", "?3", "?5"),
+    ", excluded.last_us) \
      RETURNING last_us"
 );
 
@@ -186,6 +190,19 @@ pub const SET_KEY_LIMIT: &str = "INSERT INTO concurrency_key_limits \
 
 pub const REMOVE_KEY_LIMIT: &str = "DELETE FROM concurrency_key_limits \
      WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
+
+pub const SET_FAIRNESS_WEIGHT: &str = "INSERT INTO fairness_weights \
+       (namespace, activity_type, fairness_key, weight) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (namespace, activity_type, fairness_key) \
+       DO UPDATE SET weight = excluded.weight";
+
+pub const REMOVE_FAIRNESS_WEIGHT: &str = "DELETE FROM fairness_weights \
+     WHERE namespace = ?1 AND activity_type = ?2 AND fairness_key = ?3";
+
+/// The fairness weights of namespace `?1` (of all, when NULL), in order (see
+/// `rows::fairness_weight`).
+pub const FAIRNESS_WEIGHTS: &str = "SELECT namespace, activity_type, fairness_key, weight \
+     FROM fairness_weights WHERE ?1 IS NULL OR namespace = ?1 ORDER BY 1, 2, 3";
 
 /// The concurrency limits of namespace `?1` (of all, when NULL), each type's then
 /// its keys', in order (see `rows::concurrency_limit`).

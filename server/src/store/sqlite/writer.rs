@@ -317,6 +317,29 @@ fn apply_one(
             remove(conn, statement, namespace, activity_type, key.as_deref())
                 .map(Outcome::ConcurrencyLimitRemoved)
         }
+        Op::SetFairnessWeight(set) => conn
+            .query(sql::SET_FAIRNESS_WEIGHT)
+            .map(|q| {
+                q.bind(set.namespace.as_str())
+                    .bind(set.activity_type.as_str())
+                    .bind(set.key.as_str())
+                    .bind(&i64::from(set.weight))
+            })
+            .and_then(Query::execute)
+            .map(|_| Outcome::FairnessWeightSet)
+            .map_err(sqlite),
+        Op::RemoveFairnessWeight {
+            namespace,
+            activity_type,
+            key,
+        } => remove(
+            conn,
+            sql::REMOVE_FAIRNESS_WEIGHT,
+            namespace,
+            activity_type,
+            Some(key),
+        )
+        .map(Outcome::FairnessWeightRemoved),
         Op::RemoveRateLimit {
             namespace,
             activity_type,

@@ -800,6 +800,7 @@
     const ns = state.namespace, live = liveCheck();
     const rateBody = el("tbody", {}, messageRow(7, "Loading…", "loading muted"));
     const keyBody = el("tbody", {}, messageRow(9, "Loading…", "loading muted"));
+    const fairBody = el("tbody", {}, messageRow(4, "Loading…", "loading muted"));
     const root = el("section", { "data-page": "limits" },
       el("h1", {}, "Limits ", el("span", { class: "ns-tag" }, ns || "all namespaces")),
       el("h2", {}, "Rate limits"),
@@ -807,12 +808,15 @@
         thead(["Namespace", "Type", "Key", ["Limit", "num"], ["Burst", "num"], ["Available now", "num"], ""]), rateBody)),
       el("h2", {}, "Concurrency limits"),
       tableWrap(el("table", { id: "concurrency-limits" },
-        thead(["Namespace", "Type", "Key", ["Per key", "num"], ["Weight", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)));
+        thead(["Namespace", "Type", "Key", ["Per key", "num"], ["Weight", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)),
+      el("h2", {}, "Fairness weights"),
+      tableWrap(el("table", { id: "fairness-weights" },
+        thead(["Namespace", "Type", "Fairness key", ["Weight", "num"]]), fairBody)));
 
     state.refresh = async () => {
       const d = await api("/api/limits?" + qs({ namespace: ns }));
       if (!live()) return false;
-      const rate = d.rate_limits || [], keyed = d.concurrency_limits || [];
+      const rate = d.rate_limits || [], keyed = d.concurrency_limits || [], fair = d.fairness_weights || [];
       patch(rateBody, rate, () => rate.length ? rate.map((l) =>
         el("tr", { "data-type": l.activity_type, "data-key": l.concurrency_key || "" },
           el("td", {}, l.namespace),
@@ -835,6 +839,13 @@
           el("td", { class: "num" }, fmtNum(l.running)),
           el("td", { class: "num" }, fmtNum(l.held)))) :
         [messageRow(9, "No concurrency limits. Set one with: spool concurrency-limit set TYPE --max N")]);
+      patch(fairBody, fair, () => fair.length ? fair.map((w) =>
+        el("tr", { "data-type": w.activity_type, "data-key": w.fairness_key },
+          el("td", {}, w.namespace),
+          el("td", {}, w.activity_type),
+          el("td", {}, w.fairness_key),
+          el("td", { class: "num" }, fmtNum(w.weight)))) :
+        [messageRow(4, "No fairness weights: each activity's own fairness weight counts. Set one with: spool fairness-weight set TYPE --key K --weight N")]);
     };
     return root;
   }
