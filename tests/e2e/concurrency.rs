@@ -527,7 +527,20 @@ async fn a_heavier_key_is_served_more_often() {
 #[tokio::test]
 async fn a_heavier_fairness_key_is_served_more_often() {
     let server = TestServer::start().await;
-    let activities = [("heavy", 3), ("light", 1)]
+    let (heavy, served) = heavy_share_of_40(&server, 3, 1).await;
+    let got = get(&mut server.client().await, key("wf", "heavy-0")).await;
+    assert_eq!(got.fairness_key, "heavy");
+    assert!(
+        (29..=31).contains(&heavy),
+        "weights 3 and 1: the heavy key ran {heavy} of 40: {served:?}"
+    );
+}
+
+/// Submits 60 rows of fairness key "heavy" and 60 of "light", with these
+/// weights, then serves 40 of them one at a time: how many of the heavy key's
+/// ran, and the order.
+async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usize, Vec<String>) {
+    let activities = [("heavy", heavy), ("light", light)]
         .into_iter()
         .flat_map(|(k, weight)| {
             (0..60).map(move |i| {
@@ -538,14 +551,13 @@ async fn a_heavier_fairness_key_is_served_more_often() {
             })
         })
         .collect();
-    let mut client = server.client().await;
-    client
+    server
+        .client()
+        .await
         .submit_batch(v1::SubmitBatchRequest { activities })
         .await
         .unwrap();
-    let heavy = get(&mut client, key("wf", "heavy-0")).await;
-    assert_eq!(heavy.fairness_key, "heavy");
-    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
+    let mut raw = RawWorker::connect(server, &["t"], 1).await;
     let mut task = raw.task().await;
     let mut served = Vec::new();
     for _ in 0..40 {
@@ -554,10 +566,7 @@ async fn a_heavier_fairness_key_is_served_more_often() {
         task = raw.ack_and_task().await.1;
     }
     let heavy = served.iter().filter(|id| id.starts_with("heavy")).count();
-    assert!(
-        (29..=31).contains(&heavy),
-        "weights 3 and 1: the heavy key ran {heavy} of 40: {served:?}"
-    );
+    (heavy, served)
 }
 
 /// A weight an operator sets for a fairness key replaces the weights its rows
@@ -598,31 +607,7 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
         .collect();
     assert_eq!(listed, [("heavy", 3), ("light", 1)]);
 
-    let activities = [("heavy", 0), ("light", 5)]
-        .into_iter()
-        .flat_map(|(k, weight)| {
-            (0..60).map(move |i| {
-                let mut req = request("t", "wf", &format!("{k}-{i}"));
-                req.fairness_key = k.into();
-                req.fairness_weight = weight;
-                req
-            })
-        })
-        .collect();
-    let mut client = server.client().await;
-    client
-        .submit_batch(v1::SubmitBatchRequest { activities })
-        .await
-        .unwrap();
-    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
-    let mut task = raw.task().await;
-    let mut served = Vec::new();
-    for _ in 0..40 {
-        served.push(task.activity_id.clone());
-        raw.complete(&task, task.attempt).await;
-        task = raw.ack_and_task().await.1;
-    }
-    let heavy = served.iter().filter(|id| id.starts_with("heavy")).count();
+    let (heavy, served) = heavy_share_of_40(&server, 0, 5).await;
     assert!(
         (29..=31).contains(&heavy),
         "weights 3 and 1 set: the heavy key ran {heavy} of 40: {served:?}"
