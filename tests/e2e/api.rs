@@ -493,6 +493,29 @@ async fn tokens_have_roles_and_namespaces() {
             .await
             .is_ok()
     );
+    // Reading the weights is a client's too; deleting one is not.
+    let listed = admin
+        .list_fairness_weights(with_token(
+            v1::ListFairnessWeightsRequest {
+                namespace: "orders".into(),
+            },
+            CLIENT,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .fairness_weights;
+    assert_eq!(listed.len(), 1);
+    let delete = v1::DeleteFairnessWeightRequest {
+        namespace: "orders".into(),
+        activity_type: "t".into(),
+        fairness_key: "k".into(),
+    };
+    let err = admin
+        .delete_fairness_weight(with_token(delete, CLIENT))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
 
     // A worker token cannot submit; it may serve its namespace only.
     let err = client

@@ -570,9 +570,8 @@ async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usiz
 }
 
 /// A weight an operator sets for a fairness key replaces the weights its rows
-/// are submitted with: one slot, rows of two keys submitted with no weight, the
-/// key set to weight 3 served three times as often. Deleted, the rows' own
-/// weights count again.
+/// are submitted with: one slot, rows of two keys submitted with weights the
+/// other way round, the key set to weight 3 served three times as often.
 #[tokio::test]
 async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
     let server = TestServer::start().await;
@@ -622,6 +621,37 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
     assert!(deleted.into_inner().deleted);
     let again = admin.delete_fairness_weight(delete()).await.unwrap();
     assert!(!again.into_inner().deleted, "nothing left to delete");
+}
+
+/// A weight set through one node places the rows another node accepts.
+#[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_fairness_weight_set_on_one_node_holds_on_another() {
+    let database = postgres_schema().await;
+    let a = TestServer::start_on_database(&database).await;
+    let b = TestServer::start_on_database(&database).await;
+    for (key, weight) in [("heavy", 3), ("light", 1)] {
+        a.admin()
+            .await
+            .set_fairness_weight(v1::SetFairnessWeightRequest {
+                fairness_weight: Some(v1::FairnessWeight {
+                    activity_type: "t".into(),
+                    fairness_key: key.into(),
+                    weight,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap();
+    }
+    let (heavy, served) = heavy_share_of_40(&b, 0, 5).await;
+    assert!(
+        (29..=31).contains(&heavy),
+        "weights 3 and 1 set on the other node: the heavy key ran {heavy} of 40: {served:?}"
+    );
 }
 
 /// A fairness weight an operator sets is refused out of range, without its type

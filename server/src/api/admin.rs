@@ -22,26 +22,25 @@ pub struct AdminApi {
 }
 
 impl AdminApi {
-    /// Deletes a limit of a namespace's type, or of one key of it (`key`, empty
-    /// for the type's), with the op `remove` makes; true when there was one. Rows
-    /// it held back may go at once.
-    async fn delete_limit<T>(
+    /// Deletes a setting of a namespace's type (a limit, of the type or of one
+    /// key, or a fairness key's weight), with the op `remove` makes for the
+    /// namespace and type; true when there was one. Rows a limit held back may go
+    /// at once.
+    async fn delete_setting<T>(
         &self,
         request: &Request<T>,
         namespace: &str,
         activity_type: &str,
-        key: &str,
-        remove: impl FnOnce(String, String, Option<String>) -> Op,
+        remove: impl FnOnce(String, String) -> Op,
     ) -> Result<bool, Error> {
         let namespace = validate::namespace(namespace)?;
         validate::name("activity_type", activity_type)?;
-        let key = validate::concurrency_key("concurrency_key", key.to_owned())?;
         authorize(request, Role::Admin, &namespace)?;
-        let op = remove(namespace.clone(), activity_type.to_owned(), key);
+        let op = remove(namespace.clone(), activity_type.to_owned());
         let deleted = match self.commit(op).await? {
-            Outcome::RateLimitRemoved(deleted) | Outcome::ConcurrencyLimitRemoved(deleted) => {
-                deleted
-            }
+            Outcome::RateLimitRemoved(deleted)
+            | Outcome::ConcurrencyLimitRemoved(deleted)
+            | Outcome::FairnessWeightRemoved(deleted) => deleted,
             other => return Err(unexpected(&format!("delete answered {other:?}"))),
         };
         self.core.registry.mark_due(&namespace, activity_type);
@@ -147,14 +146,13 @@ impl AdminService for AdminApi {
         request: Request<v1::DeleteRateLimitRequest>,
     ) -> Result<Response<v1::DeleteRateLimitResponse>, Status> {
         let r = request.get_ref();
-        let (namespace, activity_type, key) = (&r.namespace, &r.activity_type, &r.concurrency_key);
+        let key = validate::concurrency_key("concurrency_key", r.concurrency_key.clone())?;
         let deleted = self
-            .delete_limit(
+            .delete_setting(
                 &request,
-                namespace,
-                activity_type,
-                key,
-                |namespace, activity_type, key| Op::RemoveRateLimit {
+                &r.namespace,
+                &r.activity_type,
+                |namespace, activity_type| Op::RemoveRateLimit {
                     namespace,
                     activity_type,
                     key,
@@ -219,14 +217,13 @@ impl AdminService for AdminApi {
         request: Request<v1::DeleteConcurrencyLimitRequest>,
     ) -> Result<Response<v1::DeleteConcurrencyLimitResponse>, Status> {
         let r = request.get_ref();
-        let (namespace, activity_type, key) = (&r.namespace, &r.activity_type, &r.concurrency_key);
+        let key = validate::concurrency_key("concurrency_key", r.concurrency_key.clone())?;
         let deleted = self
-            .delete_limit(
+            .delete_setting(
                 &request,
-                namespace,
-                activity_type,
-                key,
-                |namespace, activity_type, key| Op::RemoveConcurrencyLimit {
+                &r.namespace,
+                &r.activity_type,
+                |namespace, activity_type| Op::RemoveConcurrencyLimit {
                     namespace,
                     activity_type,
                     key,
@@ -278,19 +275,20 @@ impl AdminService for AdminApi {
         request: Request<v1::DeleteFairnessWeightRequest>,
     ) -> Result<Response<v1::DeleteFairnessWeightResponse>, Status> {
         let r = request.get_ref();
-        let namespace = validate::namespace(&r.namespace)?;
-        validate::name("activity_type", &r.activity_type)?;
         validate::name("fairness_key", &r.fairness_key)?;
-        authorize(&request, Role::Admin, &namespace)?;
-        let op = Op::RemoveFairnessWeight {
-            namespace,
-            activity_type: r.activity_type.clone(),
-            key: r.fairness_key.clone(),
-        };
-        let deleted = match self.commit(op).await? {
-            Outcome::FairnessWeightRemoved(deleted) => deleted,
-            other => return Err(unexpected(&format!("delete answered {other:?}")).into()),
-        };
+        let key = r.fairness_key.clone();
+        let deleted = self
+            .delete_setting(
+                &request,
+                &r.namespace,
+                &r.activity_type,
+                |namespace, activity_type| Op::RemoveFairnessWeight {
+                    namespace,
+                    activity_type,
+                    key,
+                },
+            )
+            .await?;
         Ok(Response::new(v1::DeleteFairnessWeightResponse { deleted }))
     }
 }

@@ -209,18 +209,11 @@ pub fn fairness_weight(weight: Option<v1::FairnessWeight>) -> Result<FairnessWei
     let namespace = namespace(&weight.namespace)?;
     name("fairness_weight.activity_type", &weight.activity_type)?;
     name("fairness_weight.fairness_key", &weight.fairness_key)?;
-    if !(1..=concurrency::MAX_WEIGHT).contains(&weight.weight) {
-        return Err(invalid(format!(
-            "fairness_weight.weight is {}; it must be from 1 to {}",
-            weight.weight,
-            concurrency::MAX_WEIGHT
-        )));
-    }
     Ok(FairnessWeight {
         namespace,
+        weight: in_weight_range("fairness_weight.weight", weight.weight, false)?,
         activity_type: weight.activity_type,
         key: weight.fairness_key,
-        weight: weight.weight,
     })
 }
 
@@ -267,19 +260,12 @@ pub fn concurrency_limit(
                     .to_owned(),
             ));
         }
-        if limit.weight > concurrency::MAX_WEIGHT {
-            return Err(invalid(format!(
-                "concurrency_limit.weight is {}; it must be from 1 to {} (0: 1)",
-                limit.weight,
-                concurrency::MAX_WEIGHT
-            )));
-        }
         Op::SetKeyLimit {
             namespace: namespace.clone(),
             activity_type: limit.activity_type.clone(),
+            weight: in_weight_range("concurrency_limit.weight", limit.weight, true)?,
             key: limit.concurrency_key,
             max_running: (limit.max_running > 0).then_some(limit.max_running),
-            weight: limit.weight.max(1),
         }
     } else {
         if limit.weight != 0 {
@@ -447,16 +433,25 @@ fn fairness(key: String, weight: u32) -> Result<Option<Fairness>, Error> {
         return Ok(None);
     }
     name("fairness_key", &key)?;
-    if weight > concurrency::MAX_WEIGHT {
-        return Err(invalid(format!(
-            "fairness_weight is {weight}; it must be from 1 to {}",
-            concurrency::MAX_WEIGHT
-        )));
-    }
     Ok(Some(Fairness {
+        weight: in_weight_range("fairness_weight", weight, true)?,
         key,
-        weight: weight.max(1),
     }))
+}
+
+/// A weight in the claims' shares, from 1 to [`concurrency::MAX_WEIGHT`]; 0 reads
+/// as 1 where `zero_is_one` (a field left unset), and is refused elsewhere (a
+/// weight an operator sets must be said).
+fn in_weight_range(field: &str, weight: u32, zero_is_one: bool) -> Result<u32, Error> {
+    match weight {
+        0 if zero_is_one => Ok(1),
+        1..=concurrency::MAX_WEIGHT => Ok(weight),
+        _ => Err(invalid(format!(
+            "{field} is {weight}; it must be from 1 to {}{}",
+            concurrency::MAX_WEIGHT,
+            if zero_is_one { " (0: 1)" } else { "" }
+        ))),
+    }
 }
 
 /// A submit's headers: at most [`crate::limits::MAX_HEADERS`], keys of lowercase ASCII

@@ -1325,56 +1325,70 @@ async fn fairness_keys_are_served_in_proportion_to_their_weights(store: &dyn Sto
 }
 
 async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, raw: &Raw) {
-    let weight = |ty: &str, key: &str, weight: u32| {
+    let weight = |namespace: &str, ty: &str, key: &str, weight: u32| {
         Op::SetFairnessWeight(FairnessWeight {
-            namespace: "default".into(),
+            namespace: namespace.into(),
             activity_type: ty.into(),
             key: key.into(),
             weight,
         })
     };
     // h weighs 3 on t; l weighs 1 on t (set twice: the second replaces the
-    // first) and 5 on u, which is not t's.
+    // first). h's weights of another type and of another namespace are not t's
+    // (set first, and sorting first, so a lookup missing either would find them).
     for op in [
-        weight("t", "h", 3),
-        weight("t", "l", 2),
-        weight("t", "l", 1),
-        weight("u", "l", 5),
+        weight("another", "t", "h", 1),
+        weight("default", "a", "h", 1),
+        weight("default", "t", "h", 3),
+        weight("default", "t", "l", 2),
+        weight("default", "t", "l", 1),
     ] {
         assert!(matches!(
             one(store, op, T0).await,
             Outcome::FairnessWeightSet
         ));
     }
-    let listed = store
-        .fairness_weights(None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let listed: Vec<(String, String, u32)> = listed
-        .into_iter()
-        .map(|w| (w.activity_type, w.key, w.weight))
-        .collect();
+    let listed = |namespace: Option<&'static str>| async move {
+        let listed = store
+            .fairness_weights(namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        listed
+            .into_iter()
+            .map(|w| format!("{}/{}/{}={}", w.namespace, w.activity_type, w.key, w.weight))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
-        listed,
+        listed(None).await,
         [
-            ("t".into(), "h".into(), 3),
-            ("t".into(), "l".into(), 1),
-            ("u".into(), "l".into(), 5)
+            "another/t/h=1",
+            "default/a/h=1",
+            "default/t/h=3",
+            "default/t/l=1"
         ]
     );
-    let elsewhere = store.fairness_weights(Some("other")).await;
-    assert!(elsewhere.is_ok_and(|w| w.is_empty()));
+    assert_eq!(listed(Some("another")).await, ["another/t/h=1"]);
 
     // The rows' own weights are the other way round: the set weights count, so
     // they are placed as in `fairness_keys_are_served_in_proportion_to_their_weights`.
-    for (key, own) in [("h", 1), ("l", 4)] {
-        let rows = (0..40)
-            .map(|i| fair(&format!("{key}{i}"), "t", key, own))
-            .collect();
-        one(store, Op::Submit(rows), T0).await;
-    }
+    // h's rows come in two submits, the second moving the chain the first made.
+    let rows = |key: &str, own: u32, ids: std::ops::Range<u32>| {
+        ids.map(|i| fair(&format!("{key}{i}"), "t", key, own))
+            .collect()
+    };
+    one(store, Op::Submit(rows("h", 1, 0..20)), T0).await;
+    one(store, Op::Submit(rows("h", 1, 20..40)), T0).await;
+    one(store, Op::Submit(rows("l", 4, 0..40)), T0).await;
     let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
-    for (id, at) in [("h0", T0), ("h2", T0), ("h3", T0 + 1), ("l0", T0 + 1)] {
+    // A third of a millisecond a row of h: h20, its 21st, at 6.993 ms.
+    for (id, at) in [
+        ("h0", T0),
+        ("h2", T0),
+        ("h3", T0 + 1),
+        ("h20", T0 + 6),
+        ("h23", T0 + 7),
+        ("l0", T0 + 1),
+    ] {
         assert_eq!(raw.scalar(&fair_at(id)).await, at, "{id}");
     }
 
