@@ -134,6 +134,7 @@ conformance!(
     a_fairness_keys_backlog_does_not_delay_another_keys_rows,
     fairness_keys_are_served_in_proportion_to_their_weights,
     a_weight_set_for_a_fairness_key_places_its_new_rows,
+    fairness_keys_order_a_concurrency_keys_own_rows,
     a_newcomer_joins_the_head_of_a_backlog_behind_now,
     claim_respects_limit_types_and_namespace,
     finish_is_fenced_by_attempt_and_status,
@@ -1412,6 +1413,29 @@ async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, 
     let heavy = |n: usize| order[..n].iter().filter(|o| o.starts_with('h')).count();
     assert!((15..=16).contains(&heavy(20)), "{order:?}");
     assert!((30..=31).contains(&heavy(40)), "{order:?}");
+}
+
+async fn fairness_keys_order_a_concurrency_keys_own_rows(store: &dyn Store, _raw: &Raw) {
+    let row = |id: &str, key: &str, tenant: &str| NewActivity {
+        concurrency_key: Some(key.into()),
+        ..fair(id, "t", tenant, 1)
+    };
+    // Concurrency key k: tenant a's backlog, then one row of tenant b.
+    let backlog = (0..30).map(|i| row(&format!("a{i}"), "k", "a")).collect();
+    one(store, Op::Submit(backlog), T0).await;
+    submit(store, row("b0", "k", "b")).await;
+    // Within k, b0 goes next to a's head (a0, a1, b0 at T0 + 1, + 2, + 2), not
+    // behind a's 30 rows.
+    let ids = |rows: Vec<ActivityRow>| {
+        let mut ids: Vec<String> = rows.into_iter().map(|r| r.key.activity_id).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(claim(store, &["t"], 3, T0).await), ["a0", "a1", "b0"]);
+    // And the concurrency keys still take turns: m's one row goes in the next
+    // claim beside k's.
+    submit(store, row("m0", "m", "a")).await;
+    assert_eq!(ids(claim(store, &["t"], 2, T0).await), ["a2", "m0"]);
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.
