@@ -4,7 +4,10 @@
 //! One run: nodes (`spool serve`, one on SQLite or several sharing PostgreSQL)
 //! and SDK worker processes (`spool soak-worker`, reaching the nodes through a
 //! TCP proxy) start; submitters in this process send activities of mixed lengths
-//! at a steady rate straight to the nodes; a fault injector, seeded, picks a fault
+//! at a steady rate straight to the nodes (some of them with concurrency and
+//! fairness keys, under a concurrency limit and a fairness weight set at the
+//! start, so keys' counts and chains live through the faults too); a fault
+//! injector, seeded, picks a fault
 //! at random intervals and then does what an operator or a supervisor would
 //! (restart, continue, free the disk). At the end faults stop, everything is
 //! brought back, the run waits until nothing is scheduled or running, reads every
@@ -156,6 +159,9 @@ pub struct Report {
     pub settled: bool,
     /// Worker sessions still holding slots once nothing runs: `node/identity: n`.
     pub held: Vec<String>,
+    /// Concurrency keys still counted waiting or running once nothing is: the
+    /// keys' counts went wrong in a fault.
+    pub keys_left: Vec<String>,
     pub verdict: check::Verdict,
     pub passed: bool,
 }
@@ -206,6 +212,11 @@ impl Report {
         }
         for h in &self.held {
             s += &format!("FAILED: a slot is still held with nothing running: {h}\n");
+        }
+        for k in &self.keys_left {
+            s += &format!(
+                "FAILED: concurrency keys still counted with nothing waiting or running: {k}\n"
+            );
         }
         s += &format!(
             "{} (history and logs in {})\n",
@@ -471,6 +482,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
                 .map_err(|e| setup(e.to_string()))
         })
         .collect::<Result<_, _>>()?;
+    set_limits(&channels).await?;
     const SUBMITTERS: u64 = 4;
     let per = Duration::from_secs_f64(SUBMITTERS as f64 / f64::from(options.rate.max(1)));
     for s in 0..SUBMITTERS {
@@ -544,6 +556,11 @@ pub async fn run(options: Options) -> Result<Report, Error> {
     let client = ActivityServiceClient::new(channels[0].clone());
     let settled = settle(client.clone(), options.settle).await;
     let held = held_slots(&channels).await;
+    let keys_left = if settled {
+        keys_left(&channels).await
+    } else {
+        Vec::new()
+    };
     let rows = read_rows(client).await?;
     {
         let mut c = cluster.lock().await;
@@ -570,7 +587,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         }
     }
     let verdict = check::check(&events.take(), &worker_events, &rows);
-    let passed = verdict.passed() && settled && held.is_empty();
+    let passed = verdict.passed() && settled && held.is_empty() && keys_left.is_empty();
     let report = Report {
         seed: options.seed,
         store: if sqlite { "sqlite" } else { "postgres" }.to_owned(),
@@ -583,6 +600,7 @@ pub async fn run(options: Options) -> Result<Report, Error> {
         dir: dir.display().to_string(),
         settled,
         held,
+        keys_left,
         verdict,
         passed,
     };
@@ -612,6 +630,56 @@ async fn fresh_schema(base: &str, seed: u64) -> Result<String, Error> {
     Ok(format!("{base}{separator}options=-csearch_path%3D{schema}"))
 }
 
+/// How many concurrency keys and fairness keys the load spreads over.
+const CONCURRENCY_KEYS: u64 = 8;
+const FAIRNESS_KEYS: u64 = 4;
+
+/// The limit the load's concurrency keys run under, and the weight of one of its
+/// fairness keys: a keyed activity waits for its key's room, and is placed on its
+/// tenant's chain, in every fault. The limit is loose enough that the settle
+/// still ends in time.
+async fn set_limits(channels: &[Channel]) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut admin = AdminServiceClient::new(channels[0].clone());
+        let limit = admin
+            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                concurrency_limit: Some(v1::ConcurrencyLimit {
+                    namespace: NAMESPACE.to_owned(),
+                    activity_type: ACTIVITY_TYPE.to_owned(),
+                    max_running: 8,
+                    ..Default::default()
+                }),
+            })
+            .await;
+        let weight = match limit {
+            Ok(_) => {
+                admin
+                    .set_fairness_weight(v1::SetFairnessWeightRequest {
+                        fairness_weight: Some(v1::FairnessWeight {
+                            namespace: NAMESPACE.to_owned(),
+                            activity_type: ACTIVITY_TYPE.to_owned(),
+                            fairness_key: "t0".to_owned(),
+                            weight: 3,
+                        }),
+                    })
+                    .await
+            }
+            Err(s) => Err(s),
+        };
+        match weight {
+            Ok(_) => return Ok(()),
+            Err(s) if tokio::time::Instant::now() >= deadline => {
+                return Err(setup(format!(
+                    "cannot set the load's limits: {}",
+                    s.message()
+                )));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
 /// One submitter: a new key every `every`, retried (same key, next node) until
 /// acknowledged or given up on.
 async fn submitter(
@@ -638,6 +706,14 @@ async fn submitter(
             60..90 => rng.random_range(50..500),
             _ => rng.random_range(1_000..3_000),
         };
+        let concurrency_key = match rng.random_range(0..4) {
+            0 => format!("c{}", rng.random_range(0..CONCURRENCY_KEYS)),
+            _ => String::new(),
+        };
+        let fairness_key = match rng.random_range(0..2) {
+            0 => format!("t{}", rng.random_range(0..FAIRNESS_KEYS)),
+            _ => String::new(),
+        };
         let request = v1::SubmitRequest {
             namespace: NAMESPACE.to_owned(),
             workflow_id: WORKFLOW.to_owned(),
@@ -652,6 +728,8 @@ async fn submitter(
                 non_retryable_error_types: Vec::new(),
             }),
             start_to_close_timeout: Some(spool_proto::duration::to_proto(Duration::from_secs(60))),
+            concurrency_key,
+            fairness_key,
             ..Default::default()
         };
         let mut acknowledged = false;
@@ -844,6 +922,27 @@ async fn held_slots(channels: &[Channel]) -> Vec<String> {
             return held;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// What the load's concurrency limit still counts once every activity has
+/// finished: nothing, unless a fault left a key's counts behind its rows.
+async fn keys_left(channels: &[Channel]) -> Vec<String> {
+    let mut admin = AdminServiceClient::new(channels[0].clone());
+    let listed = admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest {
+            namespace: NAMESPACE.to_owned(),
+        })
+        .await;
+    match listed {
+        Ok(answer) => answer
+            .into_inner()
+            .concurrency_limits
+            .into_iter()
+            .filter(|l| l.concurrency_key.is_empty() && (l.keys > 0 || l.running > 0 || l.held > 0))
+            .map(|l| format!("{} keys, {} running, {} held", l.keys, l.running, l.held))
+            .collect(),
+        Err(s) => vec![format!("cannot list concurrency limits: {}", s.message())],
     }
 }
 
