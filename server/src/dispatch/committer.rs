@@ -447,12 +447,16 @@ impl Loop {
                 (Op::Submit(_), Outcome::Submitted(submitted)) => {
                     crate::metrics::submitted(submitted.iter().filter(|s| s.created).count() as u64);
                     for s in submitted.iter().filter(|s| s.created) {
-                        self.came_due(
-                            &s.row.key.namespace,
-                            &s.row.activity_type,
-                            s.row.next_at,
-                            now,
-                        );
+                        let (namespace, activity_type) =
+                            (&s.row.key.namespace, &s.row.activity_type);
+                        if s.row.next_at <= now {
+                            // Marked due here before the batch's claims were
+                            // planned, so they already looked for it: marking it
+                            // again would only plan a claim that finds nothing.
+                            self.tell_due(namespace, activity_type, s.row.next_at);
+                        } else {
+                            self.came_due(namespace, activity_type, s.row.next_at, now);
+                        }
                     }
                 }
                 (Op::Claim(claim), Outcome::Claimed { rows, throttled }) => {
@@ -544,6 +548,11 @@ impl Loop {
     /// A committed change made rows due: here, and on other nodes.
     fn came_due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis, now: UnixMillis) {
         self.due(namespace, activity_type, at, now);
+        self.tell_due(namespace, activity_type, at);
+    }
+
+    /// Tells the other nodes only: this node already knows.
+    fn tell_due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis) {
         self.peers.tell(Event::Due {
             namespace: namespace.to_owned(),
             activity_type: activity_type.to_owned(),
@@ -941,6 +950,72 @@ mod tests {
             started.elapsed() < Duration::from_secs(15),
             "{ROUNDS} poisoned batches took {:?}",
             started.elapsed()
+        );
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
+    }
+
+    /// A row submitted due is claimed in its own submit's transaction, and nothing
+    /// plans another claim for it after that commit: one transaction a submit.
+    #[tokio::test]
+    async fn a_submit_claimed_in_its_own_batch_plans_no_second_claim() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Poisoned::open(&dir).await;
+        let registry = Arc::new(Registry::default());
+        let (committer, task) = Committer::spawn(
+            store.clone(),
+            registry.clone(),
+            Arc::new(Pending::default()),
+            Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        let (_id, _tx, mut rx, _evict) = registry.register(
+            Registration {
+                namespace: "default".into(),
+                identity: "test".into(),
+                activity_types: vec!["t".into()],
+                max_concurrency: 10,
+                ticket: None,
+            },
+            spool_proto::time::now_millis(),
+            |id| {
+                server_message::Message::Welcome(spool_proto::v1::Welcome {
+                    worker_id: id.to_owned(),
+                    ..Default::default()
+                })
+            },
+        );
+        let batches = || {
+            store
+                .batches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        // The worker's arrival plans a claim of its own, which finds nothing.
+        committer
+            .commit(vec![Op::Submit(vec![new("a0")])])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(next_task(&mut rx).await, "a0");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let before = batches().len();
+        for i in 1..=5 {
+            committer
+                .commit(vec![Op::Submit(vec![new(&format!("a{i}"))])])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(next_task(&mut rx).await, format!("a{i}"));
+        }
+        // Time for a claim the loop would plan after the last commit.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            batches()[before..],
+            [2, 2, 2, 2, 2],
+            "each submit with its claim, and no claim after it"
         );
         committer.stop().await;
         drop(committer);
