@@ -300,6 +300,27 @@ async fn analyze_keys_if_grown(pool: &PgPool) -> Result<(), Error> {
     Ok(())
 }
 
+/// How long a pooled connection may sit unused before it is checked on the way out.
+const PING_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Pool options that check a connection only when it has sat unused a while. The
+/// pool's default pings PostgreSQL before every acquire: a round trip in front of
+/// every batch the committer writes. A connection in steady use that breaks fails
+/// its request (which is retried or answered with an error) and is closed when it
+/// goes back; one idle through a restart is caught here.
+fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new()
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 pub struct PostgresStore {
     /// Time as the database tells it (see [`DbClock`]).
     clock: Arc<DbClock>,
@@ -324,7 +345,7 @@ impl PostgresStore {
 
     pub async fn open_with(options: PgConnectOptions) -> Result<Self, Error> {
         let options = session_limits(options).options(KEYED_COUNTS);
-        let pool = PgPoolOptions::new()
+        let pool = pool_options()
             .max_connections(4)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options.clone().options(WRITER_PLANNING))
@@ -334,7 +355,7 @@ impl PostgresStore {
         // waiting, not computing). The first `Get` of a node paid it, and so did
         // a `Get` whose second read came before its first connection was back in
         // the pool.
-        let readers = PgPoolOptions::new()
+        let readers = pool_options()
             .max_connections(8)
             .min_connections(2)
             .acquire_timeout(ACQUIRE_TIMEOUT)

@@ -160,14 +160,18 @@ impl SqliteStore {
         migrator().run_direct(None, &mut setup, false).await?;
         setup.close().await?;
         let writer = Writer::start(&path)?;
+        // A connection to a local file does not go stale, so the pool's ping before
+        // each acquire (a round trip to the connection's thread) buys nothing.
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(1)
+            .test_before_acquire(false)
             .connect_with(options.clone())
             .await?;
         let internal = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         Ok(Self {
