@@ -852,6 +852,45 @@ mod tests {
         }
     }
 
+    /// A committer on `store` and one worker of type "t" with `max_concurrency`
+    /// slots: its outbound messages come out of the returned receiver.
+    fn with_worker(
+        store: Arc<Poisoned>,
+        max_concurrency: u32,
+    ) -> (
+        Committer,
+        tokio::task::JoinHandle<()>,
+        mpsc::Receiver<Outgoing>,
+    ) {
+        let registry = Arc::new(Registry::default());
+        let (committer, task) = Committer::spawn(
+            store,
+            registry.clone(),
+            Arc::new(Pending::default()),
+            Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        let (_id, _tx, rx, _evict) = registry.register(
+            Registration {
+                namespace: "default".into(),
+                identity: "test".into(),
+                activity_types: vec!["t".into()],
+                max_concurrency,
+                ticket: None,
+            },
+            spool_proto::time::now_millis(),
+            |id| {
+                server_message::Message::Welcome(spool_proto::v1::Welcome {
+                    worker_id: id.to_owned(),
+                    ..Default::default()
+                })
+            },
+        );
+        (committer, task, rx)
+    }
+
     async fn next_task(rx: &mut mpsc::Receiver<Outgoing>) -> String {
         loop {
             let message = tokio::time::timeout(Duration::from_secs(10), rx.recv())
@@ -874,32 +913,7 @@ mod tests {
     async fn a_failing_request_neither_fails_its_neighbours_nor_stalls_dispatch() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = Poisoned::open(&dir).await;
-        let registry = Arc::new(Registry::default());
-        let (committer, task) = Committer::spawn(
-            store.clone(),
-            registry.clone(),
-            Arc::new(Pending::default()),
-            Options {
-                lease: Duration::from_secs(30),
-            },
-            None,
-        );
-        let (_id, _tx, mut rx, _evict) = registry.register(
-            Registration {
-                namespace: "default".into(),
-                identity: "test".into(),
-                activity_types: vec!["t".into()],
-                max_concurrency: 1_000,
-                ticket: None,
-            },
-            spool_proto::time::now_millis(),
-            |id| {
-                server_message::Message::Welcome(spool_proto::v1::Welcome {
-                    worker_id: id.to_owned(),
-                    ..Default::default()
-                })
-            },
-        );
+        let (committer, task, mut rx) = with_worker(store.clone(), 1_000);
         let started = std::time::Instant::now();
         const ROUNDS: usize = 20;
         for i in 0..ROUNDS {
@@ -962,32 +976,7 @@ mod tests {
     async fn a_submit_claimed_in_its_own_batch_plans_no_second_claim() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = Poisoned::open(&dir).await;
-        let registry = Arc::new(Registry::default());
-        let (committer, task) = Committer::spawn(
-            store.clone(),
-            registry.clone(),
-            Arc::new(Pending::default()),
-            Options {
-                lease: Duration::from_secs(30),
-            },
-            None,
-        );
-        let (_id, _tx, mut rx, _evict) = registry.register(
-            Registration {
-                namespace: "default".into(),
-                identity: "test".into(),
-                activity_types: vec!["t".into()],
-                max_concurrency: 10,
-                ticket: None,
-            },
-            spool_proto::time::now_millis(),
-            |id| {
-                server_message::Message::Welcome(spool_proto::v1::Welcome {
-                    worker_id: id.to_owned(),
-                    ..Default::default()
-                })
-            },
-        );
+        let (committer, task, mut rx) = with_worker(store.clone(), 10);
         let batches = || {
             store
                 .batches
