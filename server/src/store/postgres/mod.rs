@@ -644,6 +644,11 @@ impl Store for PostgresStore {
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        mem::ManuallyDrop,
+        os::fd::{FromRawFd, RawFd},
+    };
+
     use super::*;
     use sqlx::PgConnection;
 
@@ -687,6 +692,63 @@ mod tests {
             .flatten()
             .unwrap_or_else(|| panic!("no listener"));
         (store, heard)
+    }
+
+    /// Whether each TCP socket of this process connected to `port` sends without
+    /// Nagle's algorithm, by file descriptor.
+    fn nodelay_of_sockets_to(port: u16) -> Vec<(RawFd, bool)> {
+        let mut found = Vec::new();
+        let entries = std::fs::read_dir("/proc/self/fd").unwrap_or_else(|e| panic!("{e}"));
+        for entry in entries.flatten() {
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else {
+                continue;
+            };
+            if !target.to_string_lossy().starts_with("socket:") {
+                continue;
+            }
+            // SAFETY: the descriptor is only asked about and never closed (it
+            // stays its owner's); one closed meanwhile answers with an error.
+            let socket = ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+            if socket.peer_addr().is_ok_and(|peer| peer.port() == port)
+                && let Ok(nodelay) = socket.nodelay()
+            {
+                found.push((fd, nodelay));
+            }
+        }
+        found
+    }
+
+    /// Every connection to PostgreSQL sends without Nagle's algorithm. With it, a
+    /// statement whose messages leave in two segments waits for the server's
+    /// delayed ACK, ~40 ms (sqlx 0.9.0 stopped setting TCP_NODELAY; see
+    /// vendor/README.md).
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn connections_to_postgres_send_without_nagle() {
+        let url = crate::fixtures::postgres_schema("pgstore").await;
+        let port = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .get_port();
+        let store = PostgresStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Held, so both pools have a connection open while the sockets are read.
+        let _writer = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+        let _reader = store
+            .readers
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sockets = nodelay_of_sockets_to(port);
+        assert!(sockets.len() >= 2, "connections found: {sockets:?}");
+        let nagled: Vec<_> = sockets.iter().filter(|(_, nodelay)| !nodelay).collect();
+        assert!(nagled.is_empty(), "sockets with Nagle's algorithm on: {nagled:?}");
     }
 
     /// Publish/subscribe between two nodes on one schema: once they have heard
