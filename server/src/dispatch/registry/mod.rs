@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
-//!   it (sent, reserved by a claim under way, or held ahead) are at most twice that:
+//!   it (sent, reserved by a claim under way, or held ahead) are at most three times
+//!   that:
 //!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
 //!   + ahead target`;
 //! - rows *claimed ahead* (committed RUNNING for a worker whose slots are all busy,
@@ -365,13 +366,16 @@ impl Worker {
     /// Sizes the room ahead from the results answered since the last plan: twice
     /// what freed during one round of the committer, so a slot freed while the
     /// next claim commits finds a row waiting; it halves with each quiet round, so
-    /// a worker of long attempts holds none.
+    /// a worker of long attempts holds none. At most twice the worker's slots: a
+    /// worker that turns all its slots over within one commit then still finds
+    /// rows when the next one lands, and the committer's batches (one fsync each)
+    /// carry up to that many results.
     fn plan_ahead(&mut self) {
         let answered = std::mem::take(&mut self.answered);
         self.ahead_target = answered
             .saturating_mul(2)
             .max(self.ahead_target / 2)
-            .min(self.max_concurrency);
+            .min(self.max_concurrency.saturating_mul(2));
     }
 
     /// Whether tasks may be sent to it: not leaving, evicted or detached.
@@ -1616,6 +1620,40 @@ mod tests {
         assert!(registry.take_released().is_empty(), "nothing given back");
     }
 
+    /// However fast a worker answers, the room ahead is at most twice its slots.
+    #[test]
+    fn rows_ahead_are_at_most_twice_the_slots() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
+        let plan = |registry: &Registry| {
+            registry.mark_all_due();
+            registry.plan_claims(0).remove(0)
+        };
+        let claim = plan(&registry);
+        assert!(
+            registry
+                .assign(&claim, vec![row(1, "a0", &id), row(2, "a1", &id)])
+                .is_empty()
+        );
+        let answer = |i: i64| {
+            assert!(matches!(
+                registry.answer(&id, "wf", &format!("a{i}"), 1),
+                Answer::Held(..)
+            ));
+        };
+        answer(0);
+        answer(1);
+        let claim = plan(&registry);
+        assert_eq!(claim.limit, 2 + 4, "two free, and twice the two answered");
+        let rows = (2..8).map(|i| row(i + 1, &format!("a{i}"), &id)).collect();
+        assert!(registry.assign(&claim, rows).is_empty());
+        assert_eq!(registry.claimed_ahead(None), 4);
+        // Six answered in one round: eight ahead would be asked for, four are.
+        (2..8).for_each(answer);
+        assert_eq!(registry.claimed_ahead(None), 0);
+        assert_eq!(planned_limits(&registry), [2 + 4]);
+    }
+
     /// A worker whose attempts are long answers nothing between plans, and the
     /// room ahead shrinks to nothing: it holds no rows another worker could run.
     #[test]
@@ -1735,7 +1773,7 @@ mod tests {
             Answer::Held(..)
         ));
         let claim = plan(&registry);
-        assert_eq!(claim.limit, 1 + 1, "a free slot, and one ahead (its slots)");
+        assert_eq!(claim.limit, 1 + 2, "a free slot, and two ahead");
         let mut busy = row(2, "busy", &id);
         busy.timeouts.start_to_close_ms = None;
         let mut ahead = row(3, "ahead", &id);
