@@ -748,7 +748,10 @@ mod tests {
         let sockets = nodelay_of_sockets_to(port);
         assert!(sockets.len() >= 2, "connections found: {sockets:?}");
         let nagled: Vec<_> = sockets.iter().filter(|(_, nodelay)| !nodelay).collect();
-        assert!(nagled.is_empty(), "sockets with Nagle's algorithm on: {nagled:?}");
+        assert!(
+            nagled.is_empty(),
+            "sockets with Nagle's algorithm on: {nagled:?}"
+        );
     }
 
     /// Publish/subscribe between two nodes on one schema: once they have heard
