@@ -501,14 +501,42 @@ async fn a_heavier_key_is_served_more_often() {
         (28..=32).contains(&heavy),
         "weights 3 and 1: the heavy key ran {heavy} of 40"
     );
-    let limits = admin
-        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limits;
-    assert_eq!(limits.len(), 1, "{limits:?}");
-    assert_eq!((limits[0].keys, limits[0].running), (1, 1));
+    // The key's use is its RUNNING rows: the one the worker holds, and any
+    // claimed ahead for it.
+    let client = server.client().await;
+    let running = eventually("the heavy key's use to match its running rows", || {
+        let (mut admin, mut client) = (admin.clone(), client.clone());
+        async move {
+            let limits = admin
+                .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .concurrency_limits;
+            assert_eq!(limits.len(), 1, "{limits:?}");
+            assert_eq!(limits[0].keys, 1);
+            let heavy_running = client
+                .list(v1::ListRequest {
+                    status: ActivityStatus::Running.into(),
+                    activity_type: "t".into(),
+                    page_size: 100,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .activities
+                .iter()
+                .filter(|a| a.concurrency_key == "heavy")
+                .count();
+            (limits[0].running == heavy_running as u64).then_some(heavy_running)
+        }
+    })
+    .await;
+    assert!(
+        running >= usize::from(task.activity_id.starts_with("heavy")),
+        "{running} running"
+    );
     let deleted = admin
         .delete_concurrency_limit(v1::DeleteConcurrencyLimitRequest {
             activity_type: "t".into(),
