@@ -11,7 +11,10 @@ use std::{
     time::Duration,
 };
 
-use spool_proto::v1::{self, ActivityStatus, server_message};
+use spool_proto::v1::{
+    self, ActivityStatus, admin_service_client::AdminServiceClient, server_message,
+};
+use tonic::transport::Channel;
 
 use crate::harness::*;
 
@@ -57,6 +60,16 @@ async fn set_limit(server: &TestServer, limit: v1::ConcurrencyLimit) -> v1::Conc
         .into_inner()
         .concurrency_limit
         .unwrap()
+}
+
+/// Every concurrency limit, with its current use.
+async fn concurrency_limits(admin: &mut AdminServiceClient<Channel>) -> Vec<v1::ConcurrencyLimit> {
+    admin
+        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .concurrency_limits
 }
 
 async fn limit_two(server: &TestServer) {
@@ -111,14 +124,7 @@ async fn a_key_never_runs_more_than_its_limit() {
         2,
         "at most 2 at once, and the limit was used"
     );
-    let limits = server
-        .admin()
-        .await
-        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limits;
+    let limits = concurrency_limits(&mut server.admin().await).await;
     assert_eq!(
         (limits.len(), limits[0].keys, limits[0].running),
         (1, 0, 0),
@@ -204,12 +210,7 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains(says), "{}", err.message());
     }
-    let listed = admin
-        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limits;
+    let listed = concurrency_limits(&mut admin).await;
     assert!(listed.is_empty(), "nothing refused was stored: {listed:?}");
 
     let mut client = server.client().await;
@@ -254,12 +255,7 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         running.waiting_reason, "",
         "only waiting rows have a reason"
     );
-    let limits = admin
-        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limits;
+    let limits = concurrency_limits(&mut admin).await;
     assert_eq!((limits[0].keys, limits[0].running), (1, 2));
     drop(raw);
 
@@ -357,12 +353,7 @@ async fn strategies_cancel_the_newest_or_the_oldest() {
     );
     let oldest = get(&mut client, key("wf", "n0")).await;
     assert_eq!(status(&oldest), ActivityStatus::Cancelled);
-    let listed = admin
-        .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .concurrency_limits;
+    let listed = concurrency_limits(&mut admin).await;
     assert_eq!(
         listed[0].strategy,
         v1::ConcurrencyStrategy::CancelInProgress as i32
@@ -507,12 +498,7 @@ async fn a_heavier_key_is_served_more_often() {
     let running = eventually("the heavy key's use to match its running rows", || {
         let (mut admin, mut client) = (admin.clone(), client.clone());
         async move {
-            let limits = admin
-                .list_concurrency_limits(v1::ListConcurrencyLimitsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .concurrency_limits;
+            let limits = concurrency_limits(&mut admin).await;
             assert_eq!(limits.len(), 1, "{limits:?}");
             assert_eq!(limits[0].keys, 1);
             let heavy_running = client
