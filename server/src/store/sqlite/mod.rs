@@ -118,6 +118,11 @@ fn migrator() -> Migrator {
             "fairness_weights",
             include_str!("../migrations/sqlite/0016_fairness_weights.sql"),
         ),
+        migration(
+            17,
+            "moves_on_expires_at",
+            include_str!("../migrations/sqlite/0017_moves_on_expires_at.sql"),
+        ),
     ])
 }
 

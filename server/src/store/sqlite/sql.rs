@@ -27,6 +27,15 @@ macro_rules! ending {
     };
 }
 
+/// Which row an ending of [`FINISH`] and [`FINISH_AGAIN`] applies to.
+macro_rules! finish_where {
+    () => {
+        " WHERE id = ?15 AND attempt = ?16 AND status = 2 \
+          AND (?17 IS NULL OR lease_expires_at < ?17) \
+          AND (?18 IS NULL OR worker_node = ?18)"
+    };
+}
+
 /// The typed empty BLOB and NULLs `light_columns!` needs.
 macro_rules! light {
     () => {
@@ -212,15 +221,20 @@ pub const CONCURRENCY_LIMITS: &str = concat!(
     ") ORDER BY 1, 2, 3 NULLS FIRST"
 );
 
-/// Ends attempt `?16` of row `?15`, if it still runs (and, with `?17`, only if its
-/// lease expired before then; with `?18`, only while it is that node's). The
-/// writer counts a keyed row's move (see the `0014_keyed_endings` migration).
-pub const FINISH: &str = concat!(
+/// Ends attempt `?16` of row `?15` for good, if it still runs (and, with `?17`,
+/// only if its lease expired before then; with `?18`, only while it is that
+/// node's). The writer counts a keyed row's move (see the `0014_keyed_endings`
+/// migration); no trigger follows it (`0017_moves_on_expires_at`).
+pub const FINISH: &str = concat!("UPDATE activities SET ", ending!(), finish_where!());
+
+/// [`FINISH`] of an attempt whose row waits again (a retry, a snooze, a release):
+/// `expires_at` is set so that the attempt's history is kept
+/// (`0017_moves_on_expires_at`).
+pub const FINISH_AGAIN: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
-    " WHERE id = ?15 AND attempt = ?16 AND status = 2 \
-      AND (?17 IS NULL OR lease_expires_at < ?17) \
-      AND (?18 IS NULL OR worker_node = ?18)"
+    ", expires_at = expires_at",
+    finish_where!()
 );
 
 /// Counts `?4` rows of key `?3` of type `?2` of namespace `?1` out of RUNNING,
@@ -253,19 +267,21 @@ pub const KEY_IDLE: &str = "DELETE FROM concurrency_keys \
        AND NOT EXISTS (SELECT 1 FROM key_rate_limits AS r \
          WHERE r.namespace = ?1 AND r.activity_type = ?2 AND r.concurrency_key = ?3)";
 
-/// Ends row `?15`, which the same transaction found cancellable.
+/// Ends row `?15`, which the same transaction found cancellable (`expires_at`
+/// set to itself: the triggers follow the move, `0017_moves_on_expires_at`).
 pub const CANCEL: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
-    " WHERE id = ?15 RETURNING ",
+    ", expires_at = expires_at WHERE id = ?15 RETURNING ",
     columns!()
 );
 
-/// Ends up to `?16` SCHEDULED rows whose schedule-to-close deadline passed by `?15`.
+/// Ends up to `?16` SCHEDULED rows whose schedule-to-close deadline passed by `?15`
+/// (`expires_at` set to itself: the triggers follow the move).
 pub const EXPIRE: &str = concat!(
     "UPDATE activities SET ",
     ending!(),
-    " WHERE id IN (SELECT id FROM activities \
+    ", expires_at = expires_at WHERE id IN (SELECT id FROM activities \
        WHERE status = 1 AND expires_at IS NOT NULL AND expires_at <= ?15 LIMIT ?16) \
      RETURNING namespace, workflow_id, activity_id"
 );

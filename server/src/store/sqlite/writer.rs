@@ -222,7 +222,11 @@ fn apply_one(
             lease_expired_by,
         } => {
             let ending = Ending::of(transition, now);
-            let q = conn.query(sql::FINISH).map_err(sqlite)?;
+            let statement = match ending.status {
+                ActivityStatus::Scheduled => sql::FINISH_AGAIN,
+                _ => sql::FINISH,
+            };
+            let q = conn.query(statement).map_err(sqlite)?;
             let changed = bind_ending(q, &ending)
                 .bind(&attempt.id)
                 .bind(&i64::from(attempt.attempt))
