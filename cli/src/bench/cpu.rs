@@ -3,7 +3,9 @@
 //!
 //! A server in the bench's own process shares its threads with the workers, so
 //! the server's share is told apart only where the bench starts it as a process
-//! of its own (`--nodes N`).
+//! of its own (`--nodes N`). The SQLite writer is one thread whichever process it
+//! is in, and all of SQLite's writes go through it: its seconds are read apart,
+//! to show how near one core it is.
 
 use std::collections::HashMap;
 
@@ -26,6 +28,23 @@ fn stat_seconds(stat: &str) -> Option<f64> {
 /// `None` where `/proc` cannot say.
 pub fn process_seconds(pid: u32) -> Option<f64> {
     stat_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// CPU seconds used so far by the threads of process `pid` named `name`, or
+/// `None` where it has none. `/proc` keeps a thread's name to its first 15 bytes.
+pub fn threads_seconds(pid: u32, name: &str) -> Option<f64> {
+    let kept = name.get(..name.len().min(15))?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks
+        .filter_map(|task| {
+            let dir = task.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if comm.trim_end() != kept {
+                return None;
+            }
+            stat_seconds(&std::fs::read_to_string(dir.join("stat")).ok()?)
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// CPU seconds used so far by each process on this machine named `postgres`
@@ -64,5 +83,41 @@ mod tests {
         spin(Duration::from_millis(50));
         let used = process_seconds(std::process::id());
         assert!(matches!(used, Some(s) if s > 0.0), "{used:?}");
+    }
+
+    /// A thread is found by its full name, though `/proc` keeps only 15 bytes of
+    /// it, and a process without such a thread has none to report.
+    #[test]
+    fn a_named_threads_cpu_is_read_apart() {
+        let name = "spool-test-cpu-reader";
+        let spinner = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(|| spin(Duration::from_millis(80)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::thread::sleep(Duration::from_millis(60));
+        let used = threads_seconds(std::process::id(), name);
+        let _ = spinner.join();
+        assert!(matches!(used, Some(s) if s > 0.0), "{used:?}");
+        assert_eq!(threads_seconds(std::process::id(), "no-such-thread"), None);
+    }
+
+    /// The SQLite store's writer runs on a thread of the name the bench reads.
+    #[tokio::test]
+    async fn the_sqlite_writer_is_found_by_name() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let store = spool_server::store::sqlite::SqliteStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let found = threads_seconds(
+            std::process::id(),
+            spool_server::store::sqlite::WRITER_THREAD,
+        );
+        drop(store);
+        assert!(
+            found.is_some(),
+            "no thread named {}",
+            spool_server::store::sqlite::WRITER_THREAD
+        );
     }
 }

@@ -28,6 +28,7 @@ mod queue_table;
 use spool_proto::v1::{
     self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
 };
+use spool_server::store::sqlite::WRITER_THREAD;
 use spool_worker::{Payload, Worker};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -239,7 +240,11 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
             Phase::Latency => ("latency", bench.latency_phase().await?),
             Phase::EndToEnd => ("end_to_end", bench.end_to_end_phase().await?),
         };
-        result["cpu"] = bench.cpu_since(&cpu_before, started.elapsed());
+        // A phase that measures only part of its run (the drain, not the storing
+        // of its backlog) reports the CPU of that part itself.
+        if result.get("cpu").is_none() {
+            result["cpu"] = bench.cpu_since(&cpu_before, started.elapsed());
+        }
         report[name] = result;
     }
     add_ratios(&mut report);
@@ -259,6 +264,8 @@ pub async fn run(options: Options) -> Result<serde_json::Value, Error> {
 /// and by each local PostgreSQL process; and the handler calls that had returned.
 struct Cpu {
     ours: Vec<Option<f64>>,
+    /// The SQLite writer thread's, in each of ours that has one.
+    writers: Vec<Option<f64>>,
     postgres: std::collections::HashMap<u32, f64>,
     handled: usize,
 }
@@ -343,6 +350,11 @@ impl Bench {
                 .iter()
                 .map(|(_, pid)| cpu::process_seconds(*pid))
                 .collect(),
+            writers: self
+                .processes
+                .iter()
+                .map(|(_, pid)| cpu::threads_seconds(*pid, WRITER_THREAD))
+                .collect(),
             postgres: cpu::local_postgres(),
             handled: self.handled.load(Ordering::Relaxed),
         }
@@ -372,6 +384,14 @@ impl Bench {
                 continue;
             };
             out.insert(name.clone(), entry(now - then));
+        }
+        // The one thread every write of a SQLite server goes through: at one
+        // core it bounds the server, whatever the process has left.
+        for ((name, pid), then) in self.processes.iter().zip(&before.writers) {
+            let (Some(then), Some(now)) = (then, cpu::threads_seconds(*pid, WRITER_THREAD)) else {
+                continue;
+            };
+            out.insert(format!("{name} SQLite writer"), entry(now - then));
         }
         let postgres: f64 = cpu::local_postgres()
             .iter()
@@ -653,6 +673,9 @@ impl Bench {
         let handled_before = self.handled.load(Ordering::Relaxed);
         self.submit_batched("bench.drain", count, "drain (backlog)")
             .await?;
+        // The CPU of draining alone, not of storing the backlog.
+        let cpu_before = self.cpu();
+        let started = Instant::now();
         let first = Arc::new(Mutex::new(None::<Instant>));
         let f = first.clone();
         let by_node = self.handled_by_node();
@@ -678,11 +701,13 @@ impl Bench {
             .unwrap_or_else(|e| e.into_inner())
             .ok_or_else(|| Error::Setup("no activity was dispatched".into()))?;
         let took = last.duration_since(first);
-        Ok(rate(
+        let mut result = rate(
             count,
             took,
             serde_json::json!({"concurrency": self.options.concurrency, "workers": self.options.workers, "per_node": self.per_node_since(&by_node, took)}),
-        ))
+        );
+        result["cpu"] = self.cpu_since(&cpu_before, started.elapsed());
+        Ok(result)
     }
 
     fn handled_by_node(&self) -> Vec<usize> {

@@ -672,11 +672,11 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
 
 /// `spool bench --json --nodes 1` runs its phases on a `spool serve` process of
 /// its own and reports each phase's rate and what it cost: the server's CPU apart
-/// from the workers', per 10,000 activities.
+/// from the workers', per 10,000 activities, and its SQLite writer thread's.
 #[tokio::test]
 async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["--json", "bench", "--nodes", "1", "--activities", "2000"])
+        .args(["--json", "bench", "--nodes", "1", "--activities", "4000"])
         .args(["--phases", "drain,e2e"])
         .output()
         .await
@@ -689,7 +689,7 @@ async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON report");
     for phase in ["drain", "end_to_end"] {
         let result = &report[phase];
-        assert_eq!(result["count"], 2000, "{phase}: {result}");
+        assert_eq!(result["count"], 4000, "{phase}: {result}");
         assert!(result["per_second"].as_f64().unwrap() > 0.0, "{phase}");
         let cpu = &result["cpu"];
         let per_10k = |part: &str| cpu[part]["seconds_per_10k"].as_f64();
@@ -699,8 +699,13 @@ async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
         assert!(server > 0.0 && workers > 0.0, "{phase}: {cpu}");
         let seconds = cpu["node-0"]["seconds"].as_f64().unwrap();
         assert!(
-            (seconds * 10_000.0 / 2000.0 - server).abs() < 0.01,
+            (seconds * 10_000.0 / 4000.0 - server).abs() < 0.01,
             "{phase}: per 10k is the phase's seconds scaled: {cpu}"
+        );
+        let writer = cpu["node-0 SQLite writer"]["seconds"].as_f64();
+        assert!(
+            writer.is_some_and(|w| w <= seconds),
+            "{phase}: the writer's CPU, a part of the server's: {cpu}"
         );
     }
     assert!(

@@ -33,6 +33,7 @@ use sqlx::{
         SqliteSynchronous,
     },
 };
+pub use writer::WRITER_THREAD;
 use writer::Writer;
 
 fn migrator() -> Migrator {

@@ -37,6 +37,9 @@ struct Job {
     reply: oneshot::Sender<Result<Vec<Outcome>, Error>>,
 }
 
+/// The writer thread's name, as tools that measure its CPU look for it.
+pub const WRITER_THREAD: &str = "spool-sqlite-writer";
+
 pub struct Writer {
     /// To the writer thread; dropping it (with the `Writer`) ends the thread.
     jobs: Option<std::sync::mpsc::Sender<Job>>,
@@ -50,7 +53,7 @@ impl Writer {
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let reopen_path = path.to_path_buf();
         let thread = std::thread::Builder::new()
-            .name("spool-sqlite-writer".to_owned())
+            .name(WRITER_THREAD.to_owned())
             .spawn(move || {
                 while let Ok(job) = inbox.recv() {
                     let result = run_batch(&mut conn, &job.ops, job.now);
