@@ -89,13 +89,30 @@ mod tests {
     /// it, and a process without such a thread has none to report.
     #[test]
     fn a_named_threads_cpu_is_read_apart() {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        };
         let name = "spool-test-cpu-reader";
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinning = stop.clone();
         let spinner = std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(|| spin(Duration::from_millis(80)))
+            .spawn(move || {
+                while !spinning.load(Ordering::Relaxed) {
+                    spin(Duration::from_millis(1));
+                }
+            })
             .unwrap_or_else(|e| panic!("{e}"));
-        std::thread::sleep(Duration::from_millis(60));
-        let used = threads_seconds(std::process::id(), name);
+        // CPU time is counted in ticks: wait for the first, however busy the
+        // machine.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut used = threads_seconds(std::process::id(), name);
+        while !matches!(used, Some(s) if s > 0.0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            used = threads_seconds(std::process::id(), name);
+        }
+        stop.store(true, Ordering::Relaxed);
         let _ = spinner.join();
         assert!(matches!(used, Some(s) if s > 0.0), "{used:?}");
         assert_eq!(threads_seconds(std::process::id(), "no-such-thread"), None);
