@@ -121,6 +121,7 @@ conformance!(
     submit_batch_is_all_or_nothing,
     claim_takes_due_rows_by_priority_then_age,
     priority_ages_once_set_and_is_strict_again_when_unset,
+    priority_aging_ranks_a_keys_waiting_rows_again,
     a_rate_limit_holds_claims_to_its_bucket,
     a_keys_rate_limit_holds_only_its_rows,
     a_concurrency_key_runs_at_most_its_limit,
@@ -1493,6 +1494,84 @@ async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store
     submit(store, row("z2", 2, T0)).await;
     assert_eq!(set(None).await, Some(2));
     assert_eq!(claim_order(store, T0).await, ["z2", "z1"]);
+}
+
+/// A change of the aging setting ranks the waiting rows of concurrency keys again
+/// too: they are claimed key by key, in their key's own order.
+async fn priority_aging_ranks_a_keys_waiting_rows_again(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: &str, priority: i32, next_at: i64| {
+        let mut row = new(id, "t");
+        row.priority = priority;
+        row.next_at = next_at;
+        row.concurrency_key = Some("k".into());
+        row
+    };
+    let set = |aging| async move {
+        store
+            .set_priority_aging(aging)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // Stored strict (urgent first), then ranked with a second per level: old's
+    // 10 s of waiting outweigh urgent's 5 levels.
+    submit(store, keyed("old", 0, T0 - 10_000)).await;
+    submit(store, keyed("urgent", 5, T0)).await;
+    assert_eq!(set(Some(std::time::Duration::from_secs(1))).await, Some(2));
+    assert_eq!(claim_order(store, T0).await, ["old", "urgent"]);
+
+    // Stored aged, then strict again.
+    submit(store, keyed("old2", 0, T0 - 10_000)).await;
+    submit(store, keyed("urgent2", 5, T0)).await;
+    assert_eq!(set(None).await, Some(2));
+    assert_eq!(claim_order(store, T0).await, ["urgent2", "old2"]);
+}
+
+/// The SQLite writer keeps its own index of the waiting rows of concurrency keys
+/// in memory: opened again, it finds every one of them in the file, of every
+/// type and priority, beside unkeyed rows, and claims them in their order (keys
+/// in turn, each by priority; the claim serves keys before unkeyed rows).
+#[tokio::test]
+async fn sqlite_claims_the_waiting_rows_of_keys_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+    let open = || async {
+        SqliteStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"))
+    };
+    let row = |id: &str, ty: &str, key: Option<&str>, priority: i32| {
+        let mut row = new(id, ty);
+        row.priority = priority;
+        row.concurrency_key = key.map(str::to_owned);
+        row
+    };
+    {
+        let store = open().await;
+        for activity in [
+            row("k1-low", "t", Some("k1"), -3),
+            row("k1-high", "t", Some("k1"), 7),
+            row("k2", "t", Some("k2"), 0),
+            row("plain", "t", None, 9),
+            row("other-type", "t2", Some("k1"), 0),
+        ] {
+            submit(&store, activity).await;
+        }
+        // One claimed and ended, so that a key has rows in every state.
+        let first = claim(&store, &["t2"], 1, T0).await;
+        assert_eq!(first.len(), 1);
+        submit(&store, row("other-type-2", "t2", Some("k1"), 0)).await;
+    }
+    let store = open().await;
+    assert_eq!(
+        claim_order(&store, T0).await,
+        ["k1-high", "k2", "k1-low", "plain"]
+    );
+    let rest: Vec<_> = claim(&store, &["t2"], 10, T0)
+        .await
+        .into_iter()
+        .map(|r| r.key.activity_id.to_string())
+        .collect();
+    assert_eq!(rest, ["other-type-2"]);
 }
 
 async fn claim_respects_limit_types_and_namespace(store: &dyn Store, _raw: &Raw) {

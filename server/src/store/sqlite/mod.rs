@@ -124,6 +124,11 @@ fn migrator() -> Migrator {
             "moves_on_expires_at",
             include_str!("../migrations/sqlite/0017_moves_on_expires_at.sql"),
         ),
+        migration(
+            18,
+            "keyed_waiting_in_memory",
+            include_str!("../migrations/sqlite/0018_keyed_waiting_in_memory.sql"),
+        ),
     ])
 }
 
@@ -363,20 +368,11 @@ impl Store for SqliteStore {
         &self,
         per_level: Option<std::time::Duration>,
     ) -> Result<Option<u64>, Error> {
-        // On a connection beside the writer's: this runs before dispatch starts,
-        // and the busy timeout covers a write the writer has under way.
-        let mut tx = self.internal.begin().await?;
-        let changed = sqlx::query(sql::SET_PRIORITY_AGING)
-            .bind(super::priority_aging_ms(per_level))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if changed == 0 {
-            return Ok(None);
-        }
-        let ranked = sqlx::query(sql::RERANK).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(Some(ranked.rows_affected()))
+        // On the writer's connection, whose own index of the keyed waiting rows
+        // follows the new ranks.
+        self.writer
+            .set_priority_aging(super::priority_aging_ms(per_level))
+            .await
     }
 }
 

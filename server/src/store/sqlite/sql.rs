@@ -121,16 +121,18 @@ pub const CLAIM: &str = concat!(
     columns!()
 );
 
-/// [`CLAIM`] of the rows of concurrency key `?9` (see the `0009_concurrency_keys`
-/// migration), in claim order.
+/// [`CLAIM`] of the rows of concurrency key `?9`, in claim order, read from the
+/// writer's own index of them ([`KEYED_WAITING`]); setting `concurrency_key` to
+/// itself fires the trigger that takes the rows out of it.
 pub const CLAIM_KEYED: &str = concat!(
     "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
      worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
-     worker_node = ?8 \
-     WHERE id IN (SELECT id FROM activities INDEXED BY activities_keyed \
-       WHERE namespace = ?4 AND activity_type = ?5 AND concurrency_key = ?9 AND status = 1 \
-         AND next_at <= ?1 AND (expires_at IS NULL OR expires_at > ?1) \
-       ORDER BY claim_band, claim_rank, id LIMIT ?6) \
+     worker_node = ?8, concurrency_key = concurrency_key \
+     WHERE id IN (SELECT w.id FROM keyed_waiting AS w \
+         JOIN main.activities AS a ON a.id = w.id \
+       WHERE w.concurrency_key = ?9 AND w.namespace = ?4 AND w.activity_type = ?5 \
+         AND w.next_at <= ?1 AND (a.expires_at IS NULL OR a.expires_at > ?1) \
+       ORDER BY w.claim_band, w.claim_rank, w.id LIMIT ?6) \
      RETURNING ",
     columns!()
 );
@@ -140,16 +142,80 @@ pub const CLAIM_KEYED: &str = concat!(
 pub const CLAIM_KEYED_ROUND: &str = concat!(
     "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
      worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
-     worker_node = ?8 \
-     WHERE id IN (SELECT (SELECT a.id FROM activities AS a INDEXED BY activities_keyed \
-         WHERE a.namespace = ?4 AND a.activity_type = ?5 AND a.concurrency_key = r.value \
-           AND a.status = 1 AND a.next_at <= ?1 \
-           AND (a.expires_at IS NULL OR a.expires_at > ?1) \
-         ORDER BY a.claim_band, a.claim_rank, a.id LIMIT 1) \
+     worker_node = ?8, concurrency_key = concurrency_key \
+     WHERE id IN (SELECT (SELECT w.id FROM keyed_waiting AS w \
+           JOIN main.activities AS a ON a.id = w.id \
+         WHERE w.concurrency_key = r.value AND w.namespace = ?4 AND w.activity_type = ?5 \
+           AND w.next_at <= ?1 AND (a.expires_at IS NULL OR a.expires_at > ?1) \
+         ORDER BY w.claim_band, w.claim_rank, w.id LIMIT 1) \
        FROM json_each(?9) AS r LIMIT ?6) \
      RETURNING ",
     columns!()
 );
+
+/// The writer's own index of the waiting rows that have a concurrency key, in
+/// claim order key by key (see the `0018_keyed_waiting_in_memory` migration): a
+/// table of an in-memory database of the writer's connection, kept by temporary
+/// triggers on every statement that moves a keyed row into or out of SCHEDULED:
+/// an insert, a delete, and every update that names `expires_at` (the moves the
+/// attempt records follow, `0017_moves_on_expires_at`) or `concurrency_key` (the
+/// keyed claims, which set it to itself). Filled by [`KEYED_WAITING_FILL`].
+pub const KEYED_WAITING: &str = "\
+ATTACH DATABASE ':memory:' AS writer;
+CREATE TABLE writer.keyed_waiting (
+    concurrency_key TEXT    NOT NULL,
+    namespace       TEXT    NOT NULL,
+    activity_type   TEXT    NOT NULL,
+    claim_band      INTEGER NOT NULL,
+    claim_rank      INTEGER NOT NULL,
+    id              INTEGER NOT NULL,
+    next_at         INTEGER NOT NULL,
+    PRIMARY KEY (concurrency_key, namespace, activity_type, claim_band, claim_rank, id)
+) WITHOUT ROWID;
+CREATE TEMP TRIGGER keyed_waiting_inserted AFTER INSERT ON main.activities
+WHEN NEW.status = 1 AND NEW.concurrency_key IS NOT NULL
+BEGIN
+    INSERT INTO keyed_waiting VALUES (NEW.concurrency_key, NEW.namespace, NEW.activity_type,
+        NEW.claim_band, NEW.claim_rank, NEW.id, NEW.next_at);
+END;
+CREATE TEMP TRIGGER keyed_waiting_moved AFTER UPDATE OF expires_at, concurrency_key
+    ON main.activities
+WHEN NEW.concurrency_key IS NOT NULL AND (OLD.status = 1 OR NEW.status = 1)
+BEGIN
+    DELETE FROM keyed_waiting
+     WHERE OLD.status = 1 AND concurrency_key = OLD.concurrency_key
+       AND namespace = OLD.namespace AND activity_type = OLD.activity_type
+       AND claim_band = OLD.claim_band AND claim_rank = OLD.claim_rank AND id = OLD.id;
+    INSERT INTO keyed_waiting
+    SELECT NEW.concurrency_key, NEW.namespace, NEW.activity_type, NEW.claim_band,
+           NEW.claim_rank, NEW.id, NEW.next_at
+     WHERE NEW.status = 1;
+END;
+CREATE TEMP TRIGGER keyed_waiting_deleted AFTER DELETE ON main.activities
+WHEN OLD.status = 1 AND OLD.concurrency_key IS NOT NULL
+BEGIN
+    DELETE FROM keyed_waiting
+     WHERE concurrency_key = OLD.concurrency_key
+       AND namespace = OLD.namespace AND activity_type = OLD.activity_type
+       AND claim_band = OLD.claim_band AND claim_rank = OLD.claim_rank AND id = OLD.id;
+END;";
+
+/// Fills [`KEYED_WAITING`] from the rows, afresh. Keyed rows sort after every
+/// unkeyed one of their type in `activities_due` (`claim_band` from 2^39 on, see
+/// the `0009_concurrency_keys` migration), and every type with keyed rows
+/// waiting has their keys in `concurrency_keys`: so this reads only the keyed
+/// part of `activities_due`, however many unkeyed rows wait.
+pub const KEYED_WAITING_FILL: &str = "\
+BEGIN;
+DELETE FROM writer.keyed_waiting;
+INSERT INTO writer.keyed_waiting
+SELECT a.concurrency_key, a.namespace, a.activity_type, a.claim_band, a.claim_rank, a.id,
+       a.next_at
+  FROM (SELECT DISTINCT namespace, activity_type FROM main.concurrency_keys) AS t
+  JOIN main.activities AS a INDEXED BY activities_due
+    ON a.namespace = t.namespace AND a.activity_type = t.activity_type
+ WHERE a.status = 1 AND a.claim_band >= 549755813888 AND a.concurrency_key IS NOT NULL;
+COMMIT;";
 
 /// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting,
 /// room to run more and tokens in their own bucket at `?4` (milliseconds), lowest
@@ -457,7 +523,7 @@ pub const RERANK: &str = concat!(
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("COALESCE(fair_at, next_at)", "priority"),
-    " WHERE status = 1"
+    ", expires_at = expires_at WHERE status = 1"
 );
 
 /// Walks the narrow `(next_at)` index of rows that were not due when written (see
@@ -519,9 +585,9 @@ macro_rules! active_of_key {
     ($order:literal) => {
         concat!(
             "SELECT workflow_id, activity_id FROM (\
-       SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_keyed \
-         WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3 \
-           AND status = 1 \
+       SELECT a.id, a.workflow_id, a.activity_id FROM keyed_waiting AS w \
+         JOIN main.activities AS a ON a.id = w.id \
+         WHERE w.concurrency_key = ?3 AND w.namespace = ?1 AND w.activity_type = ?2 \
        UNION ALL \
        SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_running \
          WHERE status = 2 AND namespace = ?1 AND activity_type = ?2 \

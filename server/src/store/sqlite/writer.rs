@@ -12,7 +12,12 @@
 //!   failure cannot fail every later batch;
 //! - the concurrency keys' counts are current for every statement that reads them:
 //!   the moves of keyed rows out of RUNNING, which this writer counts itself
-//!   ([`KeyMoves`]), are written before any op but an ending, and before `COMMIT`.
+//!   ([`KeyMoves`]), are written before any op but an ending, and before `COMMIT`;
+//! - its connection's own index of the waiting keyed rows ([`sql::KEYED_WAITING`],
+//!   in memory) holds exactly the SCHEDULED rows with a concurrency key: filled
+//!   from the file when the connection opens and after a failed `COMMIT`, and
+//!   kept by triggers in the same transaction as every change of those rows,
+//!   which are all made here (the priority aging's re-ranking included).
 
 use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
@@ -31,10 +36,18 @@ use crate::store::{
     rows::{self, encode_list},
 };
 
-struct Job {
-    ops: Arc<[Op]>,
-    now: UnixMillis,
-    reply: oneshot::Sender<Result<Vec<Outcome>, Error>>,
+enum Job {
+    Batch {
+        ops: Arc<[Op]>,
+        now: UnixMillis,
+        reply: oneshot::Sender<Result<Vec<Outcome>, Error>>,
+    },
+    /// Sets the priority aging (ms) and ranks every waiting row by it again, here
+    /// so that the writer's own index of keyed rows follows.
+    PriorityAging {
+        per_level_ms: i64,
+        reply: oneshot::Sender<Result<Option<u64>, Error>>,
+    },
 }
 
 /// The writer thread's name, as tools that measure its CPU look for it.
@@ -49,18 +62,32 @@ pub struct Writer {
 impl Writer {
     /// Opens the writing connection on `path` (migrated already) and starts the thread.
     pub fn start(path: &Path) -> Result<Self, Error> {
-        let mut conn = Connection::open(path).map_err(sqlite)?;
+        let mut conn = open(path)?;
         let (jobs, inbox) = std::sync::mpsc::channel::<Job>();
         let reopen_path = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name(WRITER_THREAD.to_owned())
             .spawn(move || {
                 while let Ok(job) = inbox.recv() {
-                    let result = run_batch(&mut conn, &job.ops, job.now);
-                    if result.is_err() {
-                        recover(&mut conn, &reopen_path);
+                    match job {
+                        Job::Batch { ops, now, reply } => {
+                            let result = run_batch(&mut conn, &ops, now);
+                            if result.is_err() {
+                                recover(&mut conn, &reopen_path);
+                            }
+                            let _ = reply.send(result);
+                        }
+                        Job::PriorityAging {
+                            per_level_ms,
+                            reply,
+                        } => {
+                            let result = set_priority_aging(&mut conn, per_level_ms);
+                            if result.is_err() {
+                                recover(&mut conn, &reopen_path);
+                            }
+                            let _ = reply.send(result);
+                        }
                     }
-                    let _ = job.reply.send(result);
                 }
             })
             .map_err(|source| Error::Open {
@@ -75,14 +102,58 @@ impl Writer {
 
     pub async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
         let (reply, outcome) = oneshot::channel();
-        let gone = || Error::Corrupt("the SQLite writer thread has stopped".to_owned());
+        self.send(Job::Batch { ops, now, reply })?;
+        outcome.await.map_err(|_| gone())?
+    }
+
+    /// Stores the priority aging, `per_level_ms` a level, and when that changed it,
+    /// ranks every waiting row again: how many.
+    pub async fn set_priority_aging(&self, per_level_ms: i64) -> Result<Option<u64>, Error> {
+        let (reply, outcome) = oneshot::channel();
+        self.send(Job::PriorityAging {
+            per_level_ms,
+            reply,
+        })?;
+        outcome.await.map_err(|_| gone())?
+    }
+
+    fn send(&self, job: Job) -> Result<(), Error> {
         self.jobs
             .as_ref()
             .ok_or_else(gone)?
-            .send(Job { ops, now, reply })
-            .map_err(|_| gone())?;
-        outcome.await.map_err(|_| gone())?
+            .send(job)
+            .map_err(|_| gone())
     }
+}
+
+fn gone() -> Error {
+    Error::Corrupt("the SQLite writer thread has stopped".to_owned())
+}
+
+/// [`Writer::set_priority_aging`], in one transaction.
+fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<Option<u64>, Error> {
+    let run = |conn: &mut Connection| -> Result<Option<u64>, SqliteError> {
+        conn.query("BEGIN IMMEDIATE")?.execute()?;
+        let changed = conn
+            .query(sql::SET_PRIORITY_AGING)?
+            .bind(&per_level_ms)
+            .execute()?;
+        let ranked = if changed == 0 {
+            None
+        } else {
+            Some(conn.query(sql::RERANK)?.execute()?)
+        };
+        conn.query("COMMIT")?.execute()?;
+        Ok(ranked)
+    };
+    let result = run(conn);
+    if result.is_err()
+        && conn.in_transaction()
+        && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
+    {
+        tracing::error!(error = %e, "ROLLBACK failed");
+    }
+    result.map_err(sqlite)
 }
 
 impl Drop for Writer {
@@ -106,10 +177,23 @@ fn recover(conn: &mut Connection, path: &Path) {
     tracing::error!(
         "the writing connection is stuck in a transaction after a failed rollback; reopening it"
     );
-    match Connection::open(path) {
+    reopen(conn, path);
+}
+
+fn reopen(conn: &mut Connection, path: &Path) {
+    match open(path) {
         Ok(fresh) => *conn = fresh,
         Err(e) => tracing::error!(error = %e, "cannot reopen the writing connection"),
     }
+}
+
+/// Opens the writing connection, with its own index of the keyed waiting rows
+/// ([`sql::KEYED_WAITING`]) built from the rows.
+fn open(path: &Path) -> Result<Connection, Error> {
+    let mut conn = Connection::open(path).map_err(sqlite)?;
+    conn.batch(sql::KEYED_WAITING).map_err(sqlite)?;
+    conn.batch(sql::KEYED_WAITING_FILL).map_err(sqlite)?;
+    Ok(conn)
 }
 
 impl From<NotUtf8> for Error {
@@ -130,6 +214,7 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
         .and_then(|q| q.execute())
         .map_err(sqlite)?;
     let mut moves = KeyMoves::default();
+    let mut committing = false;
     let result = ops
         .iter()
         .map(|op| {
@@ -145,7 +230,10 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
             moves.write(conn)?;
             conn.query("COMMIT")
                 .and_then(|q| q.execute())
-                .map_err(sqlite)?;
+                .map_err(|e| {
+                    committing = true;
+                    sqlite(e)
+                })?;
             Ok(outcomes)
         });
     // SQLite rolls some failures back by itself (a full disk, for one): then there
@@ -156,6 +244,15 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
     {
         // The caller checks whether the connection is still inside a transaction.
         tracing::error!(error = %e, "ROLLBACK failed");
+    }
+    // The database in memory that holds the index of keyed waiting rows commits
+    // apart from the file: after a `COMMIT` that failed, the index is built again
+    // from the rows rather than trusted.
+    if committing
+        && !conn.in_transaction()
+        && let Err(e) = conn.batch(sql::KEYED_WAITING_FILL)
+    {
+        tracing::error!(error = %e, "cannot rebuild the index of keyed waiting rows");
     }
     result
 }
