@@ -155,11 +155,12 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
 
 /// The writer's own index of the waiting rows that have a concurrency key, in
 /// claim order key by key (see the `0018_keyed_waiting_in_memory` migration): a
-/// table of an in-memory database of the writer's connection, kept by temporary
-/// triggers on every statement that moves a keyed row into or out of SCHEDULED:
-/// an insert, a delete, and every update that names `expires_at` (the moves the
-/// attempt records follow, `0017_moves_on_expires_at`) or `concurrency_key` (the
-/// keyed claims, which set it to itself). Filled by [`KEYED_WAITING_FILL`].
+/// table of an in-memory database of the writer's connection. The submit adds
+/// its keyed rows ([`KEYED_WAITING_ADD`]); temporary triggers follow every other
+/// statement that moves a keyed row into or out of SCHEDULED: a delete, and
+/// every update that names `expires_at` (the moves the attempt records follow,
+/// `0017_moves_on_expires_at`) or `concurrency_key` (the keyed claims, which set
+/// it to itself). Filled by [`KEYED_WAITING_FILL`].
 pub const KEYED_WAITING: &str = "\
 ATTACH DATABASE ':memory:' AS writer;
 CREATE TABLE writer.keyed_waiting (
@@ -172,12 +173,6 @@ CREATE TABLE writer.keyed_waiting (
     next_at         INTEGER NOT NULL,
     PRIMARY KEY (concurrency_key, namespace, activity_type, claim_band, claim_rank, id)
 ) WITHOUT ROWID;
-CREATE TEMP TRIGGER keyed_waiting_inserted AFTER INSERT ON main.activities
-WHEN NEW.status = 1 AND NEW.concurrency_key IS NOT NULL
-BEGIN
-    INSERT INTO keyed_waiting VALUES (NEW.concurrency_key, NEW.namespace, NEW.activity_type,
-        NEW.claim_band, NEW.claim_rank, NEW.id, NEW.next_at);
-END;
 CREATE TEMP TRIGGER keyed_waiting_moved AFTER UPDATE OF expires_at, concurrency_key
     ON main.activities
 WHEN NEW.concurrency_key IS NOT NULL AND (OLD.status = 1 OR NEW.status = 1)
@@ -199,6 +194,11 @@ BEGIN
        AND namespace = OLD.namespace AND activity_type = OLD.activity_type
        AND claim_band = OLD.claim_band AND claim_rank = OLD.claim_rank AND id = OLD.id;
 END;";
+
+/// Adds row `?1`, just inserted, to [`KEYED_WAITING`] if it waits with a key.
+pub const KEYED_WAITING_ADD: &str = "INSERT INTO writer.keyed_waiting \
+     SELECT concurrency_key, namespace, activity_type, claim_band, claim_rank, id, next_at \
+       FROM main.activities WHERE id = ?1 AND status = 1 AND concurrency_key IS NOT NULL";
 
 /// Fills [`KEYED_WAITING`] from the rows, afresh. Keyed rows sort after every
 /// unkeyed one of their type in `activities_due` (`claim_band` from 2^39 on, see

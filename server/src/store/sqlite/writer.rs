@@ -16,8 +16,9 @@
 //! - its connection's own index of the waiting keyed rows ([`sql::KEYED_WAITING`],
 //!   in memory) holds exactly the SCHEDULED rows with a concurrency key: filled
 //!   from the file when the connection opens and after a failed `COMMIT`, and
-//!   kept by triggers in the same transaction as every change of those rows,
-//!   which are all made here (the priority aging's re-ranking included).
+//!   kept by the submit and by triggers in the same transaction as every change
+//!   of those rows, which are all made here (the priority aging's re-ranking
+//!   included).
 
 use std::{collections::HashMap, path::Path, sync::Arc, thread::JoinHandle};
 
@@ -578,11 +579,21 @@ fn insert(conn: &mut Connection, new: &NewActivity, now: UnixMillis) -> Result<O
         .bind(&new.concurrency_key.as_deref())
         .bind(&new.fairness.as_ref().map(|f| f.key.as_str()))
         .bind(&fair_at);
-    Ok(if q.step().map_err(sqlite)? {
+    let id = if q.step().map_err(sqlite)? {
         Some(q.int(0))
     } else {
         None
-    })
+    };
+    drop(q);
+    // Here rather than by a trigger, which would run for every row inserted.
+    if let (Some(id), Some(_)) = (id, &new.concurrency_key) {
+        conn.query(sql::KEYED_WAITING_ADD)
+            .map_err(sqlite)?
+            .bind(&id)
+            .execute()
+            .map_err(sqlite)?;
+    }
+    Ok(id)
 }
 
 /// Whether the activity `key` names is stored.
