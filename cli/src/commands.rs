@@ -454,13 +454,13 @@ impl Commands {
 
     pub async fn set_fairness_weight(&self, weight: v1::FairnessWeight) -> Result<i32, Error> {
         let set = self.client.set_fairness_weight(weight).await?;
-        self.print_fairness_weights(std::slice::from_ref(&set));
+        self.print_fairness_weights(std::slice::from_ref(&set), false);
         Ok(exit::OK)
     }
 
     pub async fn fairness_weights(&self, namespace: String) -> Result<i32, Error> {
         let weights = self.client.list_fairness_weights(namespace).await?;
-        self.print_fairness_weights(&weights);
+        self.print_fairness_weights(&weights, true);
         Ok(exit::OK)
     }
 
@@ -581,15 +581,22 @@ impl Commands {
         );
     }
 
-    fn print_fairness_weights(&self, weights: &[v1::FairnessWeight]) {
+    /// `listed`: the weights come from a listing, which counts their keys'
+    /// waiting activities (a set weight comes back without).
+    fn print_fairness_weights(&self, weights: &[v1::FairnessWeight], listed: bool) {
         if self.json {
             let list: Vec<serde_json::Value> = weights
                 .iter()
                 .map(|w| {
-                    serde_json::json!({
+                    let mut item = serde_json::json!({
                         "namespace": w.namespace, "activity_type": w.activity_type,
                         "fairness_key": w.fairness_key, "weight": w.weight,
-                    })
+                    });
+                    if listed {
+                        item["waiting"] = w.waiting.into();
+                        item["waiting_truncated"] = w.waiting_truncated.into();
+                    }
+                    item
                 })
                 .collect();
             print_json(&serde_json::json!({"fairness_weights": list}));
@@ -598,18 +605,25 @@ impl Commands {
         let rows: Vec<Vec<String>> = weights
             .iter()
             .map(|w| {
-                vec![
+                let mut row = vec![
                     w.namespace.clone(),
                     w.activity_type.clone(),
                     w.fairness_key.clone(),
                     w.weight.to_string(),
-                ]
+                ];
+                if listed {
+                    // Counted among the type's first 100,000 waiting activities.
+                    let more = if w.waiting_truncated { "+" } else { "" };
+                    row.push(format!("{}{more}", w.waiting));
+                }
+                row
             })
             .collect();
-        print!(
-            "{}",
-            table(&["NAMESPACE", "TYPE", "FAIRNESS KEY", "WEIGHT"], &rows)
-        );
+        let mut headers = vec!["NAMESPACE", "TYPE", "FAIRNESS KEY", "WEIGHT"];
+        if listed {
+            headers.push("WAITING");
+        }
+        print!("{}", table(&headers, &rows));
     }
 
     fn print_rate_limits(&self, limits: &[v1::RateLimit]) {

@@ -1185,6 +1185,7 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
                 activity_type: a.activity_type,
                 fairness_key: a.key,
                 weight: a.weight,
+                ..Default::default()
             };
             connect(&a.client).await?.set_fairness_weight(weight).await
         }

@@ -102,6 +102,15 @@ pub fn fairness_weight(weight: crate::store::fairness::FairnessWeight) -> v1::Fa
         activity_type: weight.activity_type,
         fairness_key: weight.key,
         weight: weight.weight,
+        ..Default::default()
+    }
+}
+
+pub fn fairness_weight_use(used: crate::store::fairness::FairnessWeightUse) -> v1::FairnessWeight {
+    v1::FairnessWeight {
+        waiting: used.waiting,
+        waiting_truncated: used.truncated,
+        ..fairness_weight(used.weight)
     }
 }
 

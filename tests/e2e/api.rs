@@ -480,6 +480,7 @@ async fn tokens_have_roles_and_namespaces() {
             activity_type: "t".into(),
             fairness_key: "k".into(),
             weight: 2,
+            ..Default::default()
         }),
     };
     let err = admin

@@ -106,7 +106,7 @@ impl Store for Faulty {
     async fn fairness_weights(
         &self,
         namespace: Option<&str>,
-    ) -> Result<Vec<store::fairness::FairnessWeight>, store::Error> {
+    ) -> Result<Vec<store::fairness::FairnessWeightUse>, store::Error> {
         self.inner.fairness_weights(namespace).await
     }
     async fn concurrency_key(

@@ -661,6 +661,7 @@ async fn set_limits(channels: &[Channel]) -> Result<(), Error> {
                             activity_type: ACTIVITY_TYPE.to_owned(),
                             fairness_key: "t0".to_owned(),
                             weight: 3,
+                            ..Default::default()
                         }),
                     })
                     .await

@@ -114,6 +114,13 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     let listed = json(&spool(&env, &["--json", "fairness-weight", "list"]).await);
     assert_eq!(listed["fairness_weights"][0]["fairness_key"], "tenant-b");
     assert_eq!(listed["fairness_weights"][0]["weight"], 7);
+    // With its current use: b waits (a has no fairness key).
+    assert_eq!(listed["fairness_weights"][0]["waiting"], 1);
+    let table = stdout(&spool(&env, &["fairness-weight", "list"]).await);
+    assert!(
+        table.contains("WAITING") && table.contains("tenant-b      7       1"),
+        "{table}"
+    );
     let refused = spool(
         &env,
         &[

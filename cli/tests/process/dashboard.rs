@@ -444,6 +444,16 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
         })
         .await
         .unwrap_or_else(|e| panic!("set a fairness weight: {e}"));
+    // A weight whose key has an activity waiting (`keyed`, above).
+    client
+        .set_fairness_weight(v1::FairnessWeight {
+            activity_type: "unserved".into(),
+            fairness_key: "tenant-a".into(),
+            weight: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("set a fairness weight: {e}"));
     browser
         .find("#nav-limits")
         .await
@@ -480,6 +490,10 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
         tenant.contains("tenant-a") && tenant.contains('4'),
         "{tenant}"
     );
+    let waiting = browser
+        .text("#fairness-weights tr[data-type=\"unserved\"][data-key=\"tenant-a\"] td:last-child")
+        .await;
+    assert_eq!(waiting.trim(), "1");
     browser.shot("limits").await;
 
     // Drain (admin only): drain, see it, resume.

@@ -265,7 +265,7 @@ impl AdminService for AdminApi {
         Ok(Response::new(v1::ListFairnessWeightsResponse {
             fairness_weights: weights
                 .into_iter()
-                .map(crate::wire::fairness_weight)
+                .map(crate::wire::fairness_weight_use)
                 .collect(),
         }))
     }

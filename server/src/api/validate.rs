@@ -630,6 +630,7 @@ mod tests {
                 activity_type: "t".into(),
                 fairness_key: key.into(),
                 weight,
+                ..Default::default()
             }))
         };
         assert_eq!(

@@ -802,7 +802,7 @@ mod tests {
         async fn fairness_weights(
             &self,
             namespace: Option<&str>,
-        ) -> Result<Vec<store::fairness::FairnessWeight>, store::Error> {
+        ) -> Result<Vec<store::fairness::FairnessWeightUse>, store::Error> {
             self.inner.fairness_weights(namespace).await
         }
         async fn concurrency_key(

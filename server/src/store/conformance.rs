@@ -1357,19 +1357,27 @@ async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, 
             .unwrap_or_else(|e| panic!("{e}"));
         listed
             .into_iter()
-            .map(|w| format!("{}/{}/{}={}", w.namespace, w.activity_type, w.key, w.weight))
+            .map(|u| {
+                let w = u.weight;
+                assert!(!u.truncated);
+                let waiting = u.waiting;
+                format!(
+                    "{}/{}/{}={} ({waiting})",
+                    w.namespace, w.activity_type, w.key, w.weight
+                )
+            })
             .collect::<Vec<_>>()
     };
     assert_eq!(
         listed(None).await,
         [
-            "another/t/h=1",
-            "default/a/h=1",
-            "default/t/h=3",
-            "default/t/l=1"
+            "another/t/h=1 (0)",
+            "default/a/h=1 (0)",
+            "default/t/h=3 (0)",
+            "default/t/l=1 (0)"
         ]
     );
-    assert_eq!(listed(Some("another")).await, ["another/t/h=1"]);
+    assert_eq!(listed(Some("another")).await, ["another/t/h=1 (0)"]);
 
     // The rows' own weights are the other way round: the set weights count, so
     // they are placed as in `fairness_keys_are_served_in_proportion_to_their_weights`.
@@ -1381,6 +1389,20 @@ async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, 
     one(store, Op::Submit(rows("h", 1, 0..20)), T0).await;
     one(store, Op::Submit(rows("h", 1, 20..40)), T0).await;
     one(store, Op::Submit(rows("l", 4, 0..40)), T0).await;
+    // Each weight with its key's waiting rows, of its own type and namespace.
+    let mut elsewhere = fair("x0", "t", "l", 1);
+    elsewhere.key.namespace = "another".into();
+    one(store, Op::Submit(vec![elsewhere]), T0).await;
+    one(store, Op::Submit(vec![fair("x1", "a", "l", 1)]), T0).await;
+    assert_eq!(
+        listed(None).await,
+        [
+            "another/t/h=1 (0)",
+            "default/a/h=1 (0)",
+            "default/t/h=3 (40)",
+            "default/t/l=1 (40)"
+        ]
+    );
     let fair_at = |id: &str| format!("SELECT fair_at FROM activities WHERE activity_id = '{id}'");
     // A third of a millisecond a row of h: h20, its 21st, at 6.993 ms.
     for (id, at) in [
@@ -1414,6 +1436,11 @@ async fn a_weight_set_for_a_fairness_key_places_its_new_rows(store: &dyn Store, 
     let heavy = |n: usize| order[..n].iter().filter(|o| o.starts_with('h')).count();
     assert!((15..=16).contains(&heavy(20)), "{order:?}");
     assert!((30..=31).contains(&heavy(40)), "{order:?}");
+    // Claimed, they wait no more (h's weight is gone).
+    assert_eq!(
+        listed(Some("default")).await,
+        ["default/a/h=1 (0)", "default/t/l=1 (0)"]
+    );
 }
 
 async fn fairness_keys_order_a_concurrency_keys_own_rows(store: &dyn Store, _raw: &Raw) {

@@ -68,6 +68,81 @@ pub fn fair_at(chain_us: i64, next_at_ms: i64, now_ms: i64) -> i64 {
     }
 }
 
+/// The most waiting rows of a type a listing of weights reads to count each
+/// key's: the first in claim order, so that a listing costs the same however
+/// long the backlog.
+pub const WAITING_COUNTED: i64 = 100_000;
+
+/// A weight, with its key's rows waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairnessWeightUse {
+    pub weight: FairnessWeight,
+    /// Among the first [`WAITING_COUNTED`] waiting rows of the type.
+    pub waiting: u64,
+    /// The type had more waiting rows than were counted.
+    pub truncated: bool,
+}
+
+/// The waiting rows of one type counted by fairness key (`None`: without one),
+/// as a store reads them: at most [`WAITING_COUNTED`] + 1 rows, so that one more
+/// tells the count was cut.
+#[derive(Debug, Default)]
+struct WaitingByKey {
+    counts: std::collections::HashMap<Option<String>, u64>,
+    truncated: bool,
+}
+
+impl WaitingByKey {
+    fn new(counts: Vec<(Option<String>, i64)>) -> Self {
+        let total: i64 = counts.iter().map(|(_, n)| n).sum();
+        Self {
+            truncated: total > WAITING_COUNTED,
+            counts: counts
+                .into_iter()
+                .map(|(key, n)| (key, u64::try_from(n).unwrap_or(0)))
+                .collect(),
+        }
+    }
+
+    /// `weight` with the rows of its key counted here.
+    fn of(&self, weight: FairnessWeight) -> FairnessWeightUse {
+        let waiting = self
+            .counts
+            .get(&Some(weight.key.clone()))
+            .copied()
+            .unwrap_or(0);
+        FairnessWeightUse {
+            weight,
+            waiting,
+            truncated: self.truncated,
+        }
+    }
+}
+
+/// `weights`, sorted by type, each with its key's waiting rows: `count` reads a
+/// type's (namespace, type, at most how many rows), once per type.
+pub async fn with_waiting<F, Fut>(
+    weights: Vec<FairnessWeight>,
+    mut count: F,
+) -> Result<Vec<FairnessWeightUse>, super::Error>
+where
+    F: FnMut(String, String, i64) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(Option<String>, i64)>, super::Error>>,
+{
+    let mut used = Vec::with_capacity(weights.len());
+    let mut counted: Option<((String, String), WaitingByKey)> = None;
+    for weight in weights {
+        let of = (weight.namespace.clone(), weight.activity_type.clone());
+        let waiting = match counted.take() {
+            Some((t, waiting)) if t == of => waiting,
+            _ => WaitingByKey::new(count(of.0.clone(), of.1.clone(), WAITING_COUNTED + 1).await?),
+        };
+        used.push(waiting.of(weight));
+        counted = Some((of, waiting));
+    }
+    Ok(used)
+}
+
 /// The weight set for one fairness key of a namespace's type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FairnessWeight {
@@ -81,6 +156,23 @@ pub struct FairnessWeight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A count that read one row more than it counts says it was cut short.
+    #[test]
+    fn a_count_past_its_limit_is_marked_truncated() {
+        let weight = |key: &str| FairnessWeight {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            key: key.into(),
+            weight: 2,
+        };
+        let all = WaitingByKey::new(vec![(Some("a".into()), 10), (None, WAITING_COUNTED - 10)]);
+        let used = all.of(weight("a"));
+        assert_eq!((used.waiting, used.truncated), (10, false));
+        assert_eq!(all.of(weight("b")).waiting, 0);
+        let cut = WaitingByKey::new(vec![(Some("a".into()), 10), (None, WAITING_COUNTED - 9)]);
+        assert!(cut.of(weight("a")).truncated);
+    }
 
     #[test]
     fn a_row_is_ranked_by_its_chain_unless_it_comes_due_later() {

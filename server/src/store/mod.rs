@@ -948,11 +948,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<concurrency::ConcurrencyLimit>, Error>;
 
     /// The fairness weights set for keys of `namespace` (all namespaces when
-    /// `None`), sorted by namespace, type and key.
+    /// `None`), sorted by namespace, type and key, each with its key's waiting
+    /// rows (see [`fairness::WAITING_COUNTED`]).
     async fn fairness_weights(
         &self,
         namespace: Option<&str>,
-    ) -> Result<Vec<fairness::FairnessWeight>, Error>;
+    ) -> Result<Vec<fairness::FairnessWeightUse>, Error>;
 
     /// The waiting and running rows of one concurrency key of a namespace's type;
     /// `None` when it has neither.

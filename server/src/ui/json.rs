@@ -360,6 +360,8 @@ pub fn limits(
                 "activity_type": w.activity_type,
                 "fairness_key": w.fairness_key,
                 "weight": w.weight,
+                "waiting": w.waiting,
+                "waiting_truncated": w.waiting_truncated,
             })
         })
         .collect();

@@ -598,14 +598,24 @@ impl Store for PostgresStore {
     async fn fairness_weights(
         &self,
         namespace: Option<&str>,
-    ) -> Result<Vec<super::fairness::FairnessWeight>, Error> {
+    ) -> Result<Vec<super::fairness::FairnessWeightUse>, Error> {
         let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
             .bind(namespace)
             .fetch_all(&self.readers)
             .await?;
-        rows.iter()
+        let weights = rows
+            .iter()
             .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        super::fairness::with_waiting(weights, |namespace, activity_type, limit| async move {
+            Ok(sqlx::query_as(sql::WAITING_BY_FAIRNESS_KEY)
+                .bind(namespace)
+                .bind(activity_type)
+                .bind(limit)
+                .fetch_all(&self.readers)
+                .await?)
+        })
+        .await
     }
 
     async fn concurrency_key(

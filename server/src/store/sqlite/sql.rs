@@ -282,6 +282,14 @@ pub const REMOVE_FAIRNESS_WEIGHT: &str = "DELETE FROM fairness_weights \
 pub const FAIRNESS_WEIGHTS: &str = "SELECT namespace, activity_type, fairness_key, weight \
      FROM fairness_weights WHERE ?1 IS NULL OR namespace = ?1 ORDER BY 1, 2, 3";
 
+/// The waiting rows of type `?2` of namespace `?1` by fairness key, among the
+/// first `?3` in claim order (one range of `activities_due`).
+pub const WAITING_BY_FAIRNESS_KEY: &str = "SELECT fairness_key, COUNT(*) FROM \
+       (SELECT fairness_key FROM activities INDEXED BY activities_due \
+         WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 \
+         ORDER BY claim_band, claim_rank, id LIMIT ?3) \
+     GROUP BY fairness_key";
+
 /// The concurrency limits of namespace `?1` (of all, when NULL), each type's then
 /// its keys', in order (see `rows::concurrency_limit`).
 pub const CONCURRENCY_LIMITS: &str = concat!(

@@ -811,7 +811,7 @@
         thead(["Namespace", "Type", "Key", ["Per key", "num"], ["Weight", "num"], "Beyond it", ["Keys", "num"], ["Running", "num"], ["Held back", "num"]]), keyBody)),
       el("h2", {}, "Fairness weights"),
       tableWrap(el("table", { id: "fairness-weights" },
-        thead(["Namespace", "Type", "Fairness key", ["Weight", "num"]]), fairBody)));
+        thead(["Namespace", "Type", "Fairness key", ["Weight", "num"], ["Waiting", "num"]]), fairBody)));
 
     state.refresh = async () => {
       const d = await api("/api/limits?" + qs({ namespace: ns }));
@@ -844,8 +844,10 @@
           el("td", {}, w.namespace),
           el("td", {}, w.activity_type),
           el("td", {}, w.fairness_key),
-          el("td", { class: "num" }, fmtNum(w.weight)))) :
-        [messageRow(4, "No fairness weights: each activity's own fairness weight counts. Set one with: spool fairness-weight set TYPE --key K --weight N")]);
+          el("td", { class: "num" }, fmtNum(w.weight)),
+          el("td", { class: "num", title: w.waiting_truncated ? "counted among the type's first 100,000 waiting activities" : "" },
+            (w.waiting_truncated ? "≥ " : "") + fmtNum(w.waiting)))) :
+        [messageRow(5, "No fairness weights: each activity's own fairness weight counts. Set one with: spool fairness-weight set TYPE --key K --weight N")]);
     };
     return root;
   }
