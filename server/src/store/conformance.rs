@@ -1475,20 +1475,26 @@ async fn claim_order(store: &dyn Store, now: i64) -> Vec<String> {
     order
 }
 
+/// A row of type `t` of `priority`, due at `next_at`.
+fn ranked(id: &str, priority: i32, next_at: i64) -> NewActivity {
+    let mut row = new(id, "t");
+    row.priority = priority;
+    row.next_at = next_at;
+    row
+}
+
+/// Sets the priority aging: how many waiting rows it ranked again, if it changed.
+async fn set_aging(store: &dyn Store, aging: Option<std::time::Duration>) -> Option<u64> {
+    store
+        .set_priority_aging(aging)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store, _raw: &Raw) {
     let second = Some(std::time::Duration::from_secs(1));
-    let row = |id: &str, priority: i32, next_at: i64| {
-        let mut row = new(id, "t");
-        row.priority = priority;
-        row.next_at = next_at;
-        row
-    };
-    let set = |aging| async move {
-        store
-            .set_priority_aging(aging)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
+    let row = ranked;
+    let set = |aging| set_aging(store, aging);
     // Strict by default: the higher priority first, however long the other waited.
     submit(store, row("a1", 0, T0 - 10_000)).await;
     submit(store, row("u1", 5, T0)).await;
@@ -1526,19 +1532,11 @@ async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store
 /// A change of the aging setting ranks the waiting rows of concurrency keys again
 /// too: they are claimed key by key, in their key's own order.
 async fn priority_aging_ranks_a_keys_waiting_rows_again(store: &dyn Store, _raw: &Raw) {
-    let keyed = |id: &str, priority: i32, next_at: i64| {
-        let mut row = new(id, "t");
-        row.priority = priority;
-        row.next_at = next_at;
-        row.concurrency_key = Some("k".into());
-        row
+    let keyed = |id: &str, priority: i32, next_at: i64| NewActivity {
+        concurrency_key: Some("k".into()),
+        ..ranked(id, priority, next_at)
     };
-    let set = |aging| async move {
-        store
-            .set_priority_aging(aging)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
+    let set = |aging| set_aging(store, aging);
     // Stored strict (urgent first), then ranked with a second per level: old's
     // 10 s of waiting outweigh urgent's 5 levels.
     submit(store, keyed("old", 0, T0 - 10_000)).await;
