@@ -84,8 +84,8 @@ pub struct FairnessWeightUse {
 }
 
 /// The waiting rows of one type counted by fairness key (`None`: without one),
-/// as a store reads them: at most [`WAITING_COUNTED`] + 1 rows, so that one more
-/// tells the count was cut.
+/// as a store reads them: among the first [`WAITING_COUNTED`] in claim order,
+/// each count with whether more were waiting.
 #[derive(Debug, Default)]
 struct WaitingByKey {
     counts: std::collections::HashMap<Option<String>, u64>,
@@ -93,13 +93,12 @@ struct WaitingByKey {
 }
 
 impl WaitingByKey {
-    fn new(counts: Vec<(Option<String>, i64)>) -> Self {
-        let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    fn new(counts: Vec<(Option<String>, i64, bool)>) -> Self {
         Self {
-            truncated: total > WAITING_COUNTED,
+            truncated: counts.iter().any(|&(_, _, more)| more),
             counts: counts
                 .into_iter()
-                .map(|(key, n)| (key, u64::try_from(n).unwrap_or(0)))
+                .map(|(key, n, _)| (key, u64::try_from(n).unwrap_or(0)))
                 .collect(),
         }
     }
@@ -120,14 +119,15 @@ impl WaitingByKey {
 }
 
 /// `weights`, sorted by type, each with its key's waiting rows: `count` reads a
-/// type's (namespace, type, at most how many rows), once per type.
+/// type's (by namespace and type) once, as the dialects' `WAITING_BY_FAIRNESS_KEY`
+/// answers: key, rows, whether more were waiting.
 pub async fn with_waiting<F, Fut>(
     weights: Vec<FairnessWeight>,
     mut count: F,
 ) -> Result<Vec<FairnessWeightUse>, super::Error>
 where
-    F: FnMut(String, String, i64) -> Fut,
-    Fut: std::future::Future<Output = Result<Vec<(Option<String>, i64)>, super::Error>>,
+    F: FnMut(String, String) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(Option<String>, i64, bool)>, super::Error>>,
 {
     let mut used = Vec::with_capacity(weights.len());
     let mut counted: Option<((String, String), WaitingByKey)> = None;
@@ -135,7 +135,7 @@ where
         let of = (weight.namespace.clone(), weight.activity_type.clone());
         let waiting = match counted.take() {
             Some((t, waiting)) if t == of => waiting,
-            _ => WaitingByKey::new(count(of.0.clone(), of.1.clone(), WAITING_COUNTED + 1).await?),
+            _ => WaitingByKey::new(count(of.0.clone(), of.1.clone()).await?),
         };
         used.push(waiting.of(weight));
         counted = Some((of, waiting));
@@ -157,21 +157,31 @@ pub struct FairnessWeight {
 mod tests {
     use super::*;
 
-    /// A count that read one row more than it counts says it was cut short.
+    /// A type with more rows waiting than were counted marks every count of it.
     #[test]
-    fn a_count_past_its_limit_is_marked_truncated() {
+    fn a_count_with_more_waiting_is_marked_truncated() {
         let weight = |key: &str| FairnessWeight {
             namespace: "default".into(),
             activity_type: "t".into(),
             key: key.into(),
             weight: 2,
         };
-        let all = WaitingByKey::new(vec![(Some("a".into()), 10), (None, WAITING_COUNTED - 10)]);
+        let all = WaitingByKey::new(vec![(Some("a".into()), 10, false), (None, 90, false)]);
         let used = all.of(weight("a"));
         assert_eq!((used.waiting, used.truncated), (10, false));
         assert_eq!(all.of(weight("b")).waiting, 0);
-        let cut = WaitingByKey::new(vec![(Some("a".into()), 10), (None, WAITING_COUNTED - 9)]);
+        let cut = WaitingByKey::new(vec![(Some("a".into()), 10, true), (None, 90, true)]);
         assert!(cut.of(weight("a")).truncated);
+        assert!(cut.of(weight("b")).truncated, "a key not among them too");
+    }
+
+    /// The SQL counts as many rows as the listing says.
+    #[test]
+    fn the_sql_counts_what_the_listing_says() {
+        assert_eq!(
+            waiting_counted!().parse::<i64>().ok(),
+            Some(WAITING_COUNTED)
+        );
     }
 
     #[test]

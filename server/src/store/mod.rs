@@ -67,6 +67,15 @@ macro_rules! aging {
     };
 }
 
+/// How many waiting rows of a type a listing of fairness weights counts
+/// ([`fairness::WAITING_COUNTED`]), written into the SQL so that PostgreSQL plans
+/// the listing's range scan knowing its limit.
+macro_rules! waiting_counted {
+    () => {
+        "100000"
+    };
+}
+
 /// Where a row of priority `$priority` and concurrency key `$key` goes in the
 /// claim order (`claim_band`): keyed rows after every unkeyed one, 2^40 on (see
 /// the concurrency keys migration), so the claim of unkeyed rows stops before them:

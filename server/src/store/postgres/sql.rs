@@ -839,12 +839,20 @@ pub const FAIRNESS_WEIGHTS: &str = "SELECT namespace, activity_type, fairness_ke
      FROM fairness_weights WHERE $1::TEXT IS NULL OR namespace = $1 ORDER BY 1, 2, 3";
 
 /// The waiting rows of type `$2` of namespace `$1` by fairness key, among the
-/// first `$3` in claim order (one range of `activities_due`).
-pub const WAITING_BY_FAIRNESS_KEY: &str = "SELECT fairness_key, COUNT(*) FROM \
-       (SELECT fairness_key FROM activities \
+/// first `waiting_counted!` in claim order (one range of `activities_due`), and
+/// whether more are waiting.
+pub const WAITING_BY_FAIRNESS_KEY: &str = concat!(
+    "SELECT fairness_key, COUNT(*), \
+       EXISTS (SELECT 1 FROM activities \
          WHERE namespace = $1 AND activity_type = $2 AND status = 1 \
-         ORDER BY claim_band, claim_rank, id LIMIT $3) AS w \
-     GROUP BY fairness_key";
+         ORDER BY claim_band, claim_rank, id LIMIT 1 OFFSET ",
+    waiting_counted!(),
+    ") FROM (SELECT fairness_key FROM activities \
+         WHERE namespace = $1 AND activity_type = $2 AND status = 1 \
+         ORDER BY claim_band, claim_rank, id LIMIT ",
+    waiting_counted!(),
+    ") AS w GROUP BY fairness_key"
+);
 
 /// The concurrency limits of namespace `$1` (of all, when NULL), each type's then
 /// its keys', in order (see `rows::concurrency_limit`).

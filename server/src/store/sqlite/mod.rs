@@ -348,11 +348,10 @@ impl Store for SqliteStore {
             .iter()
             .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
             .collect::<Result<Vec<_>, _>>()?;
-        super::fairness::with_waiting(weights, |namespace, activity_type, limit| async move {
+        super::fairness::with_waiting(weights, |namespace, activity_type| async move {
             Ok(sqlx::query_as(sql::WAITING_BY_FAIRNESS_KEY)
                 .bind(namespace)
                 .bind(activity_type)
-                .bind(limit)
                 .fetch_all(&self.readers)
                 .await?)
         })

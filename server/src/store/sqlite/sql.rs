@@ -131,7 +131,8 @@ pub const CLAIM_KEYED: &str = concat!(
      WHERE id IN (SELECT w.id FROM keyed_waiting AS w \
          JOIN main.activities AS a ON a.id = w.id \
        WHERE w.concurrency_key = ?9 AND w.namespace = ?4 AND w.activity_type = ?5 \
-         AND w.next_at <= ?1 AND (a.expires_at IS NULL OR a.expires_at > ?1) \
+         AND w.next_at <= ?1 AND a.status = 1 \
+         AND (a.expires_at IS NULL OR a.expires_at > ?1) \
        ORDER BY w.claim_band, w.claim_rank, w.id LIMIT ?6) \
      RETURNING ",
     columns!()
@@ -146,7 +147,8 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
      WHERE id IN (SELECT (SELECT w.id FROM keyed_waiting AS w \
            JOIN main.activities AS a ON a.id = w.id \
          WHERE w.concurrency_key = r.value AND w.namespace = ?4 AND w.activity_type = ?5 \
-           AND w.next_at <= ?1 AND (a.expires_at IS NULL OR a.expires_at > ?1) \
+           AND w.next_at <= ?1 AND a.status = 1 \
+           AND (a.expires_at IS NULL OR a.expires_at > ?1) \
          ORDER BY w.claim_band, w.claim_rank, w.id LIMIT 1) \
        FROM json_each(?9) AS r LIMIT ?6) \
      RETURNING ",
@@ -283,12 +285,20 @@ pub const FAIRNESS_WEIGHTS: &str = "SELECT namespace, activity_type, fairness_ke
      FROM fairness_weights WHERE ?1 IS NULL OR namespace = ?1 ORDER BY 1, 2, 3";
 
 /// The waiting rows of type `?2` of namespace `?1` by fairness key, among the
-/// first `?3` in claim order (one range of `activities_due`).
-pub const WAITING_BY_FAIRNESS_KEY: &str = "SELECT fairness_key, COUNT(*) FROM \
-       (SELECT fairness_key FROM activities INDEXED BY activities_due \
+/// first `waiting_counted!` in claim order (one range of `activities_due`), and
+/// whether more are waiting (read along the index alone).
+pub const WAITING_BY_FAIRNESS_KEY: &str = concat!(
+    "SELECT fairness_key, COUNT(*), \
+       EXISTS (SELECT 1 FROM activities INDEXED BY activities_due \
          WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 \
-         ORDER BY claim_band, claim_rank, id LIMIT ?3) \
-     GROUP BY fairness_key";
+         ORDER BY claim_band, claim_rank, id LIMIT 1 OFFSET ",
+    waiting_counted!(),
+    ") FROM (SELECT fairness_key FROM activities INDEXED BY activities_due \
+         WHERE namespace = ?1 AND activity_type = ?2 AND status = 1 \
+         ORDER BY claim_band, claim_rank, id LIMIT ",
+    waiting_counted!(),
+    ") GROUP BY fairness_key"
+);
 
 /// The concurrency limits of namespace `?1` (of all, when NULL), each type's then
 /// its keys', in order (see `rows::concurrency_limit`).
@@ -599,6 +609,7 @@ macro_rules! active_of_key {
        SELECT a.id, a.workflow_id, a.activity_id FROM keyed_waiting AS w \
          JOIN main.activities AS a ON a.id = w.id \
          WHERE w.concurrency_key = ?3 AND w.namespace = ?1 AND w.activity_type = ?2 \
+           AND a.status = 1 \
        UNION ALL \
        SELECT id, workflow_id, activity_id FROM activities INDEXED BY activities_running \
          WHERE status = 2 AND namespace = ?1 AND activity_type = ?2 \

@@ -133,28 +133,32 @@ fn gone() -> Error {
 
 /// [`Writer::set_priority_aging`], in one transaction.
 fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<Option<u64>, Error> {
-    let run = |conn: &mut Connection| -> Result<Option<u64>, SqliteError> {
-        conn.query("BEGIN IMMEDIATE")?.execute()?;
+    let run = |conn: &mut Connection| -> Result<Option<u64>, Error> {
+        conn.query("BEGIN IMMEDIATE")
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
         let changed = conn
-            .query(sql::SET_PRIORITY_AGING)?
-            .bind(&per_level_ms)
-            .execute()?;
+            .query(sql::SET_PRIORITY_AGING)
+            .map(|q| q.bind(&per_level_ms))
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
         let ranked = if changed == 0 {
             None
         } else {
-            Some(conn.query(sql::RERANK)?.execute()?)
+            Some(
+                conn.query(sql::RERANK)
+                    .and_then(Query::execute)
+                    .map_err(sqlite)?,
+            )
         };
-        conn.query("COMMIT")?.execute()?;
+        commit(conn)?;
         Ok(ranked)
     };
     let result = run(conn);
-    if result.is_err()
-        && conn.in_transaction()
-        && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
-    {
-        tracing::error!(error = %e, "ROLLBACK failed");
+    if result.is_err() {
+        rollback(conn);
     }
-    result.map_err(sqlite)
+    result
 }
 
 impl Drop for Writer {
@@ -215,7 +219,6 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
         .and_then(|q| q.execute())
         .map_err(sqlite)?;
     let mut moves = KeyMoves::default();
-    let mut committing = false;
     let result = ops
         .iter()
         .map(|op| {
@@ -229,33 +232,40 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
         .collect::<Result<Vec<_>, _>>()
         .and_then(|outcomes| {
             moves.write(conn)?;
-            conn.query("COMMIT")
-                .and_then(|q| q.execute())
-                .map_err(|e| {
-                    committing = true;
-                    sqlite(e)
-                })?;
+            commit(conn)?;
             Ok(outcomes)
         });
-    // SQLite rolls some failures back by itself (a full disk, for one): then there
-    // is no transaction left to roll back.
-    if result.is_err()
-        && conn.in_transaction()
-        && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
-    {
-        // The caller checks whether the connection is still inside a transaction.
-        tracing::error!(error = %e, "ROLLBACK failed");
+    if result.is_err() {
+        rollback(conn);
     }
-    // The database in memory that holds the index of keyed waiting rows commits
-    // apart from the file: after a `COMMIT` that failed, the index is built again
-    // from the rows rather than trusted.
-    if committing
-        && !conn.in_transaction()
+    result
+}
+
+/// Commits the writer's transaction. The database in memory that holds the index
+/// of keyed waiting rows commits apart from the file: after a `COMMIT` that
+/// failed, the index is built again from the rows rather than trusted.
+fn commit(conn: &mut Connection) -> Result<(), Error> {
+    let Err(failed) = conn.query("COMMIT").and_then(|q| q.execute()) else {
+        return Ok(());
+    };
+    rollback(conn);
+    if !conn.in_transaction()
         && let Err(e) = conn.batch(sql::KEYED_WAITING_FILL)
     {
         tracing::error!(error = %e, "cannot rebuild the index of keyed waiting rows");
     }
-    result
+    Err(sqlite(failed))
+}
+
+/// Rolls back what is left of a failed transaction. SQLite rolls some failures
+/// back by itself (a full disk, for one): then there is nothing left to roll
+/// back. The caller checks whether the connection is still inside a transaction.
+fn rollback(conn: &mut Connection) {
+    if conn.in_transaction()
+        && let Err(e) = conn.query("ROLLBACK").and_then(|q| q.execute())
+    {
+        tracing::error!(error = %e, "ROLLBACK failed");
+    }
 }
 
 /// Moves of keyed rows out of RUNNING, counted per key and written once per key
