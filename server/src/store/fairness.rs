@@ -28,7 +28,10 @@
 //! A weight set for a key (`fairness_weights`, through `AdminService`) takes the
 //! place of the weights its rows are submitted with: the submit reads it in the
 //! same statement that moves the chain, so every node places the key's new rows
-//! by it once it is committed. Rows already placed keep their places.
+//! by it once it is committed. Rows already placed keep their places. A listing
+//! of the weights counts each key's waiting rows ([`with_waiting`]) among the
+//! first [`WAITING_COUNTED`] of its type in claim order, so that it costs the
+//! same however long the backlog.
 //!
 //! Invariants:
 //! - a chain only moves forward, and is moved in the submit's own transaction (on

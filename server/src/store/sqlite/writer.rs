@@ -70,23 +70,18 @@ impl Writer {
             .name(WRITER_THREAD.to_owned())
             .spawn(move || {
                 while let Ok(job) = inbox.recv() {
+                    let conn = &mut conn;
+                    let path = &reopen_path;
                     match job {
                         Job::Batch { ops, now, reply } => {
-                            let result = run_batch(&mut conn, &ops, now);
-                            if result.is_err() {
-                                recover(&mut conn, &reopen_path);
-                            }
-                            let _ = reply.send(result);
+                            let _ = reply.send(run(conn, path, |c| run_batch(c, &ops, now)));
                         }
                         Job::PriorityAging {
                             per_level_ms,
                             reply,
                         } => {
-                            let result = set_priority_aging(&mut conn, per_level_ms);
-                            if result.is_err() {
-                                recover(&mut conn, &reopen_path);
-                            }
-                            let _ = reply.send(result);
+                            let _ = reply
+                                .send(run(conn, path, |c| set_priority_aging(c, per_level_ms)));
                         }
                     }
                 }
@@ -171,6 +166,19 @@ impl Drop for Writer {
             let _ = thread.join();
         }
     }
+}
+
+/// Runs one job's transaction on the connection, and [`recover`]s if it failed.
+fn run<T>(
+    conn: &mut Connection,
+    path: &Path,
+    job: impl FnOnce(&mut Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let result = job(conn);
+    if result.is_err() {
+        recover(conn, path);
+    }
+    result
 }
 
 /// After a failed batch: a connection its ROLLBACK left inside a transaction would
