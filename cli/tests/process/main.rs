@@ -100,6 +100,62 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     assert_eq!(worker.log().starts(), 90);
 }
 
+/// kill -9 with rows of concurrency keys waiting behind their keys' limit. SQLite's
+/// writer keeps the index of those rows in memory and fills it from the file when
+/// it opens: after the restart every one of them runs, once (the two running at
+/// the kill again, as attempt 2).
+#[tokio::test]
+async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
+    let env = Env::new();
+    let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
+    let mut server = env.server(&args);
+    let mut client = server.client().await;
+    let channel = tonic::transport::Channel::from_shared(server.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    v1::admin_service_client::AdminServiceClient::new(channel)
+        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+            concurrency_limit: Some(v1::ConcurrencyLimit {
+                activity_type: "sleep".into(),
+                max_running: 1,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("set the limit");
+    let worker = env.worker(10);
+    server.await_workers(&mut client, 1).await;
+    client
+        .submit_batch(v1::SubmitBatchRequest {
+            activities: (0..20)
+                .map(|i| v1::SubmitRequest {
+                    concurrency_key: format!("k{}", i % 2),
+                    ..sleep_request(&format!("keyed{i}"), 600, None)
+                })
+                .collect(),
+        })
+        .await
+        .expect("submit");
+    // Killed well before the first two end (600 ms), so exactly those two run.
+    eventually("one row of each key to start", || async {
+        (worker.log().starts() >= 2).then_some(())
+    })
+    .await;
+    server.kill_9();
+    assert_eq!(worker.log().dones(), 0, "killed too late to tell");
+    let server = env.server(&args);
+    let client = server.client().await;
+    await_completed(&client, 20, Duration::from_secs(30)).await;
+    let all = list_all(&mut client.clone()).await;
+    assert_eq!(all.len(), 20);
+    let again = all.iter().filter(|a| a.attempt == 2).count();
+    assert_eq!(again, 2, "the two running at the kill ran again");
+    assert!(all.iter().all(|a| a.attempt <= 2), "{all:?}");
+    assert_eq!(worker.log().starts(), 22, "every other row ran once");
+}
+
 /// kill -9 while submits are in flight: every submit the server acknowledged is
 /// there after the restart (a submit is answered only after its durable commit).
 #[tokio::test(flavor = "multi_thread")]
