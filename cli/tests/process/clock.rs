@@ -5,20 +5,15 @@
 
 use std::time::Duration;
 
-use spool_proto::v1::{self, ActivityStatus, admin_service_client::AdminServiceClient};
-use tonic::transport::Channel;
+use spool_proto::v1::{self, ActivityStatus};
 
 use crate::support::*;
 
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 async fn worker_ids(url: &str) -> Vec<String> {
-    let channel = Channel::from_shared(url.to_owned())
-        .unwrap()
-        .connect()
+    admin_of(url)
         .await
-        .unwrap();
-    AdminServiceClient::new(channel)
         .list_workers(v1::ListWorkersRequest::default())
         .await
         .unwrap()

@@ -110,12 +110,9 @@ async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
     let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
     let mut server = env.server(&args);
     let mut client = server.client().await;
-    let channel = tonic::transport::Channel::from_shared(server.url.clone())
-        .unwrap()
-        .connect()
+    server
+        .admin()
         .await
-        .unwrap();
-    v1::admin_service_client::AdminServiceClient::new(channel)
         .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
             concurrency_limit: Some(v1::ConcurrencyLimit {
                 activity_type: "sleep".into(),

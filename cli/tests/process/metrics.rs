@@ -102,12 +102,7 @@ async fn each_family_reads_what_a_known_workload_did() {
         submit(&mut client, quick_retry_request("idle", id, 3)).await;
     }
     // Limits on a type nobody serves: a full bucket, no keys in use.
-    let channel = tonic::transport::Channel::from_shared(server.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
-    let mut admin = v1::admin_service_client::AdminServiceClient::new(channel);
+    let mut admin = server.admin().await;
     admin
         .set_rate_limit(v1::SetRateLimitRequest {
             rate_limit: Some(v1::RateLimit {

@@ -154,6 +154,11 @@ impl ServerProcess {
         .await
     }
 
+    /// An admin client of the server, which answers already.
+    pub async fn admin(&self) -> AdminServiceClient<Channel> {
+        admin_of(&self.url).await
+    }
+
     /// Waits until the server reports NOT_SERVING (a drain began).
     pub async fn await_not_serving(&self) {
         use tonic_health::pb::{
@@ -439,6 +444,16 @@ pub fn sleep_request(activity_id: &str, ms: u64, delay: Option<Duration>) -> v1:
         delay: delay.map(spool_proto::duration::to_proto),
         ..Default::default()
     }
+}
+
+/// An admin client of the server at `url`, which answers already.
+pub async fn admin_of(url: &str) -> AdminServiceClient<Channel> {
+    let channel = Channel::from_shared(url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    AdminServiceClient::new(channel)
 }
 
 pub async fn submit(client: &mut ActivityServiceClient<Channel>, request: v1::SubmitRequest) {
