@@ -14,12 +14,22 @@
 //! The loop is woken by requests, by the registry (a slot freed, a worker joined, a
 //! row came due) and by the timer of delayed rows; it never polls.
 //!
+//! A store that writes two batches at once (`Store::writers`: PostgreSQL, each on
+//! a connection and a backend of its own) gets the next batch while one is being
+//! written, so the loop's own work (effects, answers, forming the next batch) and
+//! PostgreSQL's overlap. Each claim then takes half of a worker's room, so that the
+//! batch sent beside it can claim too, and after sending one the loop plans again
+//! at once. SQLite has one writer: the loop writes a batch and lands it before it
+//! forms the next.
+//!
 //! Invariants:
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
 //! - a request is answered only after its transaction committed (or failed);
-//! - effects are applied in op order, after the commit and before the next batch,
-//!   so a cancel committed after a claim always finds the claimed attempt in the
-//!   registry;
+//! - effects are applied in op order, after the commit, batch by batch in the order
+//!   the batches formed; at most one batch is being written while the next forms.
+//!   Two batches written at once touch a row one after the other (its lock), so a
+//!   cancel committed after a claim always finds the claimed attempt in the
+//!   registry: the cancel's batch formed later and lands later;
 //! - a batch that fails is retried request by request, so one bad request cannot
 //!   fail its neighbours, and its claims are planned again and committed on their
 //!   own, so dispatch does not wait on it; the loop pauses only when nothing
@@ -184,18 +194,32 @@ impl Loop {
     async fn run(mut self) {
         let mut stop: Option<oneshot::Sender<()>> = None;
         let mut closed = false;
+        // The batch being written while the next one forms (stores with more than
+        // one writer only).
+        let mut flight: Option<Flight> = None;
+        // Set when a batch went to the store beside one in flight: the room it
+        // did not claim may be claimed by a batch of its own at once, without
+        // waiting for a request.
+        let mut plan_again = false;
+        let writers = self.store.writers();
         loop {
             let mut ops: Vec<Op> = std::mem::take(&mut self.carry);
             // Rows claimed ahead that will not be sent go back with this batch.
             ops.extend(self.registry.take_released());
             let mut requests: Vec<Request> = Vec::new();
-            if ops.is_empty() && stop.is_none() && !closed {
+            if ops.is_empty() && stop.is_none() && !closed && !std::mem::take(&mut plan_again) {
                 let deadline = self
                     .timer
                     .next()
                     .map(|at| due::instant_for(at, self.store.now()));
                 tokio::select! {
                     biased;
+                    applied = landing(&mut flight), if flight.is_some() => {
+                        if let Some(landed) = flight.take() {
+                            self.landed(landed.batch, applied).await;
+                        }
+                        continue;
+                    }
                     message = self.rx.recv() => match message {
                         Some(m) => self.take(m, &mut ops, &mut requests, &mut stop),
                         None => closed = true,
@@ -216,6 +240,7 @@ impl Loop {
                 // A node deaf to the others, or mute to them, would live on as a
                 // zombie: end the loop; the server exits for its supervisor.
                 tracing::error!("{why}: the committer stops");
+                self.land(&mut flight).await;
                 answer_closed(requests);
                 return;
             }
@@ -260,10 +285,26 @@ impl Loop {
                 ops.extend(claims.into_iter().map(Op::Claim));
             }
             if ops.is_empty() {
-                // Requests with no ops (a barrier: "everything before me is in").
-                answer(requests, Vec::new());
-            } else {
+                if !requests.is_empty() {
+                    // Requests with no ops (a barrier: "everything before me is in").
+                    self.land(&mut flight).await;
+                    answer(requests, Vec::new());
+                }
+            } else if writers < 2 {
                 self.write(ops, requests, first_claim, now).await;
+            } else {
+                // The next batch goes to the store before the one in flight lands,
+                // so the store writes one while the loop applies the other's
+                // effects; effects are still applied in the order batches formed.
+                let claimed = first_claim < ops.len();
+                let next = self.launch(ops, requests, first_claim, now).await;
+                self.land(&mut flight).await;
+                flight = Some(next);
+                if stop.is_some() || closed {
+                    self.land(&mut flight).await;
+                } else {
+                    plan_again = claimed;
+                }
             }
             if stop.is_some() || closed {
                 // Everything queued before the stop is in; later senders see Closed.
@@ -319,21 +360,74 @@ impl Loop {
         first_claim: usize,
         now: UnixMillis,
     ) {
+        let (batch, fenced) = self.batch(ops, requests, first_claim, now).await;
+        let applied = self.store.apply(fenced, now).await;
+        self.landed(batch, applied).await;
+    }
+
+    /// [`Loop::write`], but only sent: the store writes it on a task of its own
+    /// while the loop goes on.
+    async fn launch(
+        &self,
+        ops: Vec<Op>,
+        requests: Vec<Request>,
+        first_claim: usize,
+        now: UnixMillis,
+    ) -> Flight {
+        let (batch, fenced) = self.batch(ops, requests, first_claim, now).await;
+        let store = self.store.clone();
+        Flight {
+            batch,
+            applied: tokio::spawn(async move { store.apply(fenced, now).await }),
+        }
+    }
+
+    /// `ops` as a batch, and as the store is to write them.
+    async fn batch(
+        &self,
+        ops: Vec<Op>,
+        requests: Vec<Request>,
+        first_claim: usize,
+        now: UnixMillis,
+    ) -> (Batch, Arc<[Op]>) {
         tracing::trace!(
             ops = ops.len(),
             requests = requests.len(),
             claims = ops.len() - first_claim,
             "batch"
         );
-        let started = std::time::Instant::now();
         let ops: Arc<[Op]> = ops.into();
-        let applied = self
-            .store
-            .apply(
-                crate::breakage::unfence(&*self.store, ops.clone()).await,
-                now,
-            )
-            .await;
+        let fenced = crate::breakage::unfence(&*self.store, ops.clone()).await;
+        let batch = Batch {
+            ops,
+            requests,
+            first_claim,
+            now,
+            started: std::time::Instant::now(),
+        };
+        (batch, fenced)
+    }
+
+    /// Waits for the batch in flight, if there is one, and lands it.
+    async fn land(&mut self, flight: &mut Option<Flight>) {
+        if flight.is_some() {
+            let applied = landing(flight).await;
+            if let Some(landed) = flight.take() {
+                self.landed(landed.batch, applied).await;
+            }
+        }
+    }
+
+    /// Applies the effects of a batch the store has written and answers its
+    /// requests; a batch that failed is retried request by request.
+    async fn landed(&mut self, batch: Batch, applied: Result<Vec<Outcome>, store::Error>) {
+        let Batch {
+            ops,
+            requests,
+            first_claim,
+            now,
+            started,
+        } = batch;
         let took = started.elapsed();
         crate::metrics::commit(ops.len(), took.as_secs_f64(), applied.is_ok());
         tracing::trace!(micros = took.as_micros() as u64, "applied");
@@ -644,6 +738,34 @@ impl Loop {
             self.timer
                 .insert(at, Some((namespace.into(), activity_type.into())));
         }
+    }
+}
+
+/// The ops of one transaction, and the requests they answer.
+struct Batch {
+    ops: Arc<[Op]>,
+    requests: Vec<Request>,
+    first_claim: usize,
+    now: UnixMillis,
+    started: std::time::Instant,
+}
+
+/// A batch sent to the store and not yet landed.
+struct Flight {
+    batch: Batch,
+    applied: tokio::task::JoinHandle<Result<Vec<Outcome>, store::Error>>,
+}
+
+/// What the store made of the batch in `flight`, once it is written; never,
+/// without one.
+async fn landing(flight: &mut Option<Flight>) -> Result<Vec<Outcome>, store::Error> {
+    match flight {
+        // A writing task that ended without an answer (it panicked, or the
+        // runtime is going down) is a failed batch: its requests are retried.
+        Some(f) => (&mut f.applied)
+            .await
+            .unwrap_or_else(|_| Err(store::Error::Database(sqlx::Error::WorkerCrashed))),
+        None => std::future::pending().await,
     }
 }
 

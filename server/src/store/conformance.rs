@@ -237,6 +237,7 @@ fn claim_for(types: &[&str], limit: u32) -> Op {
         node: "node-a".into(),
         limit,
         lease_expires_at: T0 + 30_000,
+        epoch: 0,
     })
 }
 

@@ -599,6 +599,10 @@ pub struct Claim {
     pub node: Arc<str>,
     pub limit: u32,
     pub lease_expires_at: UnixMillis,
+    /// The dispatcher's count of its group's due marks when it planned the claim;
+    /// a short claim marks the group exhausted only if no row came due since (see
+    /// `Registry::assign`). The store ignores it.
+    pub epoch: u64,
 }
 
 /// How an attempt ends, decided by the caller (see `lifecycle`).
@@ -991,6 +995,15 @@ pub trait Store: Send + Sync + 'static {
     /// start, every RUNNING row is a dead process's, to reclaim at once. Otherwise
     /// only rows whose lease expired are (by the liveness sweep).
     fn single_node(&self) -> bool;
+
+    /// How many batches [`Store::apply`] may run at once. SQLite has one writer,
+    /// so one. PostgreSQL runs each on a connection of its own, on a backend of
+    /// its own, and batches that touch the same rows wait for each other's locks
+    /// as two nodes' batches do; the committer then forms and sends the next
+    /// batch while one is being written.
+    fn writers(&self) -> usize {
+        1
+    }
 
     /// Tells the other nodes sharing the database about committed changes. A
     /// single-node store has no one to tell.

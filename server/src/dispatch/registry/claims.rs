@@ -40,6 +40,7 @@ impl Registry {
         if inner.paused {
             return Vec::new();
         }
+        let writers = self.writers.max(1);
         let all_due = std::mem::take(&mut inner.all_due);
         let due = std::mem::take(&mut inner.due);
         inner.rotation = inner.rotation.wrapping_add(1);
@@ -50,11 +51,11 @@ impl Registry {
                     .iter()
                     .any(|t| due.contains(&(namespace.clone(), t.clone())))
             {
-                group.exhausted = false;
+                group.refresh();
             }
             for id in &group.workers {
                 if let Some(w) = inner.workers.get_mut(id) {
-                    w.plan_ahead();
+                    w.plan_ahead(writers);
                 }
             }
             if group.exhausted {
@@ -67,7 +68,13 @@ impl Registry {
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
                 .filter(|w| w.takes_tasks())
-                .map(|w| (w.wanted(), w.id.clone(), w.identity.clone()))
+                .map(|w| {
+                    (
+                        w.wanted().div_ceil(writers),
+                        w.id.clone(),
+                        w.identity.clone(),
+                    )
+                })
                 .filter(|(free, ..)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -88,6 +95,7 @@ impl Registry {
                     node: self.node.clone(),
                     limit,
                     lease_expires_at,
+                    epoch: group.epoch,
                 });
             }
         }
@@ -142,7 +150,10 @@ impl Registry {
             }
         }
         let group = worker.group.clone();
-        if short && let Some(g) = inner.groups.get_mut(&group) {
+        if short
+            && let Some(g) = inner.groups.get_mut(&group)
+            && g.epoch == claim.epoch
+        {
             g.exhausted = true;
         }
         undelivered

@@ -6,10 +6,14 @@
 //!
 //! Invariants:
 //! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
-//!   it (sent, reserved by a claim under way, or held ahead) are at most three times
-//!   that:
+//!   it (sent, reserved by claims under way, or held ahead) are at most `1 + 2 ×
+//!   writers²` times that (three times with SQLite's one writer, nine with
+//!   PostgreSQL's two; see `Worker::plan_ahead`):
 //!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
 //!   + ahead target`;
+//! - a short claim marks its group exhausted only if nothing refreshed the group
+//!   (a row came due, a worker joined) since the claim was planned: with batches
+//!   written side by side, a later plan may already have taken that mark;
 //! - rows *claimed ahead* (committed RUNNING for a worker whose slots are all busy,
 //!   not yet sent) are sent the moment one of its slots frees, without waiting for a
 //!   commit; they are sent only while the worker takes tasks and the node is not
@@ -54,8 +58,10 @@ use super::timeouts::{Deadlines, TimedOut};
 use crate::store::{Attempt, HeartbeatDetails, Key, Op, Payload, Transition};
 
 /// Results a session may have in flight (being committed, or acked but not yet
-/// sent): the bound on acks queued in a worker's outbound channel.
-pub const ACK_WINDOW: usize = 256;
+/// sent): the bound on acks queued in a worker's outbound channel. Above what two
+/// batches written at once carry for a fast worker (up to its slots and nine times
+/// them claimed on PostgreSQL), so the window does not throttle a drain.
+pub const ACK_WINDOW: usize = 1024;
 
 /// One message to a worker. An ack carries the session's ack-window permit, which is
 /// released when the message leaves the channel for the wire.
@@ -370,12 +376,17 @@ impl Worker {
     /// worker that turns all its slots over within one commit then still finds
     /// rows when the next one lands, and the committer's batches (one fsync each)
     /// carry up to that many results.
-    fn plan_ahead(&mut self) {
+    ///
+    /// With `writers` batches written at once, a claim takes `1 / writers` of the
+    /// room and its rows land `writers` rounds after it is planned, so the room
+    /// covers `writers²` rounds, twice over.
+    fn plan_ahead(&mut self, writers: u32) {
         let answered = std::mem::take(&mut self.answered);
+        let rounds = 2 * writers * writers;
         self.ahead_target = answered
-            .saturating_mul(2)
+            .saturating_mul(rounds)
             .max(self.ahead_target / 2)
-            .min(self.max_concurrency.saturating_mul(2));
+            .min(self.max_concurrency.saturating_mul(rounds));
     }
 
     /// Whether tasks may be sent to it: not leaving, evicted or detached.
@@ -441,6 +452,18 @@ struct Group {
     /// The last claim found fewer due rows than it asked for; no claim is planned
     /// until one of the group's types is marked due.
     exhausted: bool,
+    /// Counts the times `exhausted` was cleared. A claim carries the count it was
+    /// planned at: when batches overlap (PostgreSQL), a short claim planned before
+    /// a row came due must not mark the group exhausted after that mark was taken.
+    epoch: u64,
+}
+
+impl Group {
+    /// Something may have given the group due rows (or a worker to take them).
+    fn refresh(&mut self) {
+        self.exhausted = false;
+        self.epoch += 1;
+    }
 }
 
 #[derive(Default)]
@@ -486,6 +509,9 @@ pub struct Registry {
     committing: std::sync::atomic::AtomicUsize,
     /// This server's name (`--node-name`), recorded with each attempt it dispatches.
     node: Arc<str>,
+    /// How many batches the store writes at once (`Store::writers`): each claim
+    /// takes that share of a worker's room, so the next batch can claim too.
+    writers: u32,
 }
 
 impl Registry {
@@ -493,8 +519,15 @@ impl Registry {
     pub fn new(node: &str) -> Self {
         Self {
             node: node.into(),
+            writers: 1,
             ..Self::default()
         }
+    }
+
+    /// The registry of a node whose store writes `writers` batches at once.
+    pub fn with_writers(mut self, writers: usize) -> Self {
+        self.writers = u32::try_from(writers).unwrap_or(u32::MAX).max(1);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -543,7 +576,7 @@ impl Registry {
             .push(id.clone());
         // A new worker may be able to take rows that were waiting for one.
         if let Some(g) = inner.groups.get_mut(&group) {
-            g.exhausted = false;
+            g.refresh();
         }
         let worker = Worker::new(id.clone(), group, reg, now, tx.clone(), evict.clone());
         inner.workers.insert(id.clone(), worker);
@@ -907,7 +940,7 @@ impl Registry {
         }
         let g = inner.groups.entry(group).or_default();
         g.workers.push(id.clone());
-        g.exhausted = false;
+        g.refresh();
         inner.workers.insert(id, worker);
         drop(inner);
         self.wake.notify_one();
@@ -1510,6 +1543,37 @@ mod tests {
         crate::store::running_row_for_tests(id, activity_id, worker_id)
     }
 
+    /// With two batches written at once, a claim takes half of a worker's room, so
+    /// the next batch can claim beside it; a short claim planned before a row came
+    /// due does not mark the group exhausted once a later plan has taken that mark.
+    #[test]
+    fn overlapping_claims_share_the_room_and_keep_due_marks() {
+        let registry = Registry::new("n").with_writers(2);
+        let (_id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
+        registry.mark_all_due();
+        let first = registry.plan_claims(0).remove(0);
+        assert_eq!(first.limit, 2, "half of the room");
+        // A row comes due while the first claim is written; the next plan takes
+        // the mark and claims from what is left.
+        registry.mark_due("default", "t");
+        let second = registry.plan_claims(0).remove(0);
+        assert_eq!(second.limit, 1, "half of what the first left");
+        // The first finds nothing: it was planned before the row came due.
+        assert!(registry.assign(&first, Vec::new()).is_empty());
+        let third = registry.plan_claims(0);
+        assert_eq!(
+            third.iter().map(|c| c.limit).collect::<Vec<_>>(),
+            [2],
+            "not exhausted: the second claim may still find the row"
+        );
+        for c in &third {
+            registry.unreserve(c);
+        }
+        // The second, planned after the mark, finds nothing either: exhausted.
+        assert!(registry.assign(&second, Vec::new()).is_empty());
+        assert!(registry.plan_claims(0).is_empty(), "exhausted");
+    }
+
     /// Slots: a claim reserves what is free; assigned attempts hold their slots
     /// until answered, also after the server ended them; a short claim marks the
     /// group exhausted until a row comes due; rows for a worker that is gone come
@@ -1521,7 +1585,6 @@ mod tests {
         registry.mark_all_due();
         let claim = registry.plan_claims(0).remove(0);
         assert_eq!(claim.limit, 3);
-        registry.mark_all_due();
         assert!(
             registry.plan_claims(0).is_empty(),
             "reserved slots are not planned twice"

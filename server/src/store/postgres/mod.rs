@@ -541,6 +541,10 @@ impl Store for PostgresStore {
         false
     }
 
+    fn writers(&self) -> usize {
+        2
+    }
+
     fn now(&self) -> UnixMillis {
         self.clock.now()
     }
@@ -1270,6 +1274,7 @@ mod tests {
             node: "node".into(),
             limit: 1,
             lease_expires_at: now + 30_000,
+            epoch: 0,
         });
         let outcomes = store
             .apply(
