@@ -26,10 +26,10 @@
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
 //! - a request is answered only after its transaction committed (or failed);
 //! - effects are applied in op order, after the commit, batch by batch in the order
-//!   the batches formed; at most one batch is being written while the next forms.
-//!   Two batches written at once touch a row one after the other (its lock), so a
-//!   cancel committed after a claim always finds the claimed attempt in the
-//!   registry: the cancel's batch formed later and lands later;
+//!   the batches formed; at most one batch is being written while the next forms,
+//!   and only batches of submits, endings and claims go side by side (see
+//!   `side_by_side`), so a cancel committed after a claim always finds the claimed
+//!   attempt in the registry;
 //! - a batch that fails is retried request by request, so one bad request cannot
 //!   fail its neighbours, and its claims are planned again and committed on their
 //!   own, so dispatch does not wait on it; the loop pauses only when nothing
@@ -296,8 +296,14 @@ impl Loop {
                 // The next batch goes to the store before the one in flight lands,
                 // so the store writes one while the loop applies the other's
                 // effects; effects are still applied in the order batches formed.
+                // Only batches of submits, endings and claims go side by side.
+                let beside = ops.iter().all(side_by_side);
+                if !beside || flight.as_ref().is_some_and(|f| !f.beside) {
+                    self.land(&mut flight).await;
+                }
                 let claimed = first_claim < ops.len();
-                let next = self.launch(ops, requests, first_claim, now).await;
+                let mut next = self.launch(ops, requests, first_claim, now).await;
+                next.beside = beside;
                 self.land(&mut flight).await;
                 flight = Some(next);
                 if stop.is_some() || closed {
@@ -308,6 +314,7 @@ impl Loop {
             }
             if stop.is_some() || closed {
                 // Everything queued before the stop is in; later senders see Closed.
+                self.land(&mut flight).await;
                 if self.carry.is_empty() {
                     break;
                 }
@@ -379,6 +386,7 @@ impl Loop {
         Flight {
             batch,
             applied: tokio::spawn(async move { store.apply(fenced, now).await }),
+            beside: false,
         }
     }
 
@@ -545,8 +553,10 @@ impl Loop {
                             (&s.row.key.namespace, &s.row.activity_type);
                         if s.row.next_at <= now {
                             // Marked due here before the batch's claims were
-                            // planned, so they already looked for it: marking it
-                            // again would only plan a claim that finds nothing.
+                            // planned, so they already looked for it (a claim
+                            // planned before that comes back short plans again,
+                            // `Registry::assign`): marking it again would only
+                            // plan a claim that finds nothing.
                             self.tell_due(namespace, activity_type, s.row.next_at);
                         } else {
                             self.came_due(namespace, activity_type, s.row.next_at, now);
@@ -754,6 +764,20 @@ struct Batch {
 struct Flight {
     batch: Batch,
     applied: tokio::task::JoinHandle<Result<Vec<Outcome>, store::Error>>,
+    /// Whether the next batch may be written beside it ([`side_by_side`]).
+    beside: bool,
+}
+
+/// Whether `op` may be written beside another batch: it meets the other batch's
+/// rows only at their locks, and whichever commits first, landing the two in the
+/// order they formed tells the registry the truth. A submit inserts, an ending is
+/// fenced by its attempt, a claim skips locked rows. Not so a cancel, whose
+/// batch could find a row a later batch's claim took (RUNNING) and land first,
+/// before the registry holds the attempt to stop; nor a renewal, which could miss
+/// an attempt a later batch ended and take it for lost. Those batches are written
+/// alone.
+fn side_by_side(op: &Op) -> bool {
+    matches!(op, Op::Submit(_) | Op::Finish { .. } | Op::Claim(_))
 }
 
 /// What the store made of the batch in `flight`, once it is written; never,

@@ -150,11 +150,20 @@ impl Registry {
             }
         }
         let group = worker.group.clone();
-        if short
-            && let Some(g) = inner.groups.get_mut(&group)
-            && g.epoch == claim.epoch
-        {
-            g.exhausted = true;
+        let mut refreshed = false;
+        if short && let Some(g) = inner.groups.get_mut(&group) {
+            if g.epoch == claim.epoch {
+                g.exhausted = true;
+            } else {
+                // A plan since this claim's took the group's due mark, but may have
+                // had no room to claim with: plan again, now that this one's
+                // reservation is given back.
+                refreshed = true;
+            }
+        }
+        drop(inner);
+        if refreshed {
+            self.wake.notify_one();
         }
         undelivered
     }

@@ -58,9 +58,10 @@ use super::timeouts::{Deadlines, TimedOut};
 use crate::store::{Attempt, HeartbeatDetails, Key, Op, Payload, Transition};
 
 /// Results a session may have in flight (being committed, or acked but not yet
-/// sent): the bound on acks queued in a worker's outbound channel. Above what two
-/// batches written at once carry for a fast worker (up to its slots and nine times
-/// them claimed on PostgreSQL), so the window does not throttle a drain.
+/// sent): the bound on acks queued in a worker's outbound channel. Two batches
+/// written at once carry up to a worker's rows claimed, nine times its slots on
+/// PostgreSQL: the window covers that for up to 113 slots, so it does not throttle
+/// the drain of a worker of common size.
 pub const ACK_WINDOW: usize = 1024;
 
 /// One message to a worker. An ack carries the session's ack-window permit, which is
@@ -1543,6 +1544,14 @@ mod tests {
         crate::store::running_row_for_tests(id, activity_id, worker_id)
     }
 
+    /// Whether the committer was woken since this was last asked (a wake-up is
+    /// kept until taken).
+    fn was_woken(registry: &Registry) -> bool {
+        let woken = registry.woken();
+        let mut woken = std::pin::pin!(woken);
+        woken.as_mut().enable()
+    }
+
     /// With two batches written at once, a claim takes half of a worker's room, so
     /// the next batch can claim beside it; a short claim planned before a row came
     /// due does not mark the group exhausted once a later plan has taken that mark.
@@ -1558,8 +1567,12 @@ mod tests {
         registry.mark_due("default", "t");
         let second = registry.plan_claims(0).remove(0);
         assert_eq!(second.limit, 1, "half of what the first left");
-        // The first finds nothing: it was planned before the row came due.
+        // The first finds nothing: it was planned before the row came due. The
+        // loop is woken to plan again: the second plan had less room than the
+        // first claim gives back now.
+        let _ = was_woken(&registry);
         assert!(registry.assign(&first, Vec::new()).is_empty());
+        assert!(was_woken(&registry), "woken to plan again");
         let third = registry.plan_claims(0);
         assert_eq!(
             third.iter().map(|c| c.limit).collect::<Vec<_>>(),

@@ -439,6 +439,14 @@ macro_rules! none_ended {
     };
 }
 
+/// Locks the rate limit buckets of types `$2` of namespace `$1`, in one order. A
+/// claim of several types takes them first: its statements, one a type, each lock
+/// their type's bucket until the transaction ends, and two claims that met in
+/// different orders (the committer rotates a worker's types between claims, and
+/// may write two batches at once) would wait for each other.
+pub const LOCK_BUCKETS: &str = "SELECT 1 FROM rate_limits \
+     WHERE namespace = $1 AND activity_type = ANY($2) ORDER BY activity_type FOR UPDATE";
+
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
 /// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. One row
 /// at least: the claimed row's columns (all NULL when it claimed none), then

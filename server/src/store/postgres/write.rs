@@ -549,6 +549,14 @@ async fn claim_rows(
     claim: &Claim,
     now: UnixMillis,
 ) -> Result<Outcome, Error> {
+    if claim.activity_types.len() > 1 {
+        let types: Vec<&str> = claim.activity_types.iter().map(|t| &**t).collect();
+        sqlx::query(sql::LOCK_BUCKETS)
+            .bind(&*claim.namespace)
+            .bind(&types)
+            .execute(&mut *conn)
+            .await?;
+    }
     let mut claimed = Vec::new();
     let mut throttled = Vec::new();
     for activity_type in &claim.activity_types {
