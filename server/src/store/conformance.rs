@@ -120,6 +120,7 @@ conformance!(
     submit_conflicts_on_another_type,
     submit_batch_is_all_or_nothing,
     claim_takes_due_rows_by_priority_then_age,
+    a_claim_returns_its_rows_in_claim_order,
     priority_ages_once_set_and_is_strict_again_when_unset,
     priority_aging_ranks_a_keys_waiting_rows_again,
     a_rate_limit_holds_claims_to_its_bucket,
@@ -331,6 +332,23 @@ async fn submit_batch_is_all_or_nothing(store: &dyn Store, _raw: &Raw) {
         Outcome::Claimed { rows, .. } => assert!(rows.iter().any(|r| r.key.activity_id == "e")),
         other => panic!("expected Claimed, got {other:?}"),
     }
+}
+
+/// The rows of one claim come back in claim order, which is the order they are
+/// sent in: a worker with one free slot and rows ahead runs the most urgent
+/// first, whatever order the rows were stored in.
+async fn a_claim_returns_its_rows_in_claim_order(store: &dyn Store, _raw: &Raw) {
+    for a in [
+        ranked("low-a", 0, T0 - 30),
+        ranked("low-b", 0, T0 - 20),
+        ranked("high", 5, T0 - 10),
+        ranked("low-c", 0, T0 - 40),
+    ] {
+        submit(store, a).await;
+    }
+    let rows = claim(store, &["t"], 10, T0).await;
+    let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.as_str()).collect();
+    assert_eq!(ids, ["high", "low-c", "low-a", "low-b"]);
 }
 
 async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store, _raw: &Raw) {

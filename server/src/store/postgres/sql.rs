@@ -303,7 +303,7 @@ macro_rules! claim_ctes {
             allowed!($now, $limit),
             ")) RETURNING ",
             columns!(),
-            "), \
+            ", claim_band AS o_band, claim_rank AS o_rank), \
              c AS (UPDATE activities SET ",
             claimed!($now, $worker, $lease, $identity, $node),
             " WHERE id = ANY(ARRAY(SELECT id FROM activities \
@@ -320,7 +320,7 @@ macro_rules! claim_ctes {
             allowed!($now, $limit),
             " - (SELECT COUNT(*) FROM k)) FOR UPDATE SKIP LOCKED)) RETURNING ",
             columns!(),
-            "), \
+            ", claim_band AS o_band, claim_rank AS o_rank), \
              kt AS (SELECT kc.ck, kc.weight, kc.interval_ns, COALESCE(g.n, 0) AS n FROM kc \
                LEFT JOIN (SELECT concurrency_key, COUNT(*) AS n FROM k GROUP BY concurrency_key) \
                  AS g ON g.concurrency_key = kc.ck), \
@@ -449,17 +449,20 @@ pub const LOCK_BUCKETS: &str = "SELECT 1 FROM rate_limits \
 
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
 /// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. One row
-/// at least: the claimed row's columns (all NULL when it claimed none), then
-/// `refill!`.
+/// at least: the claimed rows' columns in claim order, which is the order they are
+/// sent in (all NULL when it claimed none), then `refill!`.
 pub const CLAIM: &str = concat!(
     "WITH ",
     none_ended!(),
     ", ",
     claim_ctes!("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"),
-    " SELECT r.*, ",
+    " SELECT ",
+    columns!(),
+    ", ",
     refill!("$1", "$4", "$5"),
     " FROM (SELECT 1) AS one \
-     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
+     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE \
+     ORDER BY r.o_band, r.o_rank, r.id"
 );
 
 /// Ends attempts: attempt `$16[i]` of row `$15[i]`, if it still runs (and, where
@@ -528,8 +531,9 @@ pub const FINISH: &str = concat!(
 /// batch of endings and a claim commits without a transaction around it. They
 /// cannot meet: the endings touch RUNNING rows, the claim SCHEDULED ones, and
 /// one statement sees one snapshot (a row an ending reschedules is claimed by
-/// the next batch). One row back at least: the claim's columns (all NULL when it
-/// claimed nothing), then the array of ids ended, then `refill!`.
+/// the next batch). One row back at least: the claimed rows' columns in claim
+/// order (all NULL when it claimed nothing), then the array of ids ended, then
+/// `refill!`.
 pub const FINISH_AND_CLAIM: &str = concat!(
     "WITH f AS (",
     finish!(),
@@ -542,10 +546,13 @@ pub const FINISH_AND_CLAIM: &str = concat!(
     ended_keys!(
         " AND NOT (fe.namespace = $22 AND fe.activity_type = $23            AND fe.concurrency_key IN (SELECT ck FROM kc))"
     ),
-    " SELECT r.*, e.ended, ",
+    " SELECT ",
+    columns!(),
+    ", e.ended, ",
     refill!("$19", "$22", "$23"),
     " FROM (SELECT array_agg(id) AS ended FROM f) AS e \
-     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE"
+     LEFT JOIN (SELECT * FROM k UNION ALL SELECT * FROM c) AS r ON TRUE \
+     ORDER BY r.o_band, r.o_rank, r.id"
 );
 
 /// Ends row `$15`, locked and found cancellable by the same transaction; when it

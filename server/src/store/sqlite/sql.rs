@@ -118,7 +118,8 @@ pub const CLAIM: &str = concat!(
          AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 549755813888 \
        ORDER BY claim_band, claim_rank, id LIMIT ?6) \
      RETURNING ",
-    columns!()
+    columns!(),
+    ", claim_band, claim_rank"
 );
 
 /// [`CLAIM`] of the rows of concurrency key `?9`, in claim order, read from the
@@ -135,7 +136,8 @@ pub const CLAIM_KEYED: &str = concat!(
          AND (a.expires_at IS NULL OR a.expires_at > ?1) \
        ORDER BY w.claim_band, w.claim_rank, w.id LIMIT ?6) \
      RETURNING ",
-    columns!()
+    columns!(),
+    ", claim_band, claim_rank"
 );
 
 /// [`CLAIM_KEYED`] of one row of each concurrency key in the JSON array `?9`, at
@@ -152,7 +154,8 @@ pub const CLAIM_KEYED_ROUND: &str = concat!(
          ORDER BY w.claim_band, w.claim_rank, w.id LIMIT 1) \
        FROM json_each(?9) AS r LIMIT ?6) \
      RETURNING ",
-    columns!()
+    columns!(),
+    ", claim_band, claim_rank"
 );
 
 /// The writer's own index of the waiting rows that have a concurrency key, in

@@ -54,6 +54,10 @@ enum Job {
 /// The writer thread's name, as tools that measure its CPU look for it.
 pub const WRITER_THREAD: &str = "spool-sqlite-writer";
 
+/// Where a claim's `RETURNING` puts `claim_band` (then `claim_rank`), after the
+/// row's columns.
+const CLAIM_BAND: std::ffi::c_int = rows::COLUMNS as std::ffi::c_int;
+
 pub struct Writer {
     /// To the writer thread; dropping it (with the `Writer`) ends the thread.
     jobs: Option<std::sync::mpsc::Sender<Job>>,
@@ -836,6 +840,9 @@ fn run_claim(
         Some(key) => q.bind(key),
         None => q,
     };
+    // The update returns its rows in the table's order; they are sent in the
+    // order returned, so put them in claim order (band, rank, id).
+    let mut taken = Vec::new();
     while q.step().map_err(sqlite)? {
         // Every keyed row claimed is counted, readable or not (a key that is not
         // UTF-8 cannot be submitted).
@@ -845,10 +852,15 @@ fn run_claim(
         // An unreadable row stays RUNNING, undelivered, until its lease lapses; it
         // must not stop every other claim.
         match decode(&q) {
-            Ok(row) => claimed.push(row),
+            Ok(row) => {
+                let order = (q.int(CLAIM_BAND), q.int(CLAIM_BAND + 1), row.id);
+                taken.push((order, row));
+            }
             Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
         }
     }
+    taken.sort_by_key(|(order, _)| *order);
+    claimed.extend(taken.into_iter().map(|(_, row)| row));
     Ok(())
 }
 
