@@ -302,8 +302,7 @@ impl Loop {
                     self.land(&mut flight).await;
                 }
                 let claimed = first_claim < ops.len();
-                let mut next = self.launch(ops, requests, first_claim, now).await;
-                next.beside = beside;
+                let next = self.launch(ops, requests, first_claim, now, beside).await;
                 self.land(&mut flight).await;
                 flight = Some(next);
                 if stop.is_some() || closed {
@@ -373,20 +372,21 @@ impl Loop {
     }
 
     /// [`Loop::write`], but only sent: the store writes it on a task of its own
-    /// while the loop goes on.
+    /// while the loop goes on; `beside` says whether the next may go beside it.
     async fn launch(
         &self,
         ops: Vec<Op>,
         requests: Vec<Request>,
         first_claim: usize,
         now: UnixMillis,
+        beside: bool,
     ) -> Flight {
         let (batch, fenced) = self.batch(ops, requests, first_claim, now).await;
         let store = self.store.clone();
         Flight {
             batch,
             applied: tokio::spawn(async move { store.apply(fenced, now).await }),
-            beside: false,
+            beside,
         }
     }
 
