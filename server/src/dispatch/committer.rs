@@ -271,14 +271,7 @@ impl Loop {
             self.fire_timer(now).await;
             // Rows submitted in this very batch can be claimed in it too: one commit
             // from submit to dispatch.
-            for op in &ops {
-                if let Op::Submit(batch) = op {
-                    for new in batch.iter().filter(|new| new.next_at <= now) {
-                        self.registry
-                            .mark_due(&new.key.namespace, &new.activity_type);
-                    }
-                }
-            }
+            mark_submits_due(&self.registry, &ops, now);
             let first_claim = ops.len();
             if stop.is_none() && !closed {
                 let claims = self.registry.plan_claims(now.saturating_add(self.lease_ms));
@@ -303,6 +296,9 @@ impl Loop {
                 }
                 let claimed = first_claim < ops.len();
                 let next = self.launch(ops, requests, first_claim, now, beside).await;
+                if claimed && let Some(overtaken) = flight.as_mut() {
+                    overtaken.batch.overtaken = true;
+                }
                 self.land(&mut flight).await;
                 flight = Some(next);
                 if stop.is_some() || closed {
@@ -412,6 +408,7 @@ impl Loop {
             first_claim,
             now,
             started: std::time::Instant::now(),
+            overtaken: false,
         };
         (batch, fenced)
     }
@@ -435,7 +432,15 @@ impl Loop {
             first_claim,
             now,
             started,
+            overtaken,
         } = batch;
+        if overtaken {
+            // A claim sent after this batch ran beside it, before its submits
+            // committed, and may come back short for want of them, with the due
+            // mark they set taken: marked again, so that claim cannot leave their
+            // group idle with rows due (`Registry::assign`).
+            mark_submits_due(&self.registry, &ops, now);
+        }
         let took = started.elapsed();
         crate::metrics::commit(ops.len(), took.as_secs_f64(), applied.is_ok());
         tracing::trace!(micros = took.as_micros() as u64, "applied");
@@ -555,8 +560,9 @@ impl Loop {
                             // Marked due here before the batch's claims were
                             // planned, so they already looked for it (a claim
                             // planned before that comes back short plans again,
-                            // `Registry::assign`): marking it again would only
-                            // plan a claim that finds nothing.
+                            // `Registry::assign`; one that ran beside this batch
+                            // had it marked again as it landed): marking it again
+                            // would only plan a claim that finds nothing.
                             self.tell_due(namespace, activity_type, s.row.next_at);
                         } else {
                             self.came_due(namespace, activity_type, s.row.next_at, now);
@@ -758,6 +764,19 @@ struct Batch {
     first_claim: usize,
     now: UnixMillis,
     started: std::time::Instant,
+    /// A batch with claims was sent before this one landed.
+    overtaken: bool,
+}
+
+/// Marks the types of the rows `ops` submit due now.
+fn mark_submits_due(registry: &Registry, ops: &[Op], now: UnixMillis) {
+    for op in ops {
+        if let Op::Submit(batch) = op {
+            for new in batch.iter().filter(|new| new.next_at <= now) {
+                registry.mark_due(&new.key.namespace, &new.activity_type);
+            }
+        }
+    }
 }
 
 /// A batch sent to the store and not yet landed.
@@ -851,16 +870,25 @@ mod tests {
 
     /// SQLite, except that a batch holding a cancel whose reason is "poison"
     /// fails, as a request the database refuses would; it records the size of
-    /// every batch, and writes wait while `stalled` is true.
+    /// every batch and counts those written, writes wait while `stalled` is true,
+    /// and batches with a submit while `hold_submits` is. It says it writes
+    /// `writers` batches at once.
     struct Poisoned {
         inner: SqliteStore,
         failures: AtomicUsize,
         batches: std::sync::Mutex<Vec<usize>>,
+        written: AtomicUsize,
         stalled: tokio::sync::watch::Sender<bool>,
+        hold_submits: tokio::sync::watch::Sender<bool>,
+        writers: usize,
     }
 
     impl Poisoned {
         async fn open(dir: &tempfile::TempDir) -> Arc<Self> {
+            Self::with_writers(dir, 1).await
+        }
+
+        async fn with_writers(dir: &tempfile::TempDir, writers: usize) -> Arc<Self> {
             let url = format!("sqlite://{}", dir.path().join("spool.db").display());
             Arc::new(Poisoned {
                 inner: SqliteStore::open(&url)
@@ -868,8 +896,28 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{e}")),
                 failures: AtomicUsize::new(0),
                 batches: std::sync::Mutex::new(Vec::new()),
+                written: AtomicUsize::new(0),
                 stalled: tokio::sync::watch::Sender::new(false),
+                hold_submits: tokio::sync::watch::Sender::new(false),
+                writers,
             })
+        }
+
+        fn batches(&self) -> Vec<usize> {
+            self.batches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        }
+    }
+
+    /// Waits while `gate` is true.
+    async fn wait_while(gate: &tokio::sync::watch::Sender<bool>) {
+        let mut gate = gate.subscribe();
+        while *gate.borrow_and_update() {
+            if gate.changed().await.is_err() {
+                break;
+            }
         }
     }
 
@@ -884,11 +932,9 @@ mod tests {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(ops.len());
-            let mut stalled = self.stalled.subscribe();
-            while *stalled.borrow_and_update() {
-                if stalled.changed().await.is_err() {
-                    break;
-                }
+            wait_while(&self.stalled).await;
+            if ops.iter().any(|op| matches!(op, Op::Submit(_))) {
+                wait_while(&self.hold_submits).await;
             }
             if ops
                 .iter()
@@ -900,7 +946,9 @@ mod tests {
                     message: "datatype mismatch".to_owned(),
                 });
             }
-            self.inner.apply(ops, now).await
+            let applied = self.inner.apply(ops, now).await;
+            self.written.fetch_add(1, Ordering::SeqCst);
+            applied
         }
         async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
             self.inner.get(key).await
@@ -971,6 +1019,9 @@ mod tests {
         fn single_node(&self) -> bool {
             true
         }
+        fn writers(&self) -> usize {
+            self.writers
+        }
     }
 
     fn new(id: &str) -> NewActivity {
@@ -1008,7 +1059,7 @@ mod tests {
         tokio::task::JoinHandle<()>,
         mpsc::Receiver<Outgoing>,
     ) {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(Registry::default().with_writers(store.writers));
         let (committer, task) = Committer::spawn(
             store,
             registry.clone(),
@@ -1152,6 +1203,52 @@ mod tests {
             [2, 2, 2, 2, 2],
             "each submit with its claim, and no claim after it"
         );
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
+    }
+
+    /// With two batches written at once, a claim sent beside a batch of submits
+    /// runs before they commit and finds none of them; it must not leave their
+    /// type idle with rows due once it lands short.
+    #[tokio::test]
+    async fn a_claim_beside_uncommitted_submits_leaves_no_due_row_idle() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Poisoned::with_writers(&dir, 2).await;
+        // Two slots: each claim takes half of them.
+        let (committer, task, mut rx) = with_worker(store.clone(), 2);
+        // The worker's arrival plans claims that find nothing; let them land.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (batches, written) = (store.batches().len(), store.written.load(Ordering::SeqCst));
+        store.hold_submits.send_replace(true);
+        let submit = {
+            let committer = committer.clone();
+            let rows = (0..5).map(|i| new(&format!("a{i}"))).collect();
+            tokio::spawn(async move { committer.commit(vec![Op::Submit(rows)]).await })
+        };
+        // The submits and a claim are held; the next claim goes beside them and is
+        // written first, without their rows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.batches().len() < batches + 2
+            || store.written.load(Ordering::SeqCst) < written + 1
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no claim beside the submits"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            store.batches()[batches..],
+            [2, 1],
+            "submits with a claim, then a claim"
+        );
+        store.hold_submits.send_replace(false);
+        assert!(matches!(submit.await, Ok(Ok(_))));
+        // The submits' own claim fills one slot; the other is filled too.
+        let first = next_task(&mut rx).await;
+        let second = next_task(&mut rx).await;
+        assert_ne!(first, second);
         committer.stop().await;
         drop(committer);
         let _ = task.await;
