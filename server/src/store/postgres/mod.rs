@@ -767,6 +767,99 @@ mod tests {
         );
     }
 
+    /// A batch with claims of several rate-limited types locks all their buckets
+    /// in one order before any claim: held up at the first bucket, it holds none
+    /// after it. Claim by claim it would lock `t3` (its first claim's), then wait
+    /// for `t2` holding it, and a batch naming them the other way round would
+    /// wait for it in turn.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
+        let store = Arc::new(store_with(&[]).await);
+        for activity_type in ["t2", "t3"] {
+            let limit = rate::RateLimit {
+                namespace: "default".into(),
+                activity_type: activity_type.into(),
+                key: None,
+                per_period: 1_000,
+                period: std::time::Duration::from_secs(1),
+                burst: 1_000,
+            };
+            store
+                .apply(Arc::from([Op::SetRateLimit(limit)]), 1_000)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        const LOCK: &str = "SELECT 1 FROM rate_limits \
+             WHERE namespace = 'default' AND activity_type = $1 FOR UPDATE";
+        let mut holder = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+        sqlx::query(LOCK)
+            .bind("t2")
+            .execute(&mut *holder)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let claim = |activity_type: &str, worker: &str| {
+            Op::Claim(crate::store::Claim {
+                namespace: "default".into(),
+                activity_types: vec![activity_type.into()],
+                worker_id: worker.into(),
+                identity: "host".into(),
+                node: "node".into(),
+                limit: 10,
+                lease_expires_at: 60_000,
+                epoch: 0,
+            })
+        };
+        let batch = {
+            let store = store.clone();
+            let ops: Arc<[Op]> = Arc::from([claim("t3", "w1"), claim("t2", "w2")]);
+            tokio::spawn(async move { store.apply(ops, 1_000).await })
+        };
+        let mut probe = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&mut *probe)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        crate::fixtures::eventually_for(
+            std::time::Duration::from_secs(10),
+            "the batch to wait for the held bucket",
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_stat_activity \
+                     WHERE wait_event_type = 'Lock' AND query LIKE '%rate_limits%' \
+                       AND pid IN (SELECT pid FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                         JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         WHERE c.relname = 'rate_limits' AND n.nspname = $1)",
+                )
+                .bind(&schema)
+                .fetch_one(&mut *store.pool.acquire().await.ok()?)
+                .await
+                .ok()?;
+                (waiting > 0).then_some(())
+            },
+        )
+        .await;
+        let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+        let t3 = sqlx::query(
+            "SELECT 1 FROM rate_limits \
+             WHERE namespace = 'default' AND activity_type = $1 FOR UPDATE NOWAIT",
+        )
+        .bind("t3")
+        .execute(&mut *tx)
+        .await;
+        drop(tx);
+        holder.commit().await.unwrap_or_else(|e| panic!("{e}"));
+        let applied = batch.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            t3.is_ok(),
+            "the batch held t3's bucket while it waited for t2's: {t3:?}"
+        );
+        assert!(applied.is_ok(), "{applied:?}");
+    }
+
     /// Publish/subscribe between two nodes on one schema: once they have heard
     /// each other, one's events reach the other, not itself; a listener whose
     /// connection is cut comes back and says `Resync`.

@@ -447,6 +447,15 @@ macro_rules! none_ended {
 pub const LOCK_BUCKETS: &str = "SELECT 1 FROM rate_limits \
      WHERE namespace = $1 AND activity_type = ANY($2) ORDER BY activity_type FOR UPDATE";
 
+/// Locks the rate-limit buckets of the pairs (`$1[i]`, `$2[i]`) in the order
+/// [`LOCK_BUCKETS`] locks one namespace's: a batch whose claims lock several
+/// buckets locks them all first, so two batches (or two nodes' batches) whose
+/// claims name them in different orders do not wait for each other.
+pub const LOCK_BATCH_BUCKETS: &str = "SELECT 1 FROM rate_limits AS r \
+     JOIN unnest($1::TEXT[], $2::TEXT[]) AS b (namespace, activity_type) \
+       ON r.namespace = b.namespace AND r.activity_type = b.activity_type \
+     ORDER BY r.namespace, r.activity_type FOR UPDATE OF r";
+
 /// Claims up to `$6` due rows of one type: `$1` now, `$2` worker, `$3` lease end,
 /// `$4` namespace, `$5` type, `$7` the worker's identity, `$8` the node. One row
 /// at least: the claimed rows' columns in claim order, which is the order they are

@@ -8,7 +8,7 @@
 //! A submit is all or nothing through a savepoint.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -36,8 +36,18 @@ pub(super) async fn apply(
     now: UnixMillis,
 ) -> Result<Vec<Outcome>, Error> {
     let mut outcomes: Vec<Option<Outcome>> = ops.iter().map(|_| None).collect();
+    let mut buckets = batch_buckets(ops);
     for run in runs(ops) {
         let refs: Vec<&Op> = run.iter().map(|&i| &ops[i]).collect();
+        if matches!(refs.first(), Some(Op::Claim(_)))
+            && let Some((namespaces, types)) = buckets.take()
+        {
+            sqlx::query(sql::LOCK_BATCH_BUCKETS)
+                .bind(namespaces)
+                .bind(types)
+                .execute(&mut *conn)
+                .await?;
+        }
         let done = match refs.first() {
             Some(Op::Submit(_)) => submit_run(conn, &refs, now).await?,
             Some(Op::Finish { .. }) => finish(conn, &refs, now).await?,
@@ -88,6 +98,25 @@ fn runs(ops: &[Op]) -> Vec<Vec<usize>> {
         start = end;
     }
     runs
+}
+
+/// The rate-limit buckets the claims of `ops` may lock, as namespaces and types,
+/// when there are several claims and they name more than one type: each claim
+/// locks its own in one order (`sql::LOCK_BUCKETS`), but one after the other
+/// they could lock them in any ([`sql::LOCK_BATCH_BUCKETS`]).
+fn batch_buckets(ops: &[Op]) -> Option<(Vec<&str>, Vec<&str>)> {
+    let claims: Vec<&Claim> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Claim(claim) => Some(claim),
+            _ => None,
+        })
+        .collect();
+    let buckets: BTreeSet<(&str, &str)> = claims
+        .iter()
+        .flat_map(|c| c.activity_types.iter().map(|t| (&*c.namespace, &**t)))
+        .collect();
+    (claims.len() > 1 && buckets.len() > 1).then(|| buckets.into_iter().unzip())
 }
 
 /// Whether no key is both submitted and ended among `ops`.
