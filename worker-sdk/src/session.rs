@@ -522,13 +522,14 @@ impl<'a> Loop<'a> {
             crate::telemetry::handler_started(&activity_type, ctx.info().scheduled_at);
             let began = std::time::Instant::now();
             let outcome = match handler {
-                Some(handler) => {
-                    // A second task, so a panicking handler still yields a result.
-                    match tokio::spawn(handler(ctx, input).instrument(span.clone())).await {
-                        Ok(outcome) => outcome,
-                        Err(e) => Err(ActivityError::retryable("Panic", e.to_string())),
-                    }
-                }
+                // A panicking handler still yields a result, whether it panics
+                // when called or when its future is polled.
+                Some(handler) => match unwind::call(|| handler(ctx, input)) {
+                    Ok(running) => unwind::Caught(running.instrument(span.clone()))
+                        .await
+                        .unwrap_or_else(|panic| Err(unwind::error(panic))),
+                    Err(panic) => Err(unwind::error(panic)),
+                },
                 None => Err(ActivityError::retryable(
                     "NoHandler",
                     format!("this worker has no handler for {:?}", task.activity_type),
@@ -568,6 +569,54 @@ impl<'a> Loop<'a> {
                 })
                 .await;
         });
+    }
+}
+
+/// A handler's panic caught where it happens, in this task: a task of its own
+/// per attempt would cost a second allocation and wake-up for every activity.
+mod unwind {
+    use std::{
+        any::Any,
+        future::Future,
+        panic::{AssertUnwindSafe, catch_unwind},
+        pin::Pin,
+        task::{Context, Poll},
+    };
+
+    use crate::ActivityError;
+
+    type Panic = Box<dyn Any + Send>;
+
+    /// Calls `f`, catching a panic.
+    pub(super) fn call<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
+        // Nothing `f` touches is looked at again after a panic: the attempt ends
+        // with the panic as its error.
+        catch_unwind(AssertUnwindSafe(f))
+    }
+
+    /// A future whose panic, when polled, becomes its output.
+    pub(super) struct Caught<F>(pub(super) F);
+
+    impl<F: Future + Unpin> Future for Caught<F> {
+        type Output = Result<F::Output, Panic>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            match call(|| Pin::new(&mut self.0).poll(cx)) {
+                Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+                Ok(Poll::Pending) => Poll::Pending,
+                Err(panic) => Poll::Ready(Err(panic)),
+            }
+        }
+    }
+
+    /// The retryable error an attempt whose handler panicked ends with.
+    pub(super) fn error(panic: Panic) -> ActivityError {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        ActivityError::retryable("Panic", format!("the handler panicked: {message}"))
     }
 }
 
@@ -705,6 +754,51 @@ mod tests {
         .await;
         assert!(ended.is_ok());
         assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran while stopping");
+    }
+
+    /// A handler that panics, whether when called or when its future is polled,
+    /// still answers: its attempt ends with a retryable "Panic" error that says
+    /// what the panic said.
+    #[tokio::test]
+    async fn a_panicking_handler_still_answers() {
+        let worker = Worker::new("http://unused").activity("t", |ctx, _| {
+            assert_ne!(ctx.info().activity_id, "called", "the handler's call");
+            async {
+                if true {
+                    panic!("the handler's future");
+                }
+                Ok(Payload::default())
+            }
+        });
+        let ended = with_loop(worker, |mut h, shutdown| async move {
+            for (id, said) in [
+                ("called", "the handler's call"),
+                ("polled", "the handler's future"),
+            ] {
+                h.send(task(id, 1)).await;
+                // `next` skips keep-alives, which come every second: a result that
+                // never comes must fail the test, not hang it.
+                let next = tokio::time::timeout(Duration::from_secs(10), h.next()).await;
+                match next.unwrap_or_else(|_| panic!("no result for {id}")) {
+                    Some(worker_message::Message::Result(r)) => {
+                        assert_eq!(r.activity_id, id);
+                        match r.outcome {
+                            Some(activity_result::Outcome::Error(e)) => {
+                                assert_eq!(e.r#type, "Panic");
+                                assert_eq!(e.kind(), v1::ErrorKind::Retryable, "{e:?}");
+                                assert!(e.message.contains(said), "{e:?}");
+                            }
+                            other => panic!("expected a Panic error, got {other:?}"),
+                        }
+                    }
+                    other => panic!("expected {id}'s result, got {other:?}"),
+                }
+            }
+            drop(h.to_worker);
+            shutdown.cancel();
+        })
+        .await;
+        assert!(ended.is_ok());
     }
 
     /// A server's cancel reaches the handler of exactly that attempt.
