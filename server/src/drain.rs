@@ -374,7 +374,7 @@ mod tests {
         assert_eq!((row.attempt, row.uncounted), (1, 1), "and not counted");
         node.core.registry.mark_all_due();
         assert!(
-            node.core.registry.plan_claims(0).is_empty(),
+            node.core.registry.plan_claims(0, &[]).is_empty(),
             "a drained node dispatches nothing"
         );
     }
@@ -429,7 +429,7 @@ mod tests {
         node.core.registry.answer(&node.worker_id, "wf", "a", 1);
         node.core.registry.mark_all_due();
         assert!(
-            !node.core.registry.plan_claims(0).is_empty(),
+            !node.core.registry.plan_claims(0, &[]).is_empty(),
             "claims are planned again"
         );
         node.drainer.drain_to_stop(Duration::from_millis(50)).await;

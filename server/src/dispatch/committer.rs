@@ -274,7 +274,17 @@ impl Loop {
             mark_submits_due(&self.registry, &ops, now);
             let first_claim = ops.len();
             if stop.is_none() && !closed {
-                let claims = self.registry.plan_claims(now.saturating_add(self.lease_ms));
+                let in_flight: Vec<&store::Claim> = flight
+                    .iter()
+                    .flat_map(|f| f.batch.ops[f.batch.first_claim..].iter())
+                    .filter_map(|op| match op {
+                        Op::Claim(claim) => Some(claim),
+                        _ => None,
+                    })
+                    .collect();
+                let claims = self
+                    .registry
+                    .plan_claims(now.saturating_add(self.lease_ms), &in_flight);
                 ops.extend(claims.into_iter().map(Op::Claim));
             }
             if ops.is_empty() {
@@ -510,7 +520,7 @@ impl Loop {
                 if first_claim < ops.len() {
                     let claims: Vec<Op> = self
                         .registry
-                        .plan_claims(now.saturating_add(self.lease_ms))
+                        .plan_claims(now.saturating_add(self.lease_ms), &[])
                         .into_iter()
                         .map(Op::Claim)
                         .collect();
@@ -1058,6 +1068,7 @@ mod tests {
         Committer,
         tokio::task::JoinHandle<()>,
         mpsc::Receiver<Outgoing>,
+        Arc<Registry>,
     ) {
         let registry = Arc::new(Registry::default().with_writers(store.writers));
         let (committer, task) = Committer::spawn(
@@ -1085,7 +1096,7 @@ mod tests {
                 })
             },
         );
-        (committer, task, rx)
+        (committer, task, rx, registry)
     }
 
     async fn next_task(rx: &mut mpsc::Receiver<Outgoing>) -> String {
@@ -1110,7 +1121,7 @@ mod tests {
     async fn a_failing_request_neither_fails_its_neighbours_nor_stalls_dispatch() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = Poisoned::open(&dir).await;
-        let (committer, task, mut rx) = with_worker(store.clone(), 1_000);
+        let (committer, task, mut rx, _) = with_worker(store.clone(), 1_000);
         let started = std::time::Instant::now();
         const ROUNDS: usize = 20;
         for i in 0..ROUNDS {
@@ -1173,7 +1184,7 @@ mod tests {
     async fn a_submit_claimed_in_its_own_batch_plans_no_second_claim() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = Poisoned::open(&dir).await;
-        let (committer, task, mut rx) = with_worker(store.clone(), 10);
+        let (committer, task, mut rx, _) = with_worker(store.clone(), 10);
         let batches = || {
             store
                 .batches
@@ -1216,9 +1227,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = Poisoned::with_writers(&dir, 2).await;
         // Two slots: each claim takes half of them.
-        let (committer, task, mut rx) = with_worker(store.clone(), 2);
+        let (committer, task, mut rx, registry) = with_worker(store.clone(), 2);
         // The worker's arrival plans claims that find nothing; let them land.
         tokio::time::sleep(Duration::from_millis(100)).await;
+        while store.batches().len() != store.written.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // As after a claim that took all it asked for, so that the next claim goes
+        // beside the batch of the first (see `Registry::plan_claims`).
+        registry.saturate();
         let (batches, written) = (store.batches().len(), store.written.load(Ordering::SeqCst));
         store.hold_submits.send_replace(true);
         let submit = {

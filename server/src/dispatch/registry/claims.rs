@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use spool_proto::time::UnixMillis;
 
-use super::{Ahead, Registry};
+use super::{Ahead, GroupKey, Registry};
 use crate::store::{ActivityRow, Attempt, Claim, Op, Transition};
 
 impl Registry {
@@ -34,13 +34,25 @@ impl Registry {
     /// Plans the claims worth running now: one per worker with free slots or room
     /// ahead in a group that may have due rows, the least-loaded workers first. Each
     /// claim reserves its rows until [`Registry::assign`] or [`Registry::unreserve`].
-    pub fn plan_claims(&self, lease_expires_at: UnixMillis) -> Vec<Claim> {
+    ///
+    /// `in_flight`: claims sent to the store and not landed (stores with several
+    /// writers). A group with one of them is planned for again only if rows may be
+    /// left for a second: it was marked due since the last plan, or its last claim
+    /// that landed took all it asked for. Otherwise the claim in flight holds what
+    /// is due, and another beside it would find nothing, costing the store a
+    /// statement for every batch; if it lands full, the loop plans again.
+    pub fn plan_claims(&self, lease_expires_at: UnixMillis, in_flight: &[&Claim]) -> Vec<Claim> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         if inner.paused {
             return Vec::new();
         }
         let writers = self.writers.max(1);
+        let flying: Vec<GroupKey> = in_flight
+            .iter()
+            .filter_map(|c| inner.workers.get(&c.worker_id))
+            .map(|w| w.group.clone())
+            .collect();
         let all_due = std::mem::take(&mut inner.all_due);
         let due = std::mem::take(&mut inner.due);
         inner.rotation = inner.rotation.wrapping_add(1);
@@ -53,12 +65,20 @@ impl Registry {
             {
                 group.refresh();
             }
+            let fresh = std::mem::take(&mut group.fresh);
             for id in &group.workers {
                 if let Some(w) = inner.workers.get_mut(id) {
                     w.plan_ahead(writers);
                 }
             }
             if group.exhausted {
+                continue;
+            }
+            if !fresh
+                && !group.saturated
+                && flying.iter().any(|(n, t)| n == namespace && t == types)
+            {
+                group.held_back = true;
                 continue;
             }
             // An evicted worker's session is ending, a leaving worker takes no more:
@@ -150,19 +170,25 @@ impl Registry {
             }
         }
         let group = worker.group.clone();
-        let mut refreshed = false;
-        if short && let Some(g) = inner.groups.get_mut(&group) {
-            if g.epoch == claim.epoch {
+        let mut plan_again = false;
+        if let Some(g) = inner.groups.get_mut(&group) {
+            g.saturated = !short;
+            let held_back = std::mem::take(&mut g.held_back);
+            if !short {
+                // Rows may be left, and room for them that no claim beside this
+                // one took (see `plan_claims`).
+                plan_again = held_back;
+            } else if g.epoch == claim.epoch {
                 g.exhausted = true;
             } else {
                 // A plan since this claim's took the group's due mark, but may have
                 // had no room to claim with: plan again, now that this one's
                 // reservation is given back.
-                refreshed = true;
+                plan_again = true;
             }
         }
         drop(inner);
-        if refreshed {
+        if plan_again {
             self.wake.notify_one();
         }
         undelivered

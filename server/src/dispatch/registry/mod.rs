@@ -457,6 +457,14 @@ struct Group {
     /// planned at: when batches overlap (PostgreSQL), a short claim planned before
     /// a row came due must not mark the group exhausted after that mark was taken.
     epoch: u64,
+    /// Refreshed since the last plan.
+    fresh: bool,
+    /// The last claim of the group that landed took all it asked for, so rows
+    /// may be left for another beside the next (see `Registry::plan_claims`).
+    saturated: bool,
+    /// A plan passed the group over while a claim of it was in flight: if that
+    /// claim lands full, the loop plans again.
+    held_back: bool,
 }
 
 impl Group {
@@ -464,6 +472,7 @@ impl Group {
     fn refresh(&mut self) {
         self.exhausted = false;
         self.epoch += 1;
+        self.fresh = true;
     }
 }
 
@@ -743,6 +752,14 @@ impl Registry {
     pub fn pause(&self) {
         self.lock().paused = true;
         self.wake.notify_one();
+    }
+
+    /// Every group's last claim took all it asked for (see `Group::saturated`).
+    #[cfg(test)]
+    pub(crate) fn saturate(&self) {
+        for group in self.lock().groups.values_mut() {
+            group.saturated = true;
+        }
     }
 
     /// A drain ends: claims are planned again, workers that register are no longer
@@ -1293,13 +1310,13 @@ mod tests {
             "nothing held, nothing kept"
         );
         registry.mark_all_due();
-        let claim = registry.plan_claims(0).remove(0);
+        let claim = registry.plan_claims(0, &[]).remove(0);
         let row = crate::store::running_row_for_tests(1, "a", &id);
         assert!(registry.assign(&claim, vec![row]).is_empty());
         assert!(registry.detach(&id, &tx, grace));
         registry.mark_all_due();
         assert!(
-            registry.plan_claims(1).is_empty(),
+            registry.plan_claims(1, &[]).is_empty(),
             "no claims while detached"
         );
         let held = HashSet::new();
@@ -1378,7 +1395,7 @@ mod tests {
         assert_eq!(kinds(&mut after), ["welcome", "drain"]);
         registry.mark_all_due();
         assert!(
-            registry.plan_claims(1).is_empty(),
+            registry.plan_claims(1, &[]).is_empty(),
             "a drain plans no claims"
         );
     }
@@ -1400,7 +1417,7 @@ mod tests {
         assert!(evict.is_cancelled());
         registry.leave(&leaving);
         registry.mark_all_due();
-        let claims = registry.plan_claims(1);
+        let claims = registry.plan_claims(1, &[]);
         let for_whom: Vec<_> = claims.iter().map(|c| c.worker_id.clone()).collect();
         assert_eq!(for_whom, vec![live]);
     }
@@ -1532,7 +1549,7 @@ mod tests {
     /// The limits of the claims a plan would make now (their reservations undone).
     fn planned_limits(registry: &Registry) -> Vec<u32> {
         registry.mark_all_due();
-        let claims = registry.plan_claims(0);
+        let claims = registry.plan_claims(0, &[]);
         for c in &claims {
             registry.unreserve(c);
         }
@@ -1560,12 +1577,12 @@ mod tests {
         let registry = Registry::new("n").with_writers(2);
         let (_id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
         registry.mark_all_due();
-        let first = registry.plan_claims(0).remove(0);
+        let first = registry.plan_claims(0, &[]).remove(0);
         assert_eq!(first.limit, 2, "half of the room");
         // A row comes due while the first claim is written; the next plan takes
         // the mark and claims from what is left.
         registry.mark_due("default", "t");
-        let second = registry.plan_claims(0).remove(0);
+        let second = registry.plan_claims(0, &[]).remove(0);
         assert_eq!(second.limit, 1, "half of what the first left");
         // The first finds nothing: it was planned before the row came due. The
         // loop is woken to plan again: the second plan had less room than the
@@ -1573,7 +1590,7 @@ mod tests {
         let _ = was_woken(&registry);
         assert!(registry.assign(&first, Vec::new()).is_empty());
         assert!(was_woken(&registry), "woken to plan again");
-        let third = registry.plan_claims(0);
+        let third = registry.plan_claims(0, &[]);
         assert_eq!(
             third.iter().map(|c| c.limit).collect::<Vec<_>>(),
             [2],
@@ -1584,7 +1601,37 @@ mod tests {
         }
         // The second, planned after the mark, finds nothing either: exhausted.
         assert!(registry.assign(&second, Vec::new()).is_empty());
-        assert!(registry.plan_claims(0).is_empty(), "exhausted");
+        assert!(registry.plan_claims(0, &[]).is_empty(), "exhausted");
+    }
+
+    /// With a claim of the group in flight, another is planned beside it only if
+    /// rows may be left for it: the group's last claim took all it asked for, or
+    /// a row came due since the last plan. A claim that lands full wakes the loop.
+    #[test]
+    fn a_claim_goes_beside_one_in_flight_only_when_rows_may_be_left() {
+        let registry = Registry::new("n").with_writers(2);
+        let (id, _tx, _rx, _) = registry.register(registration(8), 0, welcome);
+        registry.mark_all_due();
+        let first = registry.plan_claims(0, &[]).remove(0);
+        assert_eq!(first.limit, 4, "half of the room");
+        // Nothing says rows are left beyond what the first may take.
+        assert!(registry.plan_claims(0, &[&first]).is_empty(), "none beside");
+        // A row comes due: a claim goes beside.
+        registry.mark_due("default", "t");
+        let second = registry.plan_claims(0, &[&first]).remove(0);
+        assert_eq!(second.limit, 2);
+        // The first lands full: rows may be left, so the loop plans again, and
+        // a claim goes beside the second while it is written.
+        let _ = was_woken(&registry);
+        let rows: Vec<_> = (1..=4).map(|i| row(i, &format!("a{i}"), &id)).collect();
+        assert!(registry.assign(&first, rows).is_empty());
+        assert!(was_woken(&registry), "woken to plan again");
+        let third = registry.plan_claims(0, &[&second]).remove(0);
+        assert_eq!(third.limit, 1);
+        // The second lands short (after the mark it was planned at): the group is
+        // exhausted, and nothing goes beside the third.
+        assert!(registry.assign(&second, Vec::new()).is_empty());
+        assert!(registry.plan_claims(0, &[&third]).is_empty(), "exhausted");
     }
 
     /// Slots: a claim reserves what is free; assigned attempts hold their slots
@@ -1596,16 +1643,16 @@ mod tests {
         let registry = Registry::default();
         let (id, _tx, _rx, _) = registry.register(registration(3), 0, welcome);
         registry.mark_all_due();
-        let claim = registry.plan_claims(0).remove(0);
+        let claim = registry.plan_claims(0, &[]).remove(0);
         assert_eq!(claim.limit, 3);
         assert!(
-            registry.plan_claims(0).is_empty(),
+            registry.plan_claims(0, &[]).is_empty(),
             "reserved slots are not planned twice"
         );
         // Two of three found: the group is exhausted until something comes due.
         let released = registry.assign(&claim, vec![row(1, "a", &id), row(2, "b", &id)]);
         assert!(released.is_empty());
-        assert!(registry.plan_claims(0).is_empty(), "exhausted");
+        assert!(registry.plan_claims(0, &[]).is_empty(), "exhausted");
         assert_eq!(planned_limits(&registry), [1], "two held, one free");
         // The server ends attempt a (a cancel): its slot stays taken until answered.
         registry.cancel_running(
@@ -1635,7 +1682,7 @@ mod tests {
         assert_eq!(planned_limits(&registry), [3 + 2]);
         // The worker leaves mid-claim: what the claim took is released.
         registry.mark_all_due();
-        let claim = registry.plan_claims(0).remove(0);
+        let claim = registry.plan_claims(0, &[]).remove(0);
         registry.unregister(&id);
         let released = registry.assign(&claim, vec![row(3, "c", &id)]);
         assert!(matches!(
@@ -1656,7 +1703,7 @@ mod tests {
         let (id, _tx, mut rx, _) = registry.register(registration(2), 0, welcome);
         let plan = |registry: &Registry| {
             registry.mark_all_due();
-            registry.plan_claims(0)
+            registry.plan_claims(0, &[])
         };
         let claim = plan(&registry).remove(0);
         assert_eq!(claim.limit, 2, "nothing answered yet: no room ahead");
@@ -1703,7 +1750,7 @@ mod tests {
         let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
         let plan = |registry: &Registry| {
             registry.mark_all_due();
-            registry.plan_claims(0).remove(0)
+            registry.plan_claims(0, &[]).remove(0)
         };
         let claim = plan(&registry);
         assert!(
@@ -1737,7 +1784,7 @@ mod tests {
         let registry = Registry::default();
         let (id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
         registry.mark_all_due();
-        let claim = registry.plan_claims(0).remove(0);
+        let claim = registry.plan_claims(0, &[]).remove(0);
         let rows = (1..=4).map(|i| row(i, &format!("a{i}"), &id)).collect();
         assert!(registry.assign(&claim, rows).is_empty());
         for i in 1..=2 {
@@ -1765,7 +1812,7 @@ mod tests {
         let busy_with_two_ahead = |first: i64| {
             let (id, tx, rx, _) = registry.register(registration(2), 0, welcome);
             registry.mark_all_due();
-            let claim = registry.plan_claims(0).remove(0);
+            let claim = registry.plan_claims(0, &[]).remove(0);
             let busy = vec![
                 row(first, &format!("busy{first}"), &id),
                 row(first + 100, "long", &id),
@@ -1776,7 +1823,7 @@ mod tests {
                 Answer::Held(..)
             ));
             registry.mark_all_due();
-            let claim = registry.plan_claims(0).remove(0);
+            let claim = registry.plan_claims(0, &[]).remove(0);
             assert_eq!(claim.limit, 3);
             let rows = (1..=3)
                 .map(|i| row(first + i, &format!("r{}", first + i), &id))
@@ -1840,7 +1887,7 @@ mod tests {
         let (id, _tx, mut rx, _) = registry.register(registration(1), 0, welcome);
         let plan = |registry: &Registry| {
             registry.mark_all_due();
-            registry.plan_claims(0).remove(0)
+            registry.plan_claims(0, &[]).remove(0)
         };
         let claim = plan(&registry);
         assert!(registry.assign(&claim, vec![row(1, "a", &id)]).is_empty());
@@ -1894,7 +1941,7 @@ mod tests {
         let registry = Registry::default();
         let (id, _tx, _rx, evict) = registry.register(registration(3), 0, welcome);
         registry.mark_all_due();
-        let claim = registry.plan_claims(0).remove(0);
+        let claim = registry.plan_claims(0, &[]).remove(0);
         let mut beats = row(1, "beats", &id);
         beats.timeouts.heartbeat_ms = Some(2_000);
         let mut slow = row(2, "slow", &id);
@@ -1958,7 +2005,7 @@ mod tests {
         let registry = Registry::default();
         let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
         registry.mark_all_due();
-        let claim = registry.plan_claims(60_000).remove(0);
+        let claim = registry.plan_claims(60_000, &[]).remove(0);
         let row = row(7, "a", &id);
         assert!(registry.assign(&claim, vec![row]).is_empty());
         let details = Payload {
@@ -2016,7 +2063,7 @@ mod tests {
             let registry = Registry::default();
             let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
             registry.mark_all_due();
-            let claim = registry.plan_claims(0).remove(0);
+            let claim = registry.plan_claims(0, &[]).remove(0);
             let mut row = row(1, "a", &id);
             row.headers.insert(
                 "traceparent".into(),
