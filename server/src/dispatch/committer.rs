@@ -118,6 +118,7 @@ impl Committer {
             failure_pause: FIRST_FAILURE_PAUSE,
             carry: Vec::new(),
             fatal: None,
+            claimed_alone: false,
         };
         (Self { tx }, tokio::spawn(event_loop.run()))
     }
@@ -188,6 +189,9 @@ struct Loop {
     /// Set when a part the loop depends on died (the listener, the publisher): the
     /// loop ends, and the server with it.
     fatal: Option<&'static str>,
+    /// Set when a failed batch's claims were written on their own as it landed
+    /// (see [`Loop::landed`]).
+    claimed_alone: bool,
 }
 
 impl Loop {
@@ -305,11 +309,17 @@ impl Loop {
                     self.land(&mut flight).await;
                 }
                 let claimed = first_claim < ops.len();
-                let next = self.launch(ops, requests, first_claim, now, beside).await;
+                let mut next = self.launch(ops, requests, first_claim, now, beside).await;
                 if claimed && let Some(overtaken) = flight.as_mut() {
                     overtaken.batch.overtaken = true;
                 }
+                self.claimed_alone = false;
                 self.land(&mut flight).await;
+                // The failed batch's claims went to the store after `next`, and
+                // could not see its submits either.
+                if std::mem::take(&mut self.claimed_alone) {
+                    next.batch.overtaken = true;
+                }
                 flight = Some(next);
                 if stop.is_some() || closed {
                     self.land(&mut flight).await;
@@ -525,6 +535,7 @@ impl Loop {
                         .map(Op::Claim)
                         .collect();
                     if !claims.is_empty() {
+                        self.claimed_alone = true;
                         match self.store.apply(Arc::from(claims.as_slice()), now).await {
                             Ok(mut outcomes) => {
                                 committed = true;
