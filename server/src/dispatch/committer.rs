@@ -280,11 +280,7 @@ impl Loop {
             if stop.is_none() && !closed {
                 let in_flight: Vec<&store::Claim> = flight
                     .iter()
-                    .flat_map(|f| f.batch.ops[f.batch.first_claim..].iter())
-                    .filter_map(|op| match op {
-                        Op::Claim(claim) => Some(claim),
-                        _ => None,
-                    })
+                    .flat_map(|f| store::claims(&f.batch.ops[f.batch.first_claim..]))
                     .collect();
                 let claims = self
                     .registry
@@ -472,10 +468,8 @@ impl Loop {
             }
             Err(e) => {
                 tracing::warn!(error = %e, ops = ops.len(), "batch failed; retrying its requests one by one");
-                for op in &ops[first_claim..] {
-                    if let Op::Claim(claim) = op {
-                        self.registry.unreserve(claim);
-                    }
+                for claim in store::claims(&ops[first_claim..]) {
+                    self.registry.unreserve(claim);
                 }
                 // Whether any retry below commits: if one does, the store works and
                 // the failure was one request's own; no pause is due.
@@ -543,10 +537,8 @@ impl Loop {
                             }
                             Err(e) => {
                                 tracing::warn!(error = %e, "claims failed");
-                                for op in &claims {
-                                    if let Op::Claim(claim) = op {
-                                        self.registry.unreserve(claim);
-                                    }
+                                for claim in store::claims(&claims) {
+                                    self.registry.unreserve(claim);
                                 }
                             }
                         }

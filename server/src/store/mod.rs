@@ -623,6 +623,14 @@ pub enum Transition {
     Release,
 }
 
+/// The claims among `ops`, in order.
+pub fn claims(ops: &[Op]) -> impl Iterator<Item = &Claim> {
+    ops.iter().filter_map(|op| match op {
+        Op::Claim(claim) => Some(claim),
+        _ => None,
+    })
+}
+
 /// One write. Ops of a batch run in order, in one transaction.
 #[derive(Debug, Clone)]
 pub enum Op {

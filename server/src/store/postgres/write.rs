@@ -105,13 +105,7 @@ fn runs(ops: &[Op]) -> Vec<Vec<usize>> {
 /// locks its own in one order (`sql::LOCK_BUCKETS`), but one after the other
 /// they could lock them in any ([`sql::LOCK_BATCH_BUCKETS`]).
 fn batch_buckets(ops: &[Op]) -> Option<(Vec<&str>, Vec<&str>)> {
-    let claims: Vec<&Claim> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::Claim(claim) => Some(claim),
-            _ => None,
-        })
-        .collect();
+    let claims: Vec<&Claim> = crate::store::claims(ops).collect();
     let buckets: BTreeSet<(&str, &str)> = claims
         .iter()
         .flat_map(|c| c.activity_types.iter().map(|t| (&*c.namespace, &**t)))
