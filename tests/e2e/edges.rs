@@ -170,6 +170,44 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
     assert_eq!(stats.connected_workers, 1, "the worker was never evicted");
 }
 
+/// The store fails a result's commit (and the committer's retry of it alone): the
+/// result is committed again once the store is back, and acknowledged as
+/// accepted. Refusing it would tell the worker its attempt had ended elsewhere;
+/// the outcome would be lost and the row reclaimed as a lost worker's.
+#[tokio::test]
+async fn a_result_the_store_failed_is_written_once_the_store_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let store: Arc<dyn Store> = faulty.clone();
+    let server =
+        TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "a")).await;
+    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
+    let task = worker.task().await;
+    // The batch with the ending fails, then the ending written alone fails too.
+    faulty
+        .failed_endings
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    worker.complete(&task, task.attempt).await;
+    let ack = tokio::time::timeout(Duration::from_secs(10), worker.ack())
+        .await
+        .expect("no ack within 10 s");
+    assert!(
+        ack.accepted,
+        "a result the store failed was refused: {ack:?}"
+    );
+    assert_eq!(
+        faulty
+            .failed_endings
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    let activity = get(&mut client, key("wf", "a")).await;
+    assert_eq!(status(&activity), ActivityStatus::Completed, "{activity:?}");
+    assert_eq!(activity.attempt, 1, "{activity:?}");
+}
+
 /// A heartbeat without details says "alive": the progress reported before stays.
 #[tokio::test]
 async fn a_bare_heartbeat_keeps_the_stored_details() {

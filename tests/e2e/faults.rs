@@ -3,7 +3,7 @@
 
 use std::sync::{
     Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
 use spool_proto::time::UnixMillis;
@@ -24,6 +24,9 @@ pub struct Faulty {
     remote: Mutex<Option<mpsc::Sender<Remote>>>,
     /// Whether `subscribe` hands out a channel at all.
     pub listens: AtomicBool,
+    /// This many writes that end an attempt fail, as a database that went away
+    /// would fail them, before one succeeds again.
+    pub failed_endings: AtomicUsize,
 }
 
 impl Faulty {
@@ -35,6 +38,7 @@ impl Faulty {
             panic_on_due_times: AtomicBool::new(false),
             remote: Mutex::new(None),
             listens: AtomicBool::new(false),
+            failed_endings: AtomicUsize::new(0),
         })
     }
 
@@ -56,6 +60,18 @@ impl Store for Faulty {
             if stalled.changed().await.is_err() {
                 break;
             }
+        }
+        let ends = ops.iter().any(|op| matches!(op, Op::Finish { .. }));
+        if ends
+            && self
+                .failed_endings
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(store::Error::Sqlite {
+                code: 10, // SQLITE_IOERR
+                message: "injected: disk I/O error".into(),
+            });
         }
         self.inner.apply(ops, now).await
     }

@@ -38,7 +38,7 @@ use super::{
     auth::{Principal, Role, authorize_principal},
     validate,
 };
-use crate::dispatch::Core;
+use crate::dispatch::{CommitError, Core};
 use crate::{
     dispatch::registry::{ACK_WINDOW, Answer, Outgoing, ResumeRefused, Resumption, Ticket},
     lifecycle,
@@ -48,6 +48,11 @@ use crate::{
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The pauses between commits of a result the store failed: from the first,
+/// doubling up to the last.
+const RESULT_RETRY_FIRST: Duration = Duration::from_millis(100);
+const RESULT_RETRY_MAX: Duration = Duration::from_secs(2);
 
 pub struct WorkerApi {
     core: Arc<Core>,
@@ -709,13 +714,31 @@ async fn forward_results(
                     let _ = core.committer.commit_with(ops, reply).await;
                     continue;
                 }
-                let reply = Box::new(move |outcome: Result<Vec<Outcome>, _>| {
-                    let accepted = matches!(
-                        outcome.as_deref().map(|o| o.last()),
-                        Ok(Some(Outcome::Finished { accepted: true }))
-                    );
-                    send_ack(&tx, ack, accepted, permit);
-                    drop(committing);
+                let retry = (core.clone(), ops.clone());
+                let reply = Box::new(move |outcome: Result<Vec<Outcome>, CommitError>| {
+                    match outcome {
+                        Ok(outcomes) => {
+                            send_ack(&tx, ack, finished(&outcomes), permit);
+                            drop(committing);
+                        }
+                        Err(CommitError::Store(why)) => {
+                            let (core, ops) = retry;
+                            tokio::spawn(retry_result(
+                                core,
+                                ops,
+                                Unsettled {
+                                    tx,
+                                    ack,
+                                    permit,
+                                    _committing: committing,
+                                },
+                                why,
+                            ));
+                        }
+                        // No ack: the worker keeps the result and sends it again
+                        // to the node it resumes on.
+                        Err(CommitError::Closed) => drop(committing),
+                    }
                 });
                 if core.committer.commit_with(ops, reply).await.is_err() {
                     // The committer is gone (shutdown); the reply, and with it the
@@ -723,6 +746,50 @@ async fn forward_results(
                     tracing::warn!("result not recorded: shutting down");
                 }
             }
+        }
+    }
+}
+
+/// Whether a result's commit ended its attempt (its `Finish` comes last).
+fn finished(outcomes: &[Outcome]) -> bool {
+    matches!(outcomes.last(), Some(Outcome::Finished { accepted: true }))
+}
+
+/// A result whose commit failed, and what its ack needs.
+struct Unsettled {
+    tx: mpsc::Sender<Outgoing>,
+    ack: v1::ResultAck,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Held until the result settles: a drain waits for it.
+    _committing: crate::dispatch::registry::Committing,
+}
+
+/// Commits a result again after the store failed it, until it is written or
+/// refused by its fence (the attempt ended otherwise meanwhile, e.g. its lease ran
+/// out while the store was down). Refusing it for the store's failure would tell
+/// the worker its attempt had ended and lose the outcome. The result's ops are
+/// fenced by attempt, so a commit that failed after writing cannot write twice.
+async fn retry_result(
+    core: Arc<Core>,
+    ops: Vec<Op>,
+    unsettled: Unsettled,
+    mut why: Arc<crate::store::Error>,
+) {
+    let mut pause = RESULT_RETRY_FIRST;
+    loop {
+        tracing::warn!(workflow_id = %unsettled.ack.workflow_id, activity_id = %unsettled.ack.activity_id, attempt = unsettled.ack.attempt, retry_in = %duration::format(pause), "result not recorded: {why}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RESULT_RETRY_MAX);
+        match core.committer.commit(ops.clone()).await {
+            Ok(outcomes) => {
+                let Unsettled {
+                    tx, ack, permit, ..
+                } = unsettled;
+                send_ack(&tx, ack, finished(&outcomes), permit);
+                return;
+            }
+            Err(CommitError::Store(again)) => why = again,
+            Err(CommitError::Closed) => return,
         }
     }
 }
