@@ -27,6 +27,10 @@ pub struct Faulty {
     /// This many writes that end an attempt fail, as a database that went away
     /// would fail them, before one succeeds again.
     pub failed_endings: AtomicUsize,
+    /// This many reads of one row fail before one succeeds again.
+    pub failed_gets: AtomicUsize,
+    /// While true, reads of one row wait.
+    held_gets: watch::Sender<bool>,
 }
 
 impl Faulty {
@@ -39,11 +43,17 @@ impl Faulty {
             remote: Mutex::new(None),
             listens: AtomicBool::new(false),
             failed_endings: AtomicUsize::new(0),
+            failed_gets: AtomicUsize::new(0),
+            held_gets: watch::Sender::new(false),
         })
     }
 
     pub fn stall(&self, stalled: bool) {
         self.stalled.send_replace(stalled);
+    }
+
+    pub fn hold_gets(&self, held: bool) {
+        self.held_gets.send_replace(held);
     }
 
     /// The listener for other nodes dies.
@@ -76,6 +86,22 @@ impl Store for Faulty {
         self.inner.apply(ops, now).await
     }
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
+        let mut held = self.held_gets.subscribe();
+        while *held.borrow_and_update() {
+            if held.changed().await.is_err() {
+                break;
+            }
+        }
+        if self
+            .failed_gets
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(store::Error::Sqlite {
+                code: 10, // SQLITE_IOERR
+                message: "injected: disk I/O error".into(),
+            });
+        }
         self.inner.get(key).await
     }
     async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {

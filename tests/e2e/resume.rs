@@ -12,9 +12,10 @@ use std::{
 };
 
 use spool_proto::v1::{self, server_message, worker_message};
+use spool_server::store::Store;
 use spool_worker::{Connection, ResultAck, Worker};
 
-use crate::{harness::*, proxy};
+use crate::{faults::Faulty, harness::*, proxy};
 
 /// A server with a resume grace, and a proxy in front of it (one node: the proxy
 /// is the network the test cuts).
@@ -454,6 +455,93 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     );
     resumed.complete(&lost, 1).await;
     assert!(resumed.ack().await.accepted);
+}
+
+/// One node on a store with faults the test switches on, that resumes sessions.
+async fn resuming_on(faulty: &Arc<Faulty>) -> TestServer {
+    let store: Arc<dyn Store> = faulty.clone();
+    TestServer::start_with_store(
+        move |_| Box::pin(async move { store }),
+        |c| c.resume_grace = Some(Duration::from_secs(5)),
+    )
+    .await
+}
+
+/// A worker of one slot whose stream drops as a task arrives: it resumes without
+/// it, and the server must send it again.
+async fn resume_lacking_a_task(
+    server: &TestServer,
+    client: &mut v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
+) -> RawWorker {
+    let mut first = RawWorker::connect(server, &["raw"], 1).await;
+    let (worker_id, token) = (
+        first.welcome.worker_id.clone(),
+        first.welcome.resume_token.clone(),
+    );
+    submit(client, request("raw", "wf", "lacked")).await;
+    // It came; the worker resumes saying it never did (lost on the way).
+    first.task().await;
+    drop(first);
+    let hello = worker_message::Message::Hello(v1::Hello {
+        resume_worker_id: worker_id.clone(),
+        resume_token: token,
+        ..hello(&["raw"], 1)
+    });
+    let resumed = RawWorker::open(server, hello).await.expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    resumed
+}
+
+/// The read of a task to send again fails: it is read again, and the task sent,
+/// rather than its slot held and its lease renewed with nothing running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_to_send_again_is_read_again_when_the_read_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let server = resuming_on(&faulty).await;
+    let mut client = server.client().await;
+    faulty.failed_gets.store(2, Ordering::SeqCst);
+    let mut resumed = resume_lacking_a_task(&server, &mut client).await;
+    let task = tokio::time::timeout(Duration::from_secs(10), resumed.task())
+        .await
+        .expect("the task, sent again once a read succeeds");
+    assert_eq!((task.activity_id.as_str(), task.attempt), ("lacked", 1));
+    resumed.complete(&task, 1).await;
+    assert!(resumed.ack().await.accepted);
+}
+
+/// The task to send again ended before it was read (cancelled): the worker never
+/// had it, so it will not answer the cancel; its slot is freed for the next task.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let server = resuming_on(&faulty).await;
+    let mut client = server.client().await;
+    faulty.hold_gets(true);
+    let mut resumed = resume_lacking_a_task(&server, &mut client).await;
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "lacked")),
+            reason: "not needed".into(),
+        })
+        .await
+        .expect("cancel");
+    faulty.hold_gets(false);
+    submit(&mut client, request("raw", "wf", "next")).await;
+    let task = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match resumed.next().await {
+                server_message::Message::Task(task) => return task,
+                // The cancel of the attempt it never had; nothing to answer.
+                server_message::Message::Cancel(_) => {}
+                other => panic!("expected a task, got {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the slot of the ended task, freed for the next");
+    assert_eq!((task.activity_id.as_str(), task.attempt), ("next", 1));
 }
 
 /// Nodes `node-a` and `node-b` on one fresh PostgreSQL schema, and a proxy that

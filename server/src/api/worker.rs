@@ -49,8 +49,8 @@ use crate::{
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The pauses between commits of a result the store failed: from the first,
-/// doubling up to the last.
+/// The pauses between tries of a write or read the store failed (a result's
+/// commit, a resent task's read): from the first, doubling up to the last.
 const RESULT_RETRY_FIRST: Duration = Duration::from_millis(100);
 const RESULT_RETRY_MAX: Duration = Duration::from_secs(2);
 
@@ -314,21 +314,10 @@ impl WorkerApi {
             let _ = tx.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
         }
         if !resend.is_empty() {
-            let (core, tx) = (self.core.clone(), tx.clone());
+            let (core, tx, worker_id) = (self.core.clone(), tx.clone(), worker_id.clone());
             self.tracker.spawn(async move {
                 for attempt in resend {
-                    match core.store.get(&attempt.key).await {
-                        Ok(Some(row))
-                            if row.attempt == attempt.attempt
-                                && row.status == crate::store::ActivityStatus::Running =>
-                        {
-                            let task = crate::wire::task(row, &attempt);
-                            let _ = tx.try_send(Outgoing::message(server_message::Message::Task(task)));
-                        }
-                        // Ended meanwhile: the registry hears of it from its commit.
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, activity_id = %attempt.key.activity_id, "cannot read a task to send again; its attempt ends with its timeout or lease"),
-                    }
+                    resend_task(&core, &tx, &worker_id, &attempt).await;
                 }
             });
         }
@@ -746,6 +735,39 @@ async fn forward_results(
                     tracing::warn!("result not recorded: shutting down");
                 }
             }
+        }
+    }
+}
+
+/// Sends a resumed worker a task it lacks, read again from the store (the
+/// registry keeps no payloads). A read that fails is tried again while the
+/// session lasts: the attempt holds a slot and its lease is renewed, so given up
+/// it would hold both until the session ends.
+async fn resend_task(core: &Core, tx: &mpsc::Sender<Outgoing>, worker_id: &str, attempt: &Attempt) {
+    let mut pause = RESULT_RETRY_FIRST;
+    loop {
+        match core.store.get(&attempt.key).await {
+            Ok(Some(row))
+                if row.attempt == attempt.attempt
+                    && row.status == crate::store::ActivityStatus::Running =>
+            {
+                let task = crate::wire::task(row, attempt);
+                let _ = tx.try_send(Outgoing::message(server_message::Message::Task(task)));
+                return;
+            }
+            // Ended meanwhile: a cancel sent for it would go unanswered, since
+            // the worker never had it.
+            Ok(_) => {
+                core.registry.forget_unsent(worker_id, attempt);
+                return;
+            }
+            Err(e) if !tx.is_closed() => {
+                tracing::warn!(error = %e, activity_id = %attempt.key.activity_id, retry_in = %duration::format(pause), "cannot read a task to send again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RESULT_RETRY_MAX);
+            }
+            // The session is over; what it held is ended with it.
+            Err(_) => return,
         }
     }
 }

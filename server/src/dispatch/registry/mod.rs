@@ -640,6 +640,30 @@ impl Registry {
             .collect()
     }
 
+    /// A resumed worker lacked this attempt, and it is not sent again: its row
+    /// ended meanwhile. The worker never had it, so it will never answer it, nor
+    /// a cancel for it: the slot is freed here.
+    pub fn forget_unsent(&self, worker_id: &str, attempt: &Attempt) {
+        let mut inner = self.lock();
+        let paused = inner.paused;
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return;
+        };
+        let key = attempt_key(
+            &attempt.key.workflow_id,
+            &attempt.key.activity_id,
+            attempt.attempt,
+        );
+        if worker.inflight.remove(&key).is_none() {
+            return;
+        }
+        worker.fill(paused);
+        drop(inner);
+        self.wake.notify_one();
+        // The attempt no longer counts as running: a drain may be waiting on that.
+        self.answered.notify_waiters();
+    }
+
     /// True while a worker of this process holds this attempt of the row (runs it,
     /// or has it claimed ahead).
     pub fn holds(&self, id: i64, attempt: u32) -> bool {
