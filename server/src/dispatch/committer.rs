@@ -14,13 +14,14 @@
 //! The loop is woken by requests, by the registry (a slot freed, a worker joined, a
 //! row came due) and by the timer of delayed rows; it never polls.
 //!
-//! A store that writes two batches at once (`Store::writers`: PostgreSQL, each on
-//! a connection and a backend of its own) gets the next batch while one is being
-//! written, so the loop's own work (effects, answers, forming the next batch) and
-//! PostgreSQL's overlap. Each claim then takes half of a worker's room, so that the
-//! batch sent beside it can claim too, and after sending one the loop plans again
-//! at once. SQLite has one writer: the loop writes a batch and lands it before it
-//! forms the next.
+//! The store takes the next batch while one is being written (`Store::writers`),
+//! so the loop's own work (effects, answers, forming the next batch) and the
+//! store's overlap. PostgreSQL writes the two at once, each on a connection and a
+//! backend of its own; SQLite's one writer thread writes them in turn, so there a
+//! batch goes beside another only when one of the two is large enough for the
+//! overlap to pay (`Store::beside_min_rows`), and small ones wait and go as one.
+//! Each claim takes half of a worker's room, so that the batch sent beside it can
+//! claim too, and after sending one the loop plans again at once.
 //!
 //! Invariants:
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
@@ -260,15 +261,28 @@ impl Loop {
                     }
                 }
             }
-            while ops.len() < MAX_BATCH_OPS && stop.is_none() {
-                match self.rx.try_recv() {
-                    Ok(m) => self.take(m, &mut ops, &mut requests, &mut stop),
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
+            self.take_queued(&mut ops, &mut requests, &mut stop, &mut closed);
+            // A store that writes its batches in turn (SQLite) gains from one sent
+            // beside another only when landing that one is real work to overlap;
+            // small batches wait for it and go as one, as a single writer's would.
+            let small = self.store.beside_min_rows();
+            if flight
+                .as_ref()
+                .is_some_and(|f| rows_written(&f.batch.ops) < small && rows_written(&ops) < small)
+            {
+                self.land(&mut flight).await;
+                // What landing it released goes first, as at the top of the loop.
+                let mut front = std::mem::take(&mut self.carry);
+                front.extend(self.registry.take_released());
+                if !front.is_empty() {
+                    for request in &mut requests {
+                        request.range =
+                            request.range.start + front.len()..request.range.end + front.len();
                     }
+                    front.append(&mut ops);
+                    ops = front;
                 }
+                self.take_queued(&mut ops, &mut requests, &mut stop, &mut closed);
             }
 
             let now = self.store.now();
@@ -335,6 +349,26 @@ impl Loop {
         self.peers.stop().await;
         if let Some(stop) = stop {
             let _ = stop.send(());
+        }
+    }
+
+    /// Takes the requests queued now, up to a batch's worth.
+    fn take_queued(
+        &mut self,
+        ops: &mut Vec<Op>,
+        requests: &mut Vec<Request>,
+        stop: &mut Option<oneshot::Sender<()>>,
+        closed: &mut bool,
+    ) {
+        while ops.len() < MAX_BATCH_OPS && stop.is_none() {
+            match self.rx.try_recv() {
+                Ok(m) => self.take(m, ops, requests, stop),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    *closed = true;
+                    break;
+                }
+            }
         }
     }
 
@@ -781,6 +815,18 @@ struct Batch {
     overtaken: bool,
 }
 
+/// The rows `ops` write for requests: a submit's rows, one for any other op.
+/// Claims are left out: how many rows one finds is known only once it lands.
+fn rows_written(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            Op::Submit(rows) => rows.len(),
+            Op::Claim(_) => 0,
+            _ => 1,
+        })
+        .sum()
+}
+
 /// Marks the types of the rows `ops` submit due now.
 fn mark_submits_due(registry: &Registry, ops: &[Op], now: UnixMillis) {
     for op in ops {
@@ -894,6 +940,7 @@ mod tests {
         stalled: tokio::sync::watch::Sender<bool>,
         hold_submits: tokio::sync::watch::Sender<bool>,
         writers: usize,
+        beside_min_rows: usize,
     }
 
     impl Poisoned {
@@ -902,6 +949,16 @@ mod tests {
         }
 
         async fn with_writers(dir: &tempfile::TempDir, writers: usize) -> Arc<Self> {
+            Self::with_writers_in_turn(dir, writers, 0).await
+        }
+
+        /// Says it writes `writers` batches in turn, as SQLite's one writer does:
+        /// batches under `beside_min_rows` rows are not sent side by side.
+        async fn with_writers_in_turn(
+            dir: &tempfile::TempDir,
+            writers: usize,
+            beside_min_rows: usize,
+        ) -> Arc<Self> {
             let url = format!("sqlite://{}", dir.path().join("spool.db").display());
             Arc::new(Poisoned {
                 inner: SqliteStore::open(&url)
@@ -913,6 +970,7 @@ mod tests {
                 stalled: tokio::sync::watch::Sender::new(false),
                 hold_submits: tokio::sync::watch::Sender::new(false),
                 writers,
+                beside_min_rows,
             })
         }
 
@@ -1034,6 +1092,9 @@ mod tests {
         }
         fn writers(&self) -> usize {
             self.writers
+        }
+        fn beside_min_rows(&self) -> usize {
+            self.beside_min_rows
         }
     }
 
@@ -1333,6 +1394,72 @@ mod tests {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         assert_eq!(batches, vec![1, 100], "one transaction for the hundred");
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
+    }
+
+    /// A store that writes two batches in turn (SQLite): requests of a row or two
+    /// queued behind a small batch wait for it to land and go as one, as with one
+    /// writer; a large batch in flight has the next sent beside it at once.
+    #[tokio::test]
+    async fn only_large_batches_go_beside_a_writer_that_writes_in_turn() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Poisoned::with_writers_in_turn(&dir, 2, 16).await;
+        let (committer, task) = Committer::spawn(
+            store.clone(),
+            Arc::new(Registry::default().with_writers(2)),
+            Arc::new(Pending::default()),
+            Options {
+                lease: Duration::from_secs(30),
+            },
+            None,
+        );
+        let submit = |ids: Vec<String>| {
+            let committer = committer.clone();
+            tokio::spawn(async move {
+                let rows = ids.iter().map(|id| new(id)).collect();
+                committer.commit(vec![Op::Submit(rows)]).await
+            })
+        };
+        let until = |n: usize| {
+            let store = store.clone();
+            async move {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while store.batches().len() < n {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{:?}",
+                        store.batches()
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+
+        store.stalled.send_replace(true);
+        let first = submit(vec!["first".into()]);
+        until(1).await;
+        let small: Vec<_> = (0..10).map(|i| submit(vec![format!("s{i}")])).collect();
+        // Give the loop every chance to send one of them beside the first.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(store.batches(), [1], "nothing sent beside a small batch");
+        store.stalled.send_replace(false);
+        assert!(matches!(first.await, Ok(Ok(_))));
+        for reply in small {
+            assert!(matches!(reply.await, Ok(Ok(_))));
+        }
+        assert_eq!(store.batches(), [1, 10], "the ten queued behind it, as one");
+
+        store.stalled.send_replace(true);
+        let large = submit((0..20).map(|i| format!("l{i}")).collect());
+        until(3).await;
+        let beside = submit(vec!["beside".into()]);
+        until(4).await;
+        assert_eq!(store.batches()[2..], [1, 1], "sent beside the large batch");
+        store.stalled.send_replace(false);
+        assert!(matches!(large.await, Ok(Ok(_))));
+        assert!(matches!(beside.await, Ok(Ok(_))));
         committer.stop().await;
         drop(committer);
         let _ = task.await;

@@ -1004,13 +1004,22 @@ pub trait Store: Send + Sync + 'static {
     /// only rows whose lease expired are (by the liveness sweep).
     fn single_node(&self) -> bool;
 
-    /// How many batches [`Store::apply`] may run at once. SQLite has one writer,
-    /// so one. PostgreSQL runs each on a connection of its own, on a backend of
-    /// its own, and batches that touch the same rows wait for each other's locks
-    /// as two nodes' batches do; the committer then forms and sends the next
-    /// batch while one is being written.
+    /// How many batches [`Store::apply`] may be given at once; the committer then
+    /// forms and sends the next batch while one is being written. PostgreSQL runs
+    /// each on a connection of its own, on a backend of its own, and batches that
+    /// touch the same rows wait for each other's locks as two nodes' batches do.
+    /// SQLite's writer runs them in turn, each seeing the one before committed.
     fn writers(&self) -> usize {
         1
+    }
+
+    /// With more than one writer, the fewest rows a batch, or the one in flight,
+    /// writes for requests for the two to be written side by side; smaller ones
+    /// wait for the one in flight to land and go as one batch. PostgreSQL writes
+    /// them at once, so any size gains; a store that runs them in turn gains only
+    /// where landing the one in flight is work worth overlapping.
+    fn beside_min_rows(&self) -> usize {
+        0
     }
 
     /// Tells the other nodes sharing the database about committed changes. A

@@ -7,8 +7,8 @@
 //! Invariants:
 //! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
 //!   it (sent, reserved by claims under way, or held ahead) are at most `1 + 2 ×
-//!   writers²` times that (three times with SQLite's one writer, nine with
-//!   PostgreSQL's two; see `Worker::plan_ahead`):
+//!   writers²` times that (nine times with the two batches in flight of both
+//!   stores; see `Worker::plan_ahead`):
 //!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
 //!   + ahead target`;
 //! - a short claim marks its group exhausted only if nothing refreshed the group
