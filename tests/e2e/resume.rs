@@ -544,6 +544,67 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
     assert_eq!((task.activity_id.as_str(), task.attempt), ("next", 1));
 }
 
+/// A worker's stream drops while the node drains: it resumes there (a new
+/// session would be refused), and the attempt the drain waits for completes,
+/// neither released nor run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_resumes_on_a_draining_node_and_its_attempt_completes() {
+    let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = (
+        first.welcome.worker_id.clone(),
+        first.welcome.resume_token.clone(),
+    );
+    submit(&mut client, request("raw", "wf", "r")).await;
+    let task = first.task().await;
+    let mut admin = server.admin().await;
+    let drain = tokio::spawn(async move {
+        admin
+            .drain(v1::DrainRequest {
+                timeout: Some(prost_types_duration(Duration::from_secs(20))),
+            })
+            .await
+    });
+    let told = first.next().await;
+    assert!(
+        matches!(told, server_message::Message::Drain(_)),
+        "expected Drain, got {told:?}"
+    );
+    drop(first);
+    let refused = RawWorker::open(&server, worker_message::Message::Hello(hello(&["raw"], 2)))
+        .await
+        .err()
+        .map(|status| status.code());
+    assert_eq!(refused, Some(tonic::Code::Unavailable), "no new session");
+    let mut resumed = RawWorker::open(&server, resume_hello(&worker_id, &token, &[("r", 1)]))
+        .await
+        .expect("the session, resumed while draining");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    resumed.complete(&task, 1).await;
+    loop {
+        match resumed.next().await {
+            server_message::Message::Ack(ack) => {
+                assert!(ack.accepted, "{ack:?}");
+                break;
+            }
+            server_message::Message::Drain(_) => {}
+            other => panic!("expected an ack, got {other:?}"),
+        }
+    }
+    let report = drain
+        .await
+        .expect("the drain's task")
+        .expect("the drain")
+        .into_inner();
+    assert_eq!((report.completed, report.released), (1, 0));
+    let done = get(&mut client, key("wf", "r")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+}
+
 /// Nodes `node-a` and `node-b` on one fresh PostgreSQL schema, and a proxy that
 /// sends the first connection to A, the next to B.
 async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer, proxy::Proxy) {

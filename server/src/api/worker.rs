@@ -132,11 +132,8 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
-        if self.shutdown.is_cancelled() || self.core.registry.is_draining() {
-            return Err(Error::Unavailable(
-                "the server is draining for a restart: reconnect with backoff".to_owned(),
-            )
-            .into());
+        if self.shutdown.is_cancelled() {
+            return Err(draining().into());
         }
         let principal = request.extensions().get::<Principal>().cloned();
         let place = match &principal {
@@ -203,6 +200,10 @@ impl WorkerService for WorkerApi {
             registration: fingerprint.clone(),
             at: self.core.store.now(),
         };
+        // A draining node takes no new session, but resumes one it holds: its
+        // worker, back from a blip, delivers what the drain is waiting for rather
+        // than having it released to run again.
+        let is_draining = self.core.registry.is_draining();
         let mut refused = None;
         if let Some((old_id, old_secret)) = resume {
             let local = self.core.registry.resume_session(
@@ -218,6 +219,7 @@ impl WorkerService for WorkerApi {
                 // another node and back): with other nodes, the database decides.
                 Err(why @ (ResumeRefused::Unknown | ResumeRefused::Ticket))
                     if shared
+                        && !is_draining
                         && (why == ResumeRefused::Ticket || !self.core.registry.knows(&old_id)) =>
                 {
                     let take = TakeSession {
@@ -270,6 +272,9 @@ impl WorkerService for WorkerApi {
                     refused = Some(why);
                 }
             }
+        }
+        if is_draining {
+            return Err(draining().into());
         }
         let refused = refused.map_or("", |r| r.explain());
         let (worker_id, tx, rx, evict) =
@@ -619,11 +624,25 @@ impl Session {
             && !self.core.store.single_node()
             && self.core.registry.resumable(&self.worker_id)
         {
-            let left = self.core.registry.unregister(&self.worker_id).len();
-            tracing::info!(worker_id = %self.worker_id, left, "session handed over: its attempts wait for the worker to resume on another node");
+            if let Some(left) = self
+                .core
+                .registry
+                .unregister_owned(&self.worker_id, &self.tx)
+            {
+                tracing::info!(worker_id = %self.worker_id, left = left.len(), "session handed over: its attempts wait for the worker to resume on another node");
+            }
             return;
         }
-        let attempts = self.core.registry.unregister_lost(&self.worker_id);
+        // Unless a resume took the worker since the check above: its attempts are
+        // the resumed stream's now.
+        let Some(attempts) = self
+            .core
+            .registry
+            .unregister_lost_owned(&self.worker_id, &self.tx)
+        else {
+            tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
+            return;
+        };
         let now = self.core.store.now();
         let ops: Vec<Op> = attempts
             .into_iter()
@@ -737,6 +756,10 @@ async fn forward_results(
             }
         }
     }
+}
+
+fn draining() -> Error {
+    Error::Unavailable("the server is draining for a restart: reconnect with backoff".to_owned())
 }
 
 /// Sends a resumed worker a task it lacks, read again from the store (the

@@ -7,7 +7,7 @@ use std::time::Duration;
 use spool_proto::v1;
 use tokio::time::Instant;
 
-use super::{Registry, SilencePaused, Sweep, attempt_key};
+use super::{Registry, SilencePaused, Sweep, Worker, attempt_key};
 use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
@@ -128,8 +128,11 @@ impl Registry {
             self.wake.notify_one();
         }
         for worker_id in abandoned {
-            let attempts = self.unregister_lost(&worker_id);
-            sweep.abandoned.push((worker_id, attempts));
+            // Only if it is still detached: it may have resumed since.
+            let still_detached = |w: &Worker| w.detached_until.is_some_and(|until| now >= until);
+            if let Some(attempts) = self.unregister_if(&worker_id, still_detached) {
+                sweep.abandoned.push((worker_id, self.lost(attempts)));
+            }
         }
         if !sweep.timed_out.is_empty() || !sweep.lost_workers.is_empty() {
             // Fewer attempts run now: a drain may be waiting on that.

@@ -598,10 +598,43 @@ impl Registry {
     /// Removes a worker; returns the attempts it still ran that the server had not
     /// already ended, for the caller to fail or release.
     pub fn unregister(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
+        self.unregister_if(worker_id, |_| true).unwrap_or_default()
+    }
+
+    /// [`Registry::unregister`] by the session writing to `tx`, only while that
+    /// session still owns the worker: checked under the same lock, since a resume
+    /// may hand the worker to a new stream at any moment. `None` if it does not.
+    pub fn unregister_owned(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+    ) -> Option<Vec<Arc<Attempt>>> {
+        self.unregister_if(worker_id, |w| w.outbound.same_channel(tx))
+    }
+
+    /// [`Registry::unregister_owned`] for a session that is lost: its attempts
+    /// come back to be ended only where still this node's, since the worker may
+    /// have resumed its session on another node, which took the rows over.
+    pub fn unregister_lost_owned(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+    ) -> Option<Vec<Arc<Attempt>>> {
+        self.unregister_owned(worker_id, tx)
+            .map(|attempts| self.lost(attempts))
+    }
+
+    /// Removes the worker if `still` holds of it, under the lock that checks it.
+    fn unregister_if(
+        &self,
+        worker_id: &str,
+        still: impl FnOnce(&Worker) -> bool,
+    ) -> Option<Vec<Arc<Attempt>>> {
         let mut inner = self.lock();
-        let Some(worker) = inner.workers.remove(worker_id) else {
-            return Vec::new();
-        };
+        if !inner.workers.get(worker_id).is_some_and(still) {
+            return None;
+        }
+        let worker = inner.workers.remove(worker_id)?;
         if let Some(group) = inner.groups.get_mut(&worker.group) {
             group.workers.retain(|w| **w != *worker_id);
             if group.workers.is_empty() {
@@ -617,19 +650,19 @@ impl Registry {
             self.wake.notify_one();
         }
         self.answered.notify_waiters();
-        worker
-            .inflight
-            .into_values()
-            .filter(|i| !i.cancel_sent)
-            .map(|i| i.attempt)
-            .collect()
+        Some(
+            worker
+                .inflight
+                .into_values()
+                .filter(|i| !i.cancel_sent)
+                .map(|i| i.attempt)
+                .collect(),
+        )
     }
 
-    /// [`Registry::unregister`] for a session that is lost: its attempts come back
-    /// to be ended only where still this node's, since the worker may have resumed
-    /// its session on another node, which took the rows over.
-    pub fn unregister_lost(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
-        self.unregister(worker_id)
+    /// A lost session's attempts, to be ended only where still this node's.
+    fn lost(&self, attempts: Vec<Arc<Attempt>>) -> Vec<Arc<Attempt>> {
+        attempts
             .into_iter()
             .map(|a| {
                 Arc::new(Attempt {
@@ -1388,6 +1421,10 @@ mod tests {
             "the ticket is single-use"
         );
         assert!(!registry.owns(&id, &tx), "the old stream lost the session");
+        assert!(
+            registry.unregister_lost_owned(&id, &tx).is_none() && registry.knows(&id),
+            "the old stream's end, however late, leaves the resumed session alone"
+        );
         // Dropped again and never resumed: the sweep loses it after the grace.
         let new_tx = resumed.map(|r| r.tx).ok();
         assert!(new_tx.is_some_and(|tx| registry.detach(&id, &tx, grace)));
