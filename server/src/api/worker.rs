@@ -49,6 +49,10 @@ use crate::{
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a new or resumed session's stream may wait for its ticket to be
+/// stored (several nodes only), well within the silence that evicts a worker.
+const TICKET_SAVE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The pauses between tries of a write or read the store failed (a result's
 /// commit, a resent task's read): from the first, doubling up to the last.
 const RESULT_RETRY_FIRST: Duration = Duration::from_millis(100);
@@ -291,11 +295,20 @@ impl WorkerService for WorkerApi {
 
 impl WorkerApi {
     /// Keeps a session's ticket where the other nodes can check it. Without it the
-    /// session can still be resumed here, only not elsewhere.
+    /// session can still be resumed here, only not elsewhere. The worker is
+    /// registered, and its silence counts, before its stream starts: a database
+    /// slow to take the ticket must not hold the stream back until it is evicted.
     async fn save_ticket(&self, ticket: SessionTicket) {
-        if let Err(e) = self.core.store.save_ticket(&ticket).await {
-            tracing::warn!(worker_id = %ticket.worker_id, error = %e, "cannot store the session's resume ticket: it can be resumed on this node only");
-        }
+        let saved = tokio::time::timeout(TICKET_SAVE_TIMEOUT, self.core.store.save_ticket(&ticket));
+        let why = match saved.await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "not stored within {}",
+                duration::format(TICKET_SAVE_TIMEOUT)
+            ),
+        };
+        tracing::warn!(worker_id = %ticket.worker_id, error = %why, "cannot store the session's resume ticket: it can be resumed on this node only");
     }
 
     /// Runs a resumed session on its new stream: first the tasks the worker never
