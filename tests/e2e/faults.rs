@@ -31,6 +31,8 @@ pub struct Faulty {
     pub failed_gets: AtomicUsize,
     /// While true, reads of one row wait.
     held_gets: watch::Sender<bool>,
+    /// While true, writes that end an attempt wait.
+    held_endings: watch::Sender<bool>,
 }
 
 impl Faulty {
@@ -45,6 +47,7 @@ impl Faulty {
             failed_endings: AtomicUsize::new(0),
             failed_gets: AtomicUsize::new(0),
             held_gets: watch::Sender::new(false),
+            held_endings: watch::Sender::new(false),
         })
     }
 
@@ -54,6 +57,10 @@ impl Faulty {
 
     pub fn hold_gets(&self, held: bool) {
         self.held_gets.send_replace(held);
+    }
+
+    pub fn hold_endings(&self, held: bool) {
+        self.held_endings.send_replace(held);
     }
 
     /// The listener for other nodes dies.
@@ -72,6 +79,14 @@ impl Store for Faulty {
             }
         }
         let ends = ops.iter().any(|op| matches!(op, Op::Finish { .. }));
+        if ends {
+            let mut held = self.held_endings.subscribe();
+            while *held.borrow_and_update() {
+                if held.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
         if ends
             && self
                 .failed_endings

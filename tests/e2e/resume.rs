@@ -544,6 +544,56 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
     assert_eq!((task.activity_id.as_str(), task.attempt), ("next", 1));
 }
 
+/// The server stops a lacked attempt (its start-to-close timeout) while the task
+/// is being read again, before the stop is written: the row still reads RUNNING,
+/// but the task is not sent after its cancel, where it would run unasked.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let store: Arc<dyn Store> = faulty.clone();
+    let server = TestServer::start_with_store(
+        move |_| Box::pin(async move { store }),
+        |c| {
+            c.resume_grace = Some(Duration::from_secs(5));
+            c.heartbeat_interval = Duration::from_millis(100);
+        },
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 1).await;
+    let (worker_id, token) = (
+        first.welcome.worker_id.clone(),
+        first.welcome.resume_token.clone(),
+    );
+    let mut short = request("raw", "wf", "lacked");
+    short.start_to_close_timeout = Some(prost_types_duration(Duration::from_millis(300)));
+    submit(&mut client, short).await;
+    first.task().await;
+    faulty.hold_gets(true);
+    drop(first);
+    let hello = worker_message::Message::Hello(v1::Hello {
+        resume_worker_id: worker_id,
+        resume_token: token,
+        ..hello(&["raw"], 1)
+    });
+    let mut resumed = RawWorker::open(&server, hello).await.expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    // The timeout's ending cannot be written; the sweep stops the attempt.
+    faulty.hold_endings(true);
+    let cancel = tokio::time::timeout(Duration::from_secs(5), resumed.next())
+        .await
+        .expect("the timeout's cancel");
+    assert!(
+        matches!(&cancel, server_message::Message::Cancel(c) if c.activity_id == "lacked"),
+        "{cancel:?}"
+    );
+    faulty.hold_gets(false);
+    let after = tokio::time::timeout(Duration::from_millis(500), resumed.next()).await;
+    assert!(after.is_err(), "sent after its cancel: {after:?}");
+    faulty.hold_endings(false);
+}
+
 /// A worker's stream drops while the node drains: it resumes there (a new
 /// session would be refused), and the attempt the drain waits for completes,
 /// neither released nor run again.

@@ -49,6 +49,10 @@ use crate::{
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How many times in all a result is committed while the store's failure is not
+/// one that may pass (see `store::Class`).
+const RESULT_TRIES_UNLESS_TRANSIENT: u32 = 3;
+
 /// How long a new or resumed session's stream may wait for its ticket to be
 /// stored (several nodes only), well within the silence that evicts a worker.
 const TICKET_SAVE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -787,8 +791,10 @@ async fn resend_task(core: &Core, tx: &mpsc::Sender<Outgoing>, worker_id: &str, 
                 if row.attempt == attempt.attempt
                     && row.status == crate::store::ActivityStatus::Running =>
             {
+                // Through the registry: the server may have stopped the attempt
+                // (a cancel, a timeout, a drain's deadline) while the row was read.
                 let task = crate::wire::task(row, attempt);
-                let _ = tx.try_send(Outgoing::message(server_message::Message::Task(task)));
+                core.registry.send_lacked(worker_id, tx, attempt, task);
                 return;
             }
             // Ended meanwhile: a cancel sent for it would go unanswered, since
@@ -827,6 +833,9 @@ struct Unsettled {
 /// out while the store was down). Refusing it for the store's failure would tell
 /// the worker its attempt had ended and lose the outcome. The result's ops are
 /// fenced by attempt, so a commit that failed after writing cannot write twice.
+/// A failure that is not transient is tried [`RESULT_TRIES_UNLESS_TRANSIENT`]
+/// times in all: then no ack is sent, the worker keeps the result for its next
+/// session, and the attempt, whose lease no longer renews, is reclaimed as lost.
 async fn retry_result(
     core: Arc<Core>,
     ops: Vec<Op>,
@@ -834,7 +843,13 @@ async fn retry_result(
     mut why: Arc<crate::store::Error>,
 ) {
     let mut pause = RESULT_RETRY_FIRST;
+    let mut tries = 1;
     loop {
+        if why.class() != crate::store::Class::Transient && tries >= RESULT_TRIES_UNLESS_TRANSIENT {
+            tracing::error!(workflow_id = %unsettled.ack.workflow_id, activity_id = %unsettled.ack.activity_id, attempt = unsettled.ack.attempt, "result not recorded, given up: {why}; the worker keeps it, and the attempt is reclaimed when its lease lapses");
+            return;
+        }
+        tries += 1;
         tracing::warn!(workflow_id = %unsettled.ack.workflow_id, activity_id = %unsettled.ack.activity_id, attempt = unsettled.ack.attempt, retry_in = %duration::format(pause), "result not recorded: {why}");
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RESULT_RETRY_MAX);

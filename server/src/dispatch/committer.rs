@@ -20,8 +20,10 @@
 //! backend of its own; SQLite's one writer thread writes them in turn, so there a
 //! batch goes beside another only when one of the two is large enough for the
 //! overlap to pay (`Store::beside_min_rows`), and small ones wait and go as one.
-//! Each claim takes half of a worker's room, so that the batch sent beside it can
-//! claim too, and after sending one the loop plans again at once.
+//! On PostgreSQL each claim takes half of a worker's room, so that the batch sent
+//! beside it can claim too, and after sending one the loop plans again at once; on
+//! SQLite a claim takes it all (`Store::claim_lanes`), since a batch of claims
+//! alone never goes beside another there.
 //!
 //! Invariants:
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
@@ -1134,7 +1136,7 @@ mod tests {
         mpsc::Receiver<Outgoing>,
         Arc<Registry>,
     ) {
-        let registry = Arc::new(Registry::default().with_writers(store.writers));
+        let registry = Arc::new(Registry::default().with_writers(store.claim_lanes()));
         let (committer, task) = Committer::spawn(
             store,
             registry.clone(),
@@ -1460,6 +1462,37 @@ mod tests {
         store.stalled.send_replace(false);
         assert!(matches!(large.await, Ok(Ok(_))));
         assert!(matches!(beside.await, Ok(Ok(_))));
+        committer.stop().await;
+        drop(committer);
+        let _ = task.await;
+    }
+
+    /// On a store that writes its batches in turn, a worker that arrives to a
+    /// backlog has its slots filled by one claim: a claim alone never goes beside
+    /// another there, so claims that each took half of the room would fill the
+    /// slots over a chain of commits (32, 16, 8, … for 64 slots).
+    #[tokio::test]
+    async fn one_claim_fills_a_new_worker_where_batches_are_written_in_turn() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Poisoned::with_writers_in_turn(&dir, 2, 16).await;
+        let rows = (0..100).map(|i| new(&format!("a{i}"))).collect();
+        assert!(
+            store
+                .inner
+                .apply(Arc::new([Op::Submit(rows)]), 0)
+                .await
+                .is_ok()
+        );
+        let (committer, task, mut rx, _registry) = with_worker(store.clone(), 64);
+        let mut sent = std::collections::HashSet::new();
+        while sent.len() < 64 {
+            sent.insert(next_task(&mut rx).await);
+        }
+        assert_eq!(
+            store.batches(),
+            [1],
+            "one batch, with one claim, filled the 64 slots"
+        );
         committer.stop().await;
         drop(committer);
         let _ = task.await;

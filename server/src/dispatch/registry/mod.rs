@@ -7,8 +7,8 @@
 //! Invariants:
 //! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
 //!   it (sent, reserved by claims under way, or held ahead) are at most `1 + 2 ×
-//!   writers²` times that (nine times with the two batches in flight of both
-//!   stores; see `Worker::plan_ahead`):
+//!   writers²` times that (`writers` is `Store::claim_lanes`: three times on
+//!   SQLite, nine on PostgreSQL; see `Worker::plan_ahead`):
 //!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
 //!   + ahead target`;
 //! - a short claim marks its group exhausted only if nothing refreshed the group
@@ -671,6 +671,38 @@ impl Registry {
                 })
             })
             .collect()
+    }
+
+    /// Sends a resumed worker the task of an attempt it lacked, read again from
+    /// the store, only while the attempt is still in flight for it and not
+    /// stopped by the server (a task sent after its cancel would run, unasked),
+    /// and only on the stream `tx` of the resume that found it lacking (a later
+    /// resume sends what it lacks itself).
+    pub fn send_lacked(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+        attempt: &Attempt,
+        task: v1::ActivityTask,
+    ) {
+        let inner = self.lock();
+        let Some(worker) = inner
+            .workers
+            .get(worker_id)
+            .filter(|w| w.outbound.same_channel(tx))
+        else {
+            return;
+        };
+        let key = attempt_key(
+            &attempt.key.workflow_id,
+            &attempt.key.activity_id,
+            attempt.attempt,
+        );
+        if worker.inflight.get(&key).is_some_and(|i| !i.cancel_sent) {
+            let _ = worker
+                .outbound
+                .try_send(Outgoing::message(server_message::Message::Task(task)));
+        }
     }
 
     /// A resumed worker lacked this attempt, and it is not sent again: its row
