@@ -1008,7 +1008,9 @@ pub trait Store: Send + Sync + 'static {
     /// forms and sends the next batch while one is being written. PostgreSQL runs
     /// each on a connection of its own, on a backend of its own, and batches that
     /// touch the same rows wait for each other's locks as two nodes' batches do.
-    /// SQLite's writer runs them in turn, each seeing the one before committed.
+    /// SQLite's writer runs them one after the other, in whichever order they
+    /// reach it (each is sent from a task of its own), as PostgreSQL may commit
+    /// two in either order.
     fn writers(&self) -> usize {
         1
     }
