@@ -138,7 +138,11 @@ async fn serve(
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         format!("{}:{port}", crate::config::host_name())
     });
-    let registry = Arc::new(Registry::new(&node_name).with_writers(store.claim_lanes()));
+    let registry = Arc::new(
+        Registry::new(&node_name)
+            .with_writers(store.writers())
+            .in_turn(store.beside_min_rows() > 0),
+    );
     let pending = Arc::new(Pending::default());
     // Tasks the node cannot live without report here if they end before the
     // shutdown asked them to.

@@ -20,10 +20,10 @@
 //! backend of its own; SQLite's one writer thread writes them in turn, so there a
 //! batch goes beside another only when one of the two is large enough for the
 //! overlap to pay (`Store::beside_min_rows`), and small ones wait and go as one.
-//! On PostgreSQL each claim takes half of a worker's room, so that the batch sent
-//! beside it can claim too, and after sending one the loop plans again at once; on
-//! SQLite a claim takes it all (`Store::claim_lanes`), since a batch of claims
-//! alone never goes beside another there.
+//! Each claim takes half of a worker's room, so that the batch sent beside it can
+//! claim too, and after sending one the loop plans again at once; on SQLite, where
+//! a batch of claims alone does not go beside another, a claim with none of its
+//! group in flight takes it all.
 //!
 //! Invariants:
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);
@@ -1136,7 +1136,11 @@ mod tests {
         mpsc::Receiver<Outgoing>,
         Arc<Registry>,
     ) {
-        let registry = Arc::new(Registry::default().with_writers(store.claim_lanes()));
+        let registry = Arc::new(
+            Registry::default()
+                .with_writers(store.writers)
+                .in_turn(store.beside_min_rows > 0),
+        );
         let (committer, task) = Committer::spawn(
             store,
             registry.clone(),

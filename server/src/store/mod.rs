@@ -1015,20 +1015,6 @@ pub trait Store: Send + Sync + 'static {
         1
     }
 
-    /// How many claims for one worker may be in flight at once, each taking its
-    /// share of the worker's room (see the registry's `Worker::plan_ahead`). Where
-    /// batches go side by side at any size (PostgreSQL), one per writer. A store
-    /// that writes them in turn sends a batch of claims alone (no rows written for
-    /// requests) beside nothing, so a claim that took only its share would leave
-    /// the rest to a chain of commits, each waiting for the one before.
-    fn claim_lanes(&self) -> usize {
-        if self.beside_min_rows() > 0 {
-            1
-        } else {
-            self.writers()
-        }
-    }
-
     /// With more than one writer, the fewest rows a batch, or the one in flight,
     /// writes for requests for the two to be written side by side; smaller ones
     /// wait for the one in flight to land and go as one batch. PostgreSQL writes

@@ -74,13 +74,17 @@ impl Registry {
             if group.exhausted {
                 continue;
             }
-            if !fresh
-                && !group.saturated
-                && flying.iter().any(|(n, t)| n == namespace && t == types)
-            {
+            let beside = flying.iter().any(|(n, t)| n == namespace && t == types);
+            if !fresh && !group.saturated && beside {
                 group.held_back = true;
                 continue;
             }
+            // A claim takes its share of the room, leaving the rest for the batch
+            // sent beside it. Where small batches, claims alone among them, go
+            // only after the one in flight landed (SQLite), a claim with none of
+            // its group in flight takes it all: halves would fill the slots over
+            // a chain of commits, each waiting for the one before.
+            let share = if self.in_turn && !beside { 1 } else { writers };
             // An evicted worker's session is ending, a leaving worker takes no more:
             // nothing more goes to either.
             let mut free: Vec<(u32, Arc<str>, Arc<str>)> = group
@@ -88,13 +92,7 @@ impl Registry {
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
                 .filter(|w| w.takes_tasks())
-                .map(|w| {
-                    (
-                        w.wanted().div_ceil(writers),
-                        w.id.clone(),
-                        w.identity.clone(),
-                    )
-                })
+                .map(|w| (w.wanted().div_ceil(share), w.id.clone(), w.identity.clone()))
                 .filter(|(free, ..)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));

@@ -7,8 +7,8 @@
 //! Invariants:
 //! - a worker never runs more attempts than its `max_concurrency`; rows claimed for
 //!   it (sent, reserved by claims under way, or held ahead) are at most `1 + 2 ×
-//!   writers²` times that (`writers` is `Store::claim_lanes`: three times on
-//!   SQLite, nine on PostgreSQL; see `Worker::plan_ahead`):
+//!   writers²` times that (nine times with the two batches in flight of both
+//!   stores; see `Worker::plan_ahead`):
 //!   `inflight <= max_concurrency` and `inflight + ahead + reserved <= max_concurrency
 //!   + ahead target`;
 //! - a short claim marks its group exhausted only if nothing refreshed the group
@@ -522,6 +522,10 @@ pub struct Registry {
     /// How many batches the store writes at once (`Store::writers`): each claim
     /// takes that share of a worker's room, so the next batch can claim too.
     writers: u32,
+    /// The store writes its batches in turn and sends small ones, claims alone
+    /// among them, only after the one in flight landed (`Store::beside_min_rows`):
+    /// a claim planned with none of its group in flight then takes the whole room.
+    in_turn: bool,
 }
 
 impl Registry {
@@ -537,6 +541,13 @@ impl Registry {
     /// The registry of a node whose store writes `writers` batches at once.
     pub fn with_writers(mut self, writers: usize) -> Self {
         self.writers = u32::try_from(writers).unwrap_or(u32::MAX).max(1);
+        self
+    }
+
+    /// The registry of a node whose store writes its batches in turn, small ones
+    /// each after the one before landed (see [`Registry::plan_claims`]).
+    pub fn in_turn(mut self, in_turn: bool) -> Self {
+        self.in_turn = in_turn;
         self
     }
 
