@@ -69,54 +69,40 @@ impl Faulty {
     }
 }
 
+/// Waits while `gate` is true.
+async fn wait_while(gate: &watch::Sender<bool>) {
+    let mut gate = gate.subscribe();
+    while *gate.borrow_and_update() {
+        if gate.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Takes one of the failures `count` has left to inject, if any.
+fn take_failure(count: &AtomicUsize) -> Result<(), store::Error> {
+    match count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+        Ok(_) => Err(store::Error::Sqlite {
+            code: 10, // SQLITE_IOERR
+            message: "injected: disk I/O error".into(),
+        }),
+        Err(_) => Ok(()),
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for Faulty {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, store::Error> {
-        let mut stalled = self.stalled.subscribe();
-        while *stalled.borrow_and_update() {
-            if stalled.changed().await.is_err() {
-                break;
-            }
-        }
-        let ends = ops.iter().any(|op| matches!(op, Op::Finish { .. }));
-        if ends {
-            let mut held = self.held_endings.subscribe();
-            while *held.borrow_and_update() {
-                if held.changed().await.is_err() {
-                    break;
-                }
-            }
-        }
-        if ends
-            && self
-                .failed_endings
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-        {
-            return Err(store::Error::Sqlite {
-                code: 10, // SQLITE_IOERR
-                message: "injected: disk I/O error".into(),
-            });
+        wait_while(&self.stalled).await;
+        if ops.iter().any(|op| matches!(op, Op::Finish { .. })) {
+            wait_while(&self.held_endings).await;
+            take_failure(&self.failed_endings)?;
         }
         self.inner.apply(ops, now).await
     }
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
-        let mut held = self.held_gets.subscribe();
-        while *held.borrow_and_update() {
-            if held.changed().await.is_err() {
-                break;
-            }
-        }
-        if self
-            .failed_gets
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(store::Error::Sqlite {
-                code: 10, // SQLITE_IOERR
-                message: "injected: disk I/O error".into(),
-            });
-        }
+        wait_while(&self.held_gets).await;
+        take_failure(&self.failed_gets)?;
         self.inner.get(key).await
     }
     async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {

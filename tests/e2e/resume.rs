@@ -321,6 +321,14 @@ async fn a_stalled_connection_is_detected_and_resumed() {
     proxy.cut();
 }
 
+/// The worker id and resume token a session was welcomed with.
+fn session_of(worker: &RawWorker) -> (String, String) {
+    (
+        worker.welcome.worker_id.clone(),
+        worker.welcome.resume_token.clone(),
+    )
+}
+
 fn resume_hello(worker_id: &str, token: &str, held: &[(&str, u32)]) -> worker_message::Message {
     worker_message::Message::Hello(v1::Hello {
         resume_worker_id: worker_id.to_owned(),
@@ -345,10 +353,7 @@ async fn forged_and_replayed_resume_tokens_are_refused_and_change_nothing() {
     let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = (
-        first.welcome.worker_id.clone(),
-        first.welcome.resume_token.clone(),
-    );
+    let (worker_id, token) = session_of(&first);
     assert_eq!(token.len(), 64, "256 bits, hex");
     submit(&mut client, request("raw", "wf", "r")).await;
     let task = first.task().await;
@@ -408,10 +413,7 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = (
-        first.welcome.worker_id.clone(),
-        first.welcome.resume_token.clone(),
-    );
+    let (worker_id, token) = session_of(&first);
     submit(&mut client, request("raw", "wf", "kept")).await;
     submit(&mut client, request("raw", "wf", "unseen")).await;
     let one = first.task().await;
@@ -474,10 +476,7 @@ async fn resume_lacking_a_task(
     client: &mut v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
 ) -> RawWorker {
     let mut first = RawWorker::connect(server, &["raw"], 1).await;
-    let (worker_id, token) = (
-        first.welcome.worker_id.clone(),
-        first.welcome.resume_token.clone(),
-    );
+    let (worker_id, token) = session_of(&first);
     submit(client, request("raw", "wf", "lacked")).await;
     // It came; the worker resumes saying it never did (lost on the way).
     first.task().await;
@@ -562,10 +561,7 @@ async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel
     .await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 1).await;
-    let (worker_id, token) = (
-        first.welcome.worker_id.clone(),
-        first.welcome.resume_token.clone(),
-    );
+    let (worker_id, token) = session_of(&first);
     let mut short = request("raw", "wf", "lacked");
     short.start_to_close_timeout = Some(prost_types_duration(Duration::from_millis(300)));
     submit(&mut client, short).await;
@@ -602,10 +598,7 @@ async fn a_worker_resumes_on_a_draining_node_and_its_attempt_completes() {
     let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = (
-        first.welcome.worker_id.clone(),
-        first.welcome.resume_token.clone(),
-    );
+    let (worker_id, token) = session_of(&first);
     submit(&mut client, request("raw", "wf", "r")).await;
     let task = first.task().await;
     let mut admin = server.admin().await;
