@@ -543,6 +543,12 @@ impl RawWorker {
             .expect("send");
     }
 
+    /// A bare heartbeat: the worker is alive.
+    pub async fn keep_alive(&self) {
+        self.send(worker_message::Message::Heartbeat(v1::Heartbeat::default()))
+            .await;
+    }
+
     pub async fn complete(&self, task: &v1::ActivityTask, attempt: u32) {
         self.send(worker_message::Message::Result(v1::ActivityResult {
             workflow_id: task.workflow_id.clone(),

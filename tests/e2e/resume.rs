@@ -545,7 +545,8 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
 
 /// The server stops a lacked attempt (its start-to-close timeout) while the task
 /// is being read again, before the stop is written: the row still reads RUNNING,
-/// but the task is not sent after its cancel, where it would run unasked.
+/// but the task is not sent after its cancel, where it would run unasked, and its
+/// slot is freed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel() {
     let dir = tempfile::tempdir().unwrap();
@@ -555,7 +556,7 @@ async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel
         move |_| Box::pin(async move { store }),
         |c| {
             c.resume_grace = Some(Duration::from_secs(5));
-            c.heartbeat_interval = Duration::from_millis(100);
+            c.heartbeat_interval = Duration::from_millis(250);
         },
     )
     .await;
@@ -585,9 +586,17 @@ async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel
         "{cancel:?}"
     );
     faulty.hold_gets(false);
+    resumed.keep_alive().await;
     let after = tokio::time::timeout(Duration::from_millis(500), resumed.next()).await;
     assert!(after.is_err(), "sent after its cancel: {after:?}");
     faulty.hold_endings(false);
+    resumed.keep_alive().await;
+    // Nor does it keep the slot: the worker never had it, so never answers it.
+    submit(&mut client, request("raw", "wf", "next")).await;
+    let next = tokio::time::timeout(Duration::from_secs(5), resumed.next())
+        .await
+        .expect("a task for the freed slot");
+    assert!(matches!(next, server_message::Message::Task(_)), "{next:?}");
 }
 
 /// A worker's stream drops while the node drains: it resumes there (a new

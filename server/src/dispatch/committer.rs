@@ -22,8 +22,8 @@
 //! overlap to pay (`Store::beside_min_rows`), and small ones wait and go as one.
 //! Each claim takes half of a worker's room, so that the batch sent beside it can
 //! claim too, and after sending one the loop plans again at once; on SQLite, where
-//! a batch of claims alone does not go beside another, a claim with none of its
-//! group in flight takes it all.
+//! a batch of claims alone does not go beside a small one, a claim with none of
+//! its group in flight also fills every free slot.
 //!
 //! Invariants:
 //! - a request's ops are never split across transactions (`SubmitBatch` is one commit);

@@ -82,9 +82,11 @@ impl Registry {
             // A claim takes its share of the room, leaving the rest for the batch
             // sent beside it. Where small batches, claims alone among them, go
             // only after the one in flight landed (SQLite), a claim with none of
-            // its group in flight takes it all: halves would fill the slots over
-            // a chain of commits, each waiting for the one before.
-            let share = if self.in_turn && !beside { 1 } else { writers };
+            // its group in flight fills every free slot: halves would fill them
+            // over a chain of commits, each waiting for the one before. The room
+            // ahead is still shared, so that a busy worker's large room does not
+            // take a backlog from the group's other workers.
+            let fill_free = self.in_turn && !beside;
             // An evicted worker's session is ending, a leaving worker takes no more:
             // nothing more goes to either.
             let mut free: Vec<(u32, Arc<str>, Arc<str>)> = group
@@ -92,7 +94,15 @@ impl Registry {
                 .iter()
                 .filter_map(|id| inner.workers.get(id))
                 .filter(|w| w.takes_tasks())
-                .map(|w| (w.wanted().div_ceil(share), w.id.clone(), w.identity.clone()))
+                .map(|w| {
+                    let share = w.wanted().div_ceil(writers);
+                    let limit = if fill_free {
+                        share.max(w.free_slots())
+                    } else {
+                        share
+                    };
+                    (limit, w.id.clone(), w.identity.clone())
+                })
                 .filter(|(free, ..)| *free > 0)
                 .collect();
             free.sort_by_key(|f| std::cmp::Reverse(f.0));

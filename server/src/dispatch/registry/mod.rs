@@ -362,6 +362,14 @@ impl Worker {
         u32::try_from(self.inflight.len()).unwrap_or(u32::MAX)
     }
 
+    /// Slots neither running nor reserved nor filled by rows ahead.
+    fn free_slots(&self) -> u32 {
+        self.max_concurrency
+            .saturating_sub(self.reserved)
+            .saturating_sub(self.running())
+            .saturating_sub(u32::try_from(self.ahead.len()).unwrap_or(u32::MAX))
+    }
+
     /// Rows a claim should bring it now: its free slots, plus room ahead.
     fn wanted(&self) -> u32 {
         (self.max_concurrency + self.ahead_target)
@@ -524,7 +532,8 @@ pub struct Registry {
     writers: u32,
     /// The store writes its batches in turn and sends small ones, claims alone
     /// among them, only after the one in flight landed (`Store::beside_min_rows`):
-    /// a claim planned with none of its group in flight then takes the whole room.
+    /// a claim planned with none of its group in flight then fills all the
+    /// worker's free slots.
     in_turn: bool,
 }
 
@@ -686,9 +695,10 @@ impl Registry {
 
     /// Sends a resumed worker the task of an attempt it lacked, read again from
     /// the store, only while the attempt is still in flight for it and not
-    /// stopped by the server (a task sent after its cancel would run, unasked),
-    /// and only on the stream `tx` of the resume that found it lacking (a later
-    /// resume sends what it lacks itself).
+    /// stopped by the server (a task sent after its cancel would run, unasked;
+    /// one stopped is forgotten, freeing its slot), and only on the stream `tx`
+    /// of the resume that found it lacking (a later resume sends what it lacks
+    /// itself).
     pub fn send_lacked(
         &self,
         worker_id: &str,
@@ -709,10 +719,21 @@ impl Registry {
             &attempt.key.activity_id,
             attempt.attempt,
         );
-        if worker.inflight.get(&key).is_some_and(|i| !i.cancel_sent) {
-            let _ = worker
-                .outbound
-                .try_send(Outgoing::message(server_message::Message::Task(task)));
+        let stopped = match worker.inflight.get(&key) {
+            Some(inflight) if !inflight.cancel_sent => {
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Task(task)));
+                return;
+            }
+            Some(_) => true,
+            None => false,
+        };
+        drop(inner);
+        // Stopped while it was read: the worker, never having had it, will not
+        // answer its cancel either.
+        if stopped {
+            self.forget_unsent(worker_id, attempt);
         }
     }
 
