@@ -459,6 +459,87 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     assert!(resumed.ack().await.accepted);
 }
 
+/// A result recorded just before the stream dropped, its ack lost with the
+/// stream: sent again on the resumed stream, it is acknowledged as accepted, and
+/// nothing is written twice. A result of an attempt the server ended meanwhile (a
+/// cancel) is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume() {
+    let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = session_of(&first);
+    submit(&mut client, request("raw", "wf", "done")).await;
+    submit(&mut client, request("raw", "wf", "stopped")).await;
+    let one = first.task().await;
+    let two = first.task().await;
+    let (done, stopped) = if one.activity_id == "done" {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    first.complete(&done, 1).await;
+    let recorded = wait(&mut client, key("wf", "done")).await;
+    assert_eq!(status(&recorded), v1::ActivityStatus::Completed);
+    // The stream drops before the worker reads the ack.
+    drop(first);
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key("wf", "stopped")),
+            reason: "not needed".into(),
+        })
+        .await
+        .expect("cancel");
+    let mut resumed = RawWorker::open(
+        &server,
+        resume_hello(&worker_id, &token, &[("done", 1), ("stopped", 1)]),
+    )
+    .await
+    .expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    let mut cancelled = Vec::new();
+    while cancelled.len() < 2 {
+        match resumed.next().await {
+            server_message::Message::Cancel(c) => cancelled.push(c.activity_id),
+            other => panic!("expected two cancels, got {other:?}"),
+        }
+    }
+    cancelled.sort();
+    assert_eq!(cancelled, ["done", "stopped"]);
+    resumed.complete(&done, 1).await;
+    let ack = resumed.ack().await;
+    assert_eq!(
+        (ack.activity_id.as_str(), ack.accepted),
+        ("done", true),
+        "{ack:?}"
+    );
+    resumed.complete(&stopped, 1).await;
+    let ack = resumed.ack().await;
+    assert_eq!(
+        (ack.activity_id.as_str(), ack.accepted),
+        ("stopped", false),
+        "{ack:?}"
+    );
+    let again = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "done")),
+            include_history: true,
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(
+        (status(&again), again.attempt, again.finished_at),
+        (v1::ActivityStatus::Completed, 1, recorded.finished_at),
+        "written once"
+    );
+    assert_eq!(again.history.len(), 1, "{:?}", again.history);
+    assert_eq!(
+        status(&get(&mut client, key("wf", "stopped")).await),
+        v1::ActivityStatus::Cancelled
+    );
+}
+
 /// One node on a store with faults the test switches on, that resumes sessions.
 async fn resuming_on(faulty: &Arc<Faulty>) -> TestServer {
     let store: Arc<dyn Store> = faulty.clone();

@@ -8,7 +8,10 @@
 //! - the first message is `Hello`, anything else ends the stream with
 //!   `INVALID_ARGUMENT`; `Welcome` is the first message the worker receives;
 //! - every `ActivityResult` gets exactly one `ResultAck`, sent after the outcome is
-//!   committed (accepted) or refused (not accepted);
+//!   committed (accepted) or refused (not accepted); a result the worker sends
+//!   again after a resume, for an attempt that ended while it was away, is
+//!   answered accepted, without a write, when the store shows that the attempt
+//!   ended with it (its first ack was lost with the old stream);
 //! - reading never waits on the committer: results go, in order, to a forwarder
 //!   that commits them and acks each after its commit, so keep-alives are read
 //!   whatever the results' backpressure, and a stall of the server is never taken
@@ -272,7 +275,13 @@ impl WorkerService for WorkerApi {
                     if shared {
                         self.save_ticket(ticket_row(&old_id)).await;
                     }
-                    return Ok(self.start_session(old_id.into(), resumed, place, inbound));
+                    return Ok(self.start_session(
+                        old_id.into(),
+                        registration.namespace.clone(),
+                        resumed,
+                        place,
+                        inbound,
+                    ));
                 }
                 Err(why) => {
                     crate::metrics::resume_refused(why.reason());
@@ -285,6 +294,7 @@ impl WorkerService for WorkerApi {
             return Err(draining().into());
         }
         let refused = refused.map_or("", |r| r.explain());
+        let namespace = registration.namespace.clone();
         let (worker_id, tx, rx, evict) =
             self.core
                 .registry
@@ -293,7 +303,7 @@ impl WorkerService for WorkerApi {
         if shared {
             self.save_ticket(ticket_row(&worker_id)).await;
         }
-        Ok(self.serve_stream(worker_id, tx, rx, evict, place, inbound))
+        Ok(self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound))
     }
 }
 
@@ -320,6 +330,7 @@ impl WorkerApi {
     fn start_session(
         &self,
         worker_id: Arc<str>,
+        namespace: Arc<str>,
         resumed: Resumption,
         place: SessionPlace,
         inbound: Streaming<WorkerMessage>,
@@ -343,14 +354,16 @@ impl WorkerApi {
                 }
             });
         }
-        self.serve_stream(worker_id, tx, rx, evict, place, inbound)
+        self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound)
     }
 
     /// Starts the session task reading `inbound`, and answers with the stream of
     /// what the worker is sent.
+    #[allow(clippy::too_many_arguments)]
     fn serve_stream(
         &self,
         worker_id: Arc<str>,
+        namespace: Arc<str>,
         tx: mpsc::Sender<Outgoing>,
         rx: mpsc::Receiver<Outgoing>,
         evict: CancellationToken,
@@ -360,6 +373,7 @@ impl WorkerApi {
         let session = Session {
             core: self.core.clone(),
             worker_id,
+            namespace,
             tx,
             window: Arc::new(Semaphore::new(ACK_WINDOW)),
             evict,
@@ -420,6 +434,8 @@ enum End {
 struct Session {
     core: Arc<Core>,
     worker_id: Arc<str>,
+    /// The namespace the worker registered in (resolved: never empty).
+    namespace: Arc<str>,
     /// The worker's outbound channel (the registry holds another sender).
     tx: mpsc::Sender<Outgoing>,
     /// Results in flight; see the module invariants.
@@ -441,6 +457,11 @@ enum Forward {
     },
     /// The result answers nothing the worker holds: ack it, not accepted.
     Refuse(v1::ResultAck),
+    /// The result answers an attempt that ended while the worker was away, which it
+    /// said it still had when it resumed: perhaps this result, sent again because
+    /// its ack was lost with the old stream. The store tells (see
+    /// [`ended_by_own_result`]).
+    Recheck(v1::ResultAck),
     /// The worker said Goodbye: once every claim planned for it has landed, tell it
     /// that nothing more comes (Drain).
     Goodbye,
@@ -459,6 +480,7 @@ impl Session {
         let over = CancellationToken::new();
         let forwarder = tokio::spawn(forward_results(
             self.core.clone(),
+            (self.worker_id.clone(), self.namespace.clone()),
             self.tx.clone(),
             self.window.clone(),
             queue,
@@ -591,6 +613,7 @@ impl Session {
                 crate::metrics::result_refused();
                 return Forward::Refuse(ack);
             }
+            Answer::EndedAway => return Forward::Recheck(ack),
         };
         // Unsettled until its commit returns: a drain waits for it.
         let committing = self.core.registry.commit_begins();
@@ -705,6 +728,7 @@ impl Session {
 /// wait for no room.
 async fn forward_results(
     core: Arc<Core>,
+    (worker_id, namespace): (Arc<str>, Arc<str>),
     tx: mpsc::Sender<Outgoing>,
     window: Arc<Semaphore>,
     mut queue: mpsc::Receiver<Forward>,
@@ -718,6 +742,13 @@ async fn forward_results(
         };
         match item {
             Forward::Refuse(ack) => send_ack(&tx, ack, false, permit),
+            Forward::Recheck(ack) => {
+                let accepted = ended_by_own_result(&core, &namespace, &worker_id, &ack).await;
+                if !accepted {
+                    crate::metrics::result_refused();
+                }
+                send_ack(&tx, ack, accepted, permit);
+            }
             Forward::Goodbye => {
                 drop(permit);
                 // An empty commit is a barrier: claims planned for this worker
@@ -773,6 +804,63 @@ async fn forward_results(
             }
         }
     }
+}
+
+/// Whether attempt `ack.attempt` ended with this worker's own result. A worker
+/// sends a result again after a resume when its ack was lost with the old stream;
+/// it must then hear that the result was accepted, not refused. A worker sends
+/// one result per attempt, and only a result ends an attempt as completed,
+/// retried, failed or snoozed (the server's own endings are timeouts, lost
+/// workers, cancels and releases), so such an ending under this worker's id was
+/// this result. A row still RUNNING with the attempt may have the result's commit
+/// from the old stream queued: an empty commit, a barrier behind it, is waited
+/// for once. Any doubt (a failed read, a history pruned) answers no, as for any
+/// result that decides nothing.
+async fn ended_by_own_result(
+    core: &Core,
+    namespace: &str,
+    worker_id: &str,
+    ack: &v1::ResultAck,
+) -> bool {
+    use crate::store::{ActivityStatus, AttemptOutcome, Key};
+    let key = Key {
+        namespace: namespace.to_owned(),
+        workflow_id: ack.workflow_id.clone(),
+        activity_id: ack.activity_id.clone(),
+    };
+    let mut waited = false;
+    let row = loop {
+        match core.store.get(&key).await {
+            Ok(Some(row))
+                if row.attempt == ack.attempt
+                    && row.status == ActivityStatus::Running
+                    && !waited =>
+            {
+                waited = true;
+                if core.committer.commit(Vec::new()).await.is_err() {
+                    return false;
+                }
+            }
+            Ok(Some(row)) if row.attempt >= ack.attempt => break row,
+            _ => return false,
+        }
+    };
+    let Ok(history) = core.store.history(row.id).await else {
+        return false;
+    };
+    history.iter().any(|record| {
+        record.attempt == ack.attempt
+            && record.worker_id.as_deref() == Some(worker_id)
+            && matches!(
+                AttemptOutcome::parse(&record.outcome),
+                Some(
+                    AttemptOutcome::Completed
+                        | AttemptOutcome::Retried
+                        | AttemptOutcome::Failed
+                        | AttemptOutcome::Snoozed
+                )
+            )
+    })
 }
 
 fn draining() -> Error {

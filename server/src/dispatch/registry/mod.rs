@@ -189,6 +189,10 @@ pub enum Answer {
     /// The attempt was the worker's, but the server already ended it (cancel,
     /// timeout): the result only frees the slot.
     Ended,
+    /// An attempt the worker said it still had when it resumed its session, which
+    /// had ended while it was away: perhaps by this very result, sent again because
+    /// its ack was lost with the old stream.
+    EndedAway,
     /// Not an attempt this worker holds.
     Unknown,
 }
@@ -324,6 +328,11 @@ struct Worker {
     /// Its stream dropped; the session may be resumed until then. No claims are
     /// planned for it meanwhile, its attempts keep their slots and leases.
     detached_until: Option<Instant>,
+    /// Attempts it said it still had when it resumed, which had ended while it was
+    /// away (perhaps by its own result, whose ack was lost with the old stream):
+    /// their results, sent again, are checked against the store rather than
+    /// refused out of hand. At most what its resuming `Hello` listed.
+    ended_away: HashSet<AttemptKey>,
 }
 
 impl Worker {
@@ -355,6 +364,7 @@ impl Worker {
             leaving: false,
             ticket: reg.ticket,
             detached_until: None,
+            ended_away: HashSet::new(),
         }
     }
 
@@ -1120,12 +1130,13 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Answer::Unknown;
         };
-        let Some(inflight) =
-            worker
-                .inflight
-                .remove(&attempt_key(workflow_id, activity_id, attempt))
-        else {
-            return Answer::Unknown;
+        let key = attempt_key(workflow_id, activity_id, attempt);
+        let Some(inflight) = worker.inflight.remove(&key) else {
+            return if worker.ended_away.remove(&key) {
+                Answer::EndedAway
+            } else {
+                Answer::Unknown
+            };
         };
         worker.answered = worker.answered.saturating_add(1);
         // The freed slot takes a row claimed ahead at once: dispatch does not wait
@@ -1333,6 +1344,9 @@ fn reconcile(
     let mut cancels = Vec::new();
     let mut reattached = 0;
     let mut forgotten = Vec::new();
+    // Only what this resume lists: a worker that resumes again lists again what it
+    // still has to send.
+    worker.ended_away.clear();
     for (key, inflight) in &worker.inflight {
         let has = held.contains(key);
         match (&inflight.cancel, has) {
@@ -1349,6 +1363,7 @@ fn reconcile(
     }
     for key in held {
         if !worker.inflight.contains_key(key) {
+            worker.ended_away.insert(key.clone());
             cancels.push(v1::CancelActivity {
                 workflow_id: key.0.clone(),
                 activity_id: key.1.clone(),
