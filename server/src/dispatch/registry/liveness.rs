@@ -42,7 +42,8 @@ impl Registry {
                 i.last_heartbeat = now;
                 // No details: the attempt is alive; what it reported last stands.
                 if details.is_some() {
-                    i.unflushed = Some(details);
+                    i.details = Some(details);
+                    i.unflushed = true;
                 }
                 true
             }
@@ -98,11 +99,13 @@ impl Registry {
                     continue;
                 }
                 let attempt = &inflight.attempt;
-                if let Some(details) = inflight.unflushed.take() {
+                if std::mem::take(&mut inflight.unflushed)
+                    && let Some(details) = &inflight.details
+                {
                     sweep.heartbeats.push(HeartbeatDetails {
                         id: attempt.id,
                         attempt: attempt.attempt,
-                        details,
+                        details: details.clone(),
                     });
                 }
                 let Some(timed_out) =

@@ -183,8 +183,9 @@ pub struct Resumption {
 #[derive(Debug)]
 pub enum Answer {
     /// The attempt is the worker's and still running: the result decides it. The
-    /// heartbeat details reported since the last flush come along, to be written
-    /// with the result.
+    /// latest heartbeat details it reported come along, to be written with the
+    /// result (again, if a flush took them already: that flush may land after the
+    /// result's ending, and be fenced out).
     Held(Arc<Attempt>, Option<Option<Payload>>),
     /// The attempt was the worker's, but the server already ended it (cancel,
     /// timeout): the result only frees the slot.
@@ -216,8 +217,12 @@ struct Inflight {
     last_heartbeat: Instant,
     /// When its timeouts end this attempt.
     deadlines: Deadlines,
-    /// Details reported since the last flush to the store; latest wins.
-    unflushed: Option<Option<Payload>>,
+    /// The latest details the attempt reported (`Some(None)`: it cleared them).
+    /// They go with its result, written just before its ending: the sweep's
+    /// flush of them may land after the ending, and be fenced out.
+    details: Option<Option<Payload>>,
+    /// `details` changed since the sweep last took them to store.
+    unflushed: bool,
     /// The attempt's span (see `claims::attempt_span`): entered for what is logged
     /// about it, closed when this entry goes.
     span: tracing::Span,
@@ -232,7 +237,8 @@ impl Inflight {
             cancel_sent: false,
             cancel: None,
             last_heartbeat: now,
-            unflushed: None,
+            details: None,
+            unflushed: false,
             span,
         }
     }
@@ -1157,7 +1163,7 @@ impl Registry {
         if inflight.cancel_sent {
             Answer::Ended
         } else {
-            Answer::Held(inflight.attempt, inflight.unflushed)
+            Answer::Held(inflight.attempt, inflight.details)
         }
     }
 
@@ -2167,6 +2173,12 @@ mod tests {
                 .heartbeats
                 .is_empty()
         );
+        // The result still carries them: the sweep's write of them may land after
+        // the result's ending, which fences it out.
+        match registry.answer(&id, "wf", "a", 1) {
+            Answer::Held(_, carried) => assert_eq!(carried, Some(Some(details))),
+            _ => panic!("the attempt is held"),
+        }
     }
 
     /// What the server logs about an attempt is inside that attempt's span: its
