@@ -540,6 +540,62 @@ async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume(
     );
 }
 
+/// A result whose first write failed, and is being tried again, when the worker
+/// (its stream dropped) sends it again: the ack waits for that write, and says
+/// accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let server = resuming_on(&faulty).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = session_of(&first);
+    submit(&mut client, request("raw", "wf", "retried")).await;
+    submit(&mut client, request("raw", "wf", "running")).await;
+    let (one, two) = (first.task().await, first.task().await);
+    // The session holds an attempt still running, so it can be resumed.
+    let task = if one.activity_id == "retried" {
+        one
+    } else {
+        two
+    };
+    // Every write of an ending fails until the test says otherwise.
+    faulty.failed_endings.store(usize::MAX, Ordering::SeqCst);
+    first.complete(&task, 1).await;
+    eventually("the result's first write to fail", || async {
+        (faulty.failed_endings.load(Ordering::SeqCst) < usize::MAX).then_some(())
+    })
+    .await;
+    drop(first);
+    let mut resumed = RawWorker::open(
+        &server,
+        resume_hello(&worker_id, &token, &[("retried", 1), ("running", 1)]),
+    )
+    .await
+    .expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    let cancel = resumed.next().await;
+    assert!(
+        matches!(&cancel, server_message::Message::Cancel(c) if c.activity_id == "retried"),
+        "the attempt is no longer the session's: {cancel:?}"
+    );
+    resumed.complete(&task, 1).await;
+    resumed.quiet_for(Duration::from_millis(500)).await;
+    faulty.failed_endings.store(0, Ordering::SeqCst);
+    let ack = resumed.ack().await;
+    assert_eq!(
+        (ack.activity_id.as_str(), ack.accepted),
+        ("retried", true),
+        "{ack:?}"
+    );
+    let done = get(&mut client, key("wf", "retried")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+}
+
 /// One node on a store with faults the test switches on, that resumes sessions.
 async fn resuming_on(faulty: &Arc<Faulty>) -> TestServer {
     let store: Arc<dyn Store> = faulty.clone();

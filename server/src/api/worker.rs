@@ -743,11 +743,13 @@ async fn forward_results(
         match item {
             Forward::Refuse(ack) => send_ack(&tx, ack, false, permit),
             Forward::Recheck(ack) => {
-                let accepted = ended_by_own_result(&core, &namespace, &worker_id, &ack).await;
-                if !accepted {
-                    crate::metrics::result_refused();
-                }
-                send_ack(&tx, ack, accepted, permit);
+                tokio::spawn(recheck(
+                    core.clone(),
+                    (worker_id.clone(), namespace.clone()),
+                    tx.clone(),
+                    ack,
+                    permit,
+                ));
             }
             Forward::Goodbye => {
                 drop(permit);
@@ -771,11 +773,18 @@ async fn forward_results(
                     continue;
                 }
                 let retry = (core.clone(), ops.clone());
+                let who = (worker_id.clone(), namespace.clone());
                 let reply = Box::new(move |outcome: Result<Vec<Outcome>, CommitError>| {
                     match outcome {
-                        Ok(outcomes) => {
-                            send_ack(&tx, ack, finished(&outcomes), permit);
+                        Ok(outcomes) if finished(&outcomes) => {
+                            send_ack(&tx, ack, true, permit);
                             drop(committing);
+                        }
+                        // The row had moved on: perhaps by this very result,
+                        // written by the node the session moved from.
+                        Ok(_) => {
+                            drop(committing);
+                            tokio::spawn(recheck(retry.0, who, tx, ack, permit));
                         }
                         Err(CommitError::Store(why)) => {
                             let (core, ops) = retry;
@@ -806,61 +815,109 @@ async fn forward_results(
     }
 }
 
-/// Whether attempt `ack.attempt` ended with this worker's own result. A worker
-/// sends a result again after a resume when its ack was lost with the old stream;
-/// it must then hear that the result was accepted, not refused. A worker sends
-/// one result per attempt, and only a result ends an attempt as completed,
-/// retried, failed or snoozed (the server's own endings are timeouts, lost
-/// workers, cancels and releases), so such an ending under this worker's id was
-/// this result. A row still RUNNING with the attempt may have the result's commit
-/// from the old stream queued: an empty commit, a barrier behind it, is waited
-/// for once. Any doubt (a failed read, a history pruned) answers no, as for any
-/// result that decides nothing.
+/// Acks a result whose attempt was not the worker's to end any more when the
+/// result came: one the worker sends again after a resume for an attempt that ended
+/// while it was away, or one whose ending the store refused (the row had moved
+/// on). Such a result may still be the one the attempt ended with, its first ack
+/// lost with the old stream, or its write made by the node the session moved from;
+/// then the worker hears it was accepted. Runs apart from the session's forwarder,
+/// which it would hold up. Nothing is sent if the server stops first: the worker
+/// sends the result again where it resumes.
+async fn recheck(
+    core: Arc<Core>,
+    (worker_id, namespace): (Arc<str>, Arc<str>),
+    tx: mpsc::Sender<Outgoing>,
+    ack: v1::ResultAck,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) {
+    let Some(accepted) = ended_by_own_result(&core, &namespace, &worker_id, &ack).await else {
+        return;
+    };
+    if !accepted {
+        crate::metrics::result_refused();
+    }
+    send_ack(&tx, ack, accepted, permit);
+}
+
+/// Whether attempt `ack.attempt` ended with this worker's own result (`None`: the
+/// server stops before it is known). A worker sends one result per attempt, and
+/// only a result ends an attempt as completed, retried, failed or snoozed (the
+/// server's own endings are timeouts, lost workers, cancels and releases), so such
+/// an ending under this worker's id was this result.
+///
+/// While the row still runs the attempt for this worker, the result's first write
+/// may be on its way: queued behind others, tried again after a failed commit, or
+/// made by another node. That is waited for, and so, if it never comes, is the
+/// attempt's reclaim once its lease (renewed by no one: the registry no longer
+/// holds it) lapses. Reads the store failed are tried again meanwhile.
 async fn ended_by_own_result(
     core: &Core,
     namespace: &str,
     worker_id: &str,
     ack: &v1::ResultAck,
-) -> bool {
+) -> Option<bool> {
     use crate::store::{ActivityStatus, AttemptOutcome, Key};
     let key = Key {
         namespace: namespace.to_owned(),
         workflow_id: ack.workflow_id.clone(),
         activity_id: ack.activity_id.clone(),
     };
-    let mut waited = false;
-    let row = loop {
-        match core.store.get(&key).await {
-            Ok(Some(row))
+    // Past the lease and a sweep or two, the attempt is reclaimed if its write
+    // never came.
+    let give_up = tokio::time::Instant::now() + core.config.lease_timeout.saturating_mul(2);
+    let mut pause = RESULT_RETRY_FIRST;
+    loop {
+        let row = match core.store.get(&key).await {
+            Ok(Some(row)) if row.attempt < ack.attempt => return Some(false),
+            Ok(Some(row)) => Some(row),
+            Ok(None) => return Some(false),
+            Err(e) => {
+                tracing::warn!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, error = %e, "cannot read whether a result sent again was recorded");
+                None
+            }
+        };
+        match row {
+            Some(row)
                 if row.attempt == ack.attempt
                     && row.status == ActivityStatus::Running
-                    && !waited =>
+                    && row.worker_id.as_deref() != Some(worker_id) =>
             {
-                waited = true;
-                if core.committer.commit(Vec::new()).await.is_err() {
-                    return false;
-                }
+                return Some(false);
             }
-            Ok(Some(row)) if row.attempt >= ack.attempt => break row,
-            _ => return false,
+            // Still this worker's: its result's write may be on its way.
+            Some(row) if row.attempt == ack.attempt && row.status == ActivityStatus::Running => {}
+            Some(row) => match core.store.history(row.id).await {
+                Ok(history) => {
+                    return Some(history.iter().any(|record| {
+                        record.attempt == ack.attempt
+                            && record.worker_id.as_deref() == Some(worker_id)
+                            && matches!(
+                                AttemptOutcome::parse(&record.outcome),
+                                Some(
+                                    AttemptOutcome::Completed
+                                        | AttemptOutcome::Retried
+                                        | AttemptOutcome::Failed
+                                        | AttemptOutcome::Snoozed
+                                )
+                            )
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, error = %e, "cannot read the attempt history of a result sent again");
+                }
+            },
+            None => {}
         }
-    };
-    let Ok(history) = core.store.history(row.id).await else {
-        return false;
-    };
-    history.iter().any(|record| {
-        record.attempt == ack.attempt
-            && record.worker_id.as_deref() == Some(worker_id)
-            && matches!(
-                AttemptOutcome::parse(&record.outcome),
-                Some(
-                    AttemptOutcome::Completed
-                        | AttemptOutcome::Retried
-                        | AttemptOutcome::Failed
-                        | AttemptOutcome::Snoozed
-                )
-            )
-    })
+        if tokio::time::Instant::now() >= give_up {
+            return Some(false);
+        }
+        // A write queued before now has landed once an empty commit has.
+        if let Err(CommitError::Closed) = core.committer.commit(Vec::new()).await {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RESULT_RETRY_MAX);
+    }
 }
 
 fn draining() -> Error {

@@ -337,7 +337,8 @@ struct Worker {
     /// Attempts it said it still had when it resumed, which had ended while it was
     /// away (perhaps by its own result, whose ack was lost with the old stream):
     /// their results, sent again, are checked against the store rather than
-    /// refused out of hand. At most what its resuming `Hello` listed.
+    /// refused out of hand. Of what its latest resuming `Hello` listed, at most
+    /// what it could still have to answer.
     ended_away: HashSet<AttemptKey>,
 }
 
@@ -1367,9 +1368,14 @@ fn reconcile(
     for key in forgotten {
         worker.inflight.remove(&key);
     }
+    // What a worker can still have to answer: its running attempts, the results
+    // they came to while it was away, and those it sent whose acks it never saw.
+    let answerable = 2 * worker.max_concurrency as usize + ACK_WINDOW;
     for key in held {
         if !worker.inflight.contains_key(key) {
-            worker.ended_away.insert(key.clone());
+            if worker.ended_away.len() < answerable {
+                worker.ended_away.insert(key.clone());
+            }
             cancels.push(v1::CancelActivity {
                 workflow_id: key.0.clone(),
                 activity_id: key.1.clone(),
