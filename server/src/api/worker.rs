@@ -746,9 +746,13 @@ async fn forward_results(
                 tokio::spawn(recheck(
                     core.clone(),
                     (worker_id.clone(), namespace.clone()),
-                    tx.clone(),
-                    ack,
-                    permit,
+                    Unsettled {
+                        tx: tx.clone(),
+                        ack,
+                        permit,
+                        _committing: None,
+                    },
+                    over.clone(),
                 ));
             }
             Forward::Goodbye => {
@@ -773,7 +777,7 @@ async fn forward_results(
                     continue;
                 }
                 let retry = (core.clone(), ops.clone());
-                let who = (worker_id.clone(), namespace.clone());
+                let who = (worker_id.clone(), namespace.clone(), over.clone());
                 let reply = Box::new(move |outcome: Result<Vec<Outcome>, CommitError>| {
                     match outcome {
                         Ok(outcomes) if finished(&outcomes) => {
@@ -783,8 +787,14 @@ async fn forward_results(
                         // The row had moved on: perhaps by this very result,
                         // written by the node the session moved from.
                         Ok(_) => {
-                            drop(committing);
-                            tokio::spawn(recheck(retry.0, who, tx, ack, permit));
+                            let (worker_id, namespace, over) = who;
+                            let unsettled = Unsettled {
+                                tx,
+                                ack,
+                                permit,
+                                _committing: Some(committing),
+                            };
+                            tokio::spawn(recheck(retry.0, (worker_id, namespace), unsettled, over));
                         }
                         Err(CommitError::Store(why)) => {
                             let (core, ops) = retry;
@@ -795,7 +805,7 @@ async fn forward_results(
                                     tx,
                                     ack,
                                     permit,
-                                    _committing: committing,
+                                    _committing: Some(committing),
                                 },
                                 why,
                             ));
@@ -821,21 +831,28 @@ async fn forward_results(
 /// on). Such a result may still be the one the attempt ended with, its first ack
 /// lost with the old stream, or its write made by the node the session moved from;
 /// then the worker hears it was accepted. Runs apart from the session's forwarder,
-/// which it would hold up. Nothing is sent if the server stops first: the worker
-/// sends the result again where it resumes.
+/// which it would hold up; a result that was committed stays unsettled (for a
+/// drain) until its ack is sent. Nothing is sent if the session is `over` or the
+/// server stops first: the worker sends the result again where it resumes.
 async fn recheck(
     core: Arc<Core>,
     (worker_id, namespace): (Arc<str>, Arc<str>),
-    tx: mpsc::Sender<Outgoing>,
-    ack: v1::ResultAck,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    unsettled: Unsettled,
+    over: CancellationToken,
 ) {
-    let Some(accepted) = ended_by_own_result(&core, &namespace, &worker_id, &ack).await else {
+    let answer = tokio::select! {
+        answer = ended_by_own_result(&core, &namespace, &worker_id, &unsettled.ack) => answer,
+        _ = over.cancelled() => None,
+    };
+    let Some(accepted) = answer else {
         return;
     };
     if !accepted {
         crate::metrics::result_refused();
     }
+    let Unsettled {
+        tx, ack, permit, ..
+    } = unsettled;
     send_ack(&tx, ack, accepted, permit);
 }
 
@@ -970,7 +987,7 @@ struct Unsettled {
     ack: v1::ResultAck,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Held until the result settles: a drain waits for it.
-    _committing: crate::dispatch::registry::Committing,
+    _committing: Option<crate::dispatch::registry::Committing>,
 }
 
 /// Commits a result again after the store failed it, until it is written or

@@ -67,7 +67,8 @@ pub async fn run(
         }
         let now = store.now();
         let tick_at = Instant::now();
-        let sweep = registry.sweep(tick_at, silence, hold_ahead);
+        let mut sweep = registry.sweep(tick_at, silence, hold_ahead);
+        let flushed = std::mem::take(&mut sweep.flushed);
         crate::metrics::liveness(registry.worker_count(), registry.running_count());
         for worker_id in &sweep.lost_workers {
             tracing::warn!(%worker_id, "worker silent for 3 heartbeat intervals: evicting");
@@ -85,7 +86,9 @@ pub async fn run(
         if renewing {
             ops.extend(reclaim(store.as_ref(), &registry, now).await);
         }
-        match committer.commit(ops).await {
+        let committed = committer.commit(ops).await;
+        registry.details_flushed(&flushed, committed.is_ok());
+        match committed {
             Ok(outcomes) => {
                 if renewing {
                     // Only once renewed for sure: a failed write retries next tick.
@@ -279,6 +282,7 @@ mod tests {
                 attempt: 1,
                 details: None,
             }],
+            flushed: Vec::new(),
             running: vec![(9, 1)],
             abandoned: vec![("gone".into(), vec![attempt(4, 1, 3)])],
         };

@@ -2,12 +2,12 @@
 //! attempt's heartbeats, and the sweep that evicts silent workers and ends attempts
 //! whose timeouts passed (see `timeouts`). All on the monotonic clock.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use spool_proto::v1;
 use tokio::time::Instant;
 
-use super::{Registry, SilencePaused, Sweep, Worker, attempt_key};
+use super::{AttemptKey, Registry, SilencePaused, Sweep, Worker, attempt_key};
 use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
@@ -48,6 +48,31 @@ impl Registry {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The sweep's write of heartbeat details (`Sweep::flushed`) landed, or failed
+    /// (`stored` false). Details known stored are let go: a result need not carry
+    /// them. Failed ones are taken again by the next sweep.
+    pub fn details_flushed(&self, flushed: &[(Arc<str>, AttemptKey)], stored: bool) {
+        if flushed.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        for (worker_id, key) in flushed {
+            let Some(inflight) = inner
+                .workers
+                .get_mut(worker_id)
+                .and_then(|w| w.inflight.get_mut(key))
+            else {
+                continue;
+            };
+            inflight.flushing = false;
+            if !stored {
+                inflight.unflushed = true;
+            } else if !inflight.unflushed {
+                inflight.details = None;
+            }
         }
     }
 
@@ -102,11 +127,20 @@ impl Registry {
                 if std::mem::take(&mut inflight.unflushed)
                     && let Some(details) = &inflight.details
                 {
+                    inflight.flushing = true;
                     sweep.heartbeats.push(HeartbeatDetails {
                         id: attempt.id,
                         attempt: attempt.attempt,
                         details: details.clone(),
                     });
+                    sweep.flushed.push((
+                        worker.id.clone(),
+                        attempt_key(
+                            &attempt.key.workflow_id,
+                            &attempt.key.activity_id,
+                            attempt.attempt,
+                        ),
+                    ));
                 }
                 let Some(timed_out) =
                     inflight

@@ -183,9 +183,9 @@ pub struct Resumption {
 #[derive(Debug)]
 pub enum Answer {
     /// The attempt is the worker's and still running: the result decides it. The
-    /// latest heartbeat details it reported come along, to be written with the
-    /// result (again, if a flush took them already: that flush may land after the
-    /// result's ending, and be fenced out).
+    /// latest heartbeat details it reported come along unless they are known
+    /// stored, to be written with the result (again, if a flush took them already:
+    /// that flush may land after the result's ending, and be fenced out).
     Held(Arc<Attempt>, Option<Option<Payload>>),
     /// The attempt was the worker's, but the server already ended it (cancel,
     /// timeout): the result only frees the slot.
@@ -217,12 +217,14 @@ struct Inflight {
     last_heartbeat: Instant,
     /// When its timeouts end this attempt.
     deadlines: Deadlines,
-    /// The latest details the attempt reported (`Some(None)`: it cleared them).
-    /// They go with its result, written just before its ending: the sweep's
-    /// flush of them may land after the ending, and be fenced out.
+    /// The latest details the attempt reported, until they are known stored: they
+    /// go with its result, written just before its ending, while a flush of them
+    /// may still land after the ending, and be fenced out.
     details: Option<Option<Payload>>,
     /// `details` changed since the sweep last took them to store.
     unflushed: bool,
+    /// The sweep took `details` to store, and its write has not been confirmed.
+    flushing: bool,
     /// The attempt's span (see `claims::attempt_span`): entered for what is logged
     /// about it, closed when this entry goes.
     span: tracing::Span,
@@ -239,6 +241,7 @@ impl Inflight {
             last_heartbeat: now,
             details: None,
             unflushed: false,
+            flushing: false,
             span,
         }
     }
@@ -281,8 +284,10 @@ pub struct Sweep {
     pub lost_workers: Vec<Arc<str>>,
     /// Attempts ended by a timeout; their workers were sent `CancelActivity`.
     pub timed_out: Vec<TimedOut>,
-    /// Heartbeat details to store.
+    /// Heartbeat details to store; once written, or not, the caller says so
+    /// ([`Registry::details_flushed`]) with `flushed`, the same attempts by worker.
     pub heartbeats: Vec<HeartbeatDetails>,
+    pub flushed: Vec<(Arc<str>, AttemptKey)>,
     /// Attempts whose lease the caller should extend, `(row id, attempt)`: every
     /// attempt still running.
     pub running: Vec<(i64, u32)>,
@@ -1164,7 +1169,12 @@ impl Registry {
         if inflight.cancel_sent {
             Answer::Ended
         } else {
-            Answer::Held(inflight.attempt, inflight.details)
+            Answer::Held(
+                inflight.attempt,
+                inflight
+                    .details
+                    .filter(|_| inflight.unflushed || inflight.flushing),
+            )
         }
     }
 
@@ -2183,6 +2193,40 @@ mod tests {
         // the result's ending, which fences it out.
         match registry.answer(&id, "wf", "a", 1) {
             Answer::Held(_, carried) => assert_eq!(carried, Some(Some(details))),
+            _ => panic!("the attempt is held"),
+        }
+    }
+
+    /// Details whose flush failed are taken again by the next sweep; once known
+    /// stored, a result no longer carries them (nor does the registry keep them).
+    #[test]
+    fn details_are_carried_until_known_stored() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(60_000, &[]).remove(0);
+        assert!(registry.assign(&claim, vec![row(7, "a", &id)]).is_empty());
+        let details = Payload {
+            content_type: String::new(),
+            data: b"50%".to_vec(),
+        };
+        let now = Instant::now();
+        let quiet = Duration::from_secs(60);
+        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
+        let sweep = registry.sweep(now, quiet, Duration::MAX);
+        assert_eq!(sweep.flushed.len(), 1);
+        registry.details_flushed(&sweep.flushed, false);
+        let again = registry.sweep(now, quiet, Duration::MAX);
+        assert_eq!(again.heartbeats.len(), 1, "a failed flush is taken again");
+        registry.details_flushed(&again.flushed, true);
+        assert!(
+            registry
+                .sweep(now, quiet, Duration::MAX)
+                .heartbeats
+                .is_empty()
+        );
+        match registry.answer(&id, "wf", "a", 1) {
+            Answer::Held(_, carried) => assert_eq!(carried, None, "known stored"),
             _ => panic!("the attempt is held"),
         }
     }
