@@ -2162,21 +2162,46 @@ mod tests {
         assert!(evict.is_cancelled(), "the session is told to end");
     }
 
-    #[test]
-    fn a_heartbeat_without_details_keeps_what_was_reported() {
+    /// A worker running attempt 1 of `a`, which reported `details` at `now`.
+    struct Reported {
+        registry: Registry,
+        id: Arc<str>,
+        details: Payload,
+        now: Instant,
+        _channel: (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>),
+    }
+
+    fn reported_details() -> Reported {
         let registry = Registry::default();
-        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        let (id, tx, rx, _) = registry.register(registration(1), 0, welcome);
         registry.mark_all_due();
         let claim = registry.plan_claims(60_000, &[]).remove(0);
-        let row = row(7, "a", &id);
-        assert!(registry.assign(&claim, vec![row]).is_empty());
+        assert!(registry.assign(&claim, vec![row(7, "a", &id)]).is_empty());
         let details = Payload {
             content_type: String::new(),
             data: b"50%".to_vec(),
         };
         let now = Instant::now();
-        let quiet = Duration::from_secs(60);
         assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
+        Reported {
+            registry,
+            id,
+            details,
+            now,
+            _channel: (tx, rx),
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_without_details_keeps_what_was_reported() {
+        let Reported {
+            registry,
+            id,
+            details,
+            now,
+            ..
+        } = reported_details();
+        let quiet = Duration::from_secs(60);
         assert!(registry.heartbeat(&id, "wf", "a", 1, None, now));
         let sweep = registry.sweep(now, quiet, Duration::MAX);
         assert_eq!(sweep.heartbeats.len(), 1);
@@ -2191,8 +2216,13 @@ mod tests {
         );
         // The result still carries them: the sweep's write of them may land after
         // the result's ending, which fences it out.
-        match registry.answer(&id, "wf", "a", 1) {
-            Answer::Held(_, carried) => assert_eq!(carried, Some(Some(details))),
+        assert_eq!(carried(&registry, &id), Some(Some(details)));
+    }
+
+    /// The details attempt 1 of `a` answers with.
+    fn carried(registry: &Registry, id: &str) -> Option<Option<Payload>> {
+        match registry.answer(id, "wf", "a", 1) {
+            Answer::Held(_, carried) => carried,
             _ => panic!("the attempt is held"),
         }
     }
@@ -2201,18 +2231,10 @@ mod tests {
     /// stored, a result no longer carries them (nor does the registry keep them).
     #[test]
     fn details_are_carried_until_known_stored() {
-        let registry = Registry::default();
-        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
-        registry.mark_all_due();
-        let claim = registry.plan_claims(60_000, &[]).remove(0);
-        assert!(registry.assign(&claim, vec![row(7, "a", &id)]).is_empty());
-        let details = Payload {
-            content_type: String::new(),
-            data: b"50%".to_vec(),
-        };
-        let now = Instant::now();
+        let Reported {
+            registry, id, now, ..
+        } = reported_details();
         let quiet = Duration::from_secs(60);
-        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
         let sweep = registry.sweep(now, quiet, Duration::MAX);
         assert_eq!(sweep.flushed.len(), 1);
         registry.details_flushed(&sweep.flushed, false);
@@ -2225,10 +2247,7 @@ mod tests {
                 .heartbeats
                 .is_empty()
         );
-        match registry.answer(&id, "wf", "a", 1) {
-            Answer::Held(_, carried) => assert_eq!(carried, None, "known stored"),
-            _ => panic!("the attempt is held"),
-        }
+        assert_eq!(carried(&registry, &id), None, "known stored");
     }
 
     /// What the server logs about an attempt is inside that attempt's span: its
