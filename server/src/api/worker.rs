@@ -9,9 +9,10 @@
 //!   `INVALID_ARGUMENT`; `Welcome` is the first message the worker receives;
 //! - every `ActivityResult` gets exactly one `ResultAck`, sent after the outcome is
 //!   committed (accepted) or refused (not accepted); a result the worker sends
-//!   again after a resume, for an attempt that ended while it was away, is
-//!   answered accepted, without a write, when the store shows that the attempt
-//!   ended with it (its first ack was lost with the old stream);
+//!   again after a resume, for an attempt that ended while it was away, or whose
+//!   ending the store refused, is answered accepted, without a write, when the
+//!   store shows that the attempt ended with it (its first ack was lost with the
+//!   old stream, or another node wrote it);
 //! - reading never waits on the committer: results go, in order, to a forwarder
 //!   that commits them and acks each after its commit, so keep-alives are read
 //!   whatever the results' backpressure, and a stall of the server is never taken
