@@ -101,6 +101,31 @@ impl Registry {
                     .iter()
                     .map(|a| (a.attempt.id, a.attempt.attempt)),
             );
+            // Details first, also of a worker lost below: the tick writes them
+            // before it ends the attempts, so the next attempt starts from them.
+            for inflight in worker.inflight.values_mut() {
+                if inflight.cancel_sent || !std::mem::take(&mut inflight.unflushed) {
+                    continue;
+                }
+                let Some(details) = &inflight.details else {
+                    continue;
+                };
+                let attempt = &inflight.attempt;
+                inflight.flushing = true;
+                sweep.heartbeats.push(HeartbeatDetails {
+                    id: attempt.id,
+                    attempt: attempt.attempt,
+                    details: details.clone(),
+                });
+                sweep.flushed.push((
+                    worker.id.clone(),
+                    attempt_key(
+                        &attempt.key.workflow_id,
+                        &attempt.key.activity_id,
+                        attempt.attempt,
+                    ),
+                ));
+            }
             // A dropped stream is not silence: its grace decides.
             if let Some(until) = worker.detached_until {
                 if now >= until {
@@ -124,24 +149,6 @@ impl Registry {
                     continue;
                 }
                 let attempt = &inflight.attempt;
-                if std::mem::take(&mut inflight.unflushed)
-                    && let Some(details) = &inflight.details
-                {
-                    inflight.flushing = true;
-                    sweep.heartbeats.push(HeartbeatDetails {
-                        id: attempt.id,
-                        attempt: attempt.attempt,
-                        details: details.clone(),
-                    });
-                    sweep.flushed.push((
-                        worker.id.clone(),
-                        attempt_key(
-                            &attempt.key.workflow_id,
-                            &attempt.key.activity_id,
-                            attempt.attempt,
-                        ),
-                    ));
-                }
                 let Some(timed_out) =
                     inflight
                         .deadlines

@@ -2162,18 +2162,23 @@ mod tests {
         assert!(evict.is_cancelled(), "the session is told to end");
     }
 
-    /// A worker running attempt 1 of `a`, which reported `details` at `now`.
+    /// A worker running attempt 1 of `a`, which reported `details` at `now`; its
+    /// session may be resumed.
     struct Reported {
         registry: Registry,
         id: Arc<str>,
         details: Payload,
         now: Instant,
-        _channel: (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>),
+        channel: (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>),
     }
 
     fn reported_details() -> Reported {
         let registry = Registry::default();
-        let (id, tx, rx, _) = registry.register(registration(1), 0, welcome);
+        let resumable = Registration {
+            ticket: Some(Ticket::new("tokens[0]".into())),
+            ..registration(1)
+        };
+        let (id, tx, rx, _) = registry.register(resumable, 0, welcome);
         registry.mark_all_due();
         let claim = registry.plan_claims(60_000, &[]).remove(0);
         assert!(registry.assign(&claim, vec![row(7, "a", &id)]).is_empty());
@@ -2188,8 +2193,34 @@ mod tests {
             id,
             details,
             now,
-            _channel: (tx, rx),
+            channel: (tx, rx),
         }
+    }
+
+    /// A worker that does not resume within its grace: details whose last write
+    /// failed are written by the tick that ends its attempts, ahead of the endings,
+    /// so the next attempt starts from them.
+    #[test]
+    fn details_of_an_abandoned_session_are_written_before_its_attempts_end() {
+        let Reported {
+            registry,
+            id,
+            details,
+            now,
+            channel,
+        } = reported_details();
+        let quiet = Duration::from_secs(60);
+        let sweep = registry.sweep(now, quiet, Duration::MAX);
+        registry.details_flushed(&sweep.flushed, false);
+        assert!(registry.detach(&id, &channel.0, Duration::from_secs(1)));
+        let sweep = registry.sweep(
+            Instant::now() + Duration::from_secs(2),
+            quiet,
+            Duration::MAX,
+        );
+        assert_eq!(sweep.abandoned.len(), 1, "its grace ran out");
+        let written: Vec<_> = sweep.heartbeats.iter().map(|h| h.details.clone()).collect();
+        assert_eq!(written, [Some(details)]);
     }
 
     #[test]
