@@ -120,6 +120,7 @@ conformance!(
     submit_conflicts_on_another_type,
     submit_batch_is_all_or_nothing,
     claim_takes_due_rows_by_priority_then_age,
+    a_claimed_row_is_what_the_store_holds,
     a_claim_returns_its_rows_in_claim_order,
     priority_ages_once_set_and_is_strict_again_when_unset,
     priority_aging_ranks_a_keys_waiting_rows_again,
@@ -349,6 +350,73 @@ async fn a_claim_returns_its_rows_in_claim_order(store: &dyn Store, _raw: &Raw) 
     let rows = claim(store, &["t"], 10, T0).await;
     let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.as_str()).collect();
     assert_eq!(ids, ["high", "low-c", "low-a", "low-b"]);
+}
+
+/// A claim hands out its rows as they are stored once claimed, every column: a
+/// store that builds them rather than read them back must build them right.
+async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _raw: &Raw) {
+    let mut a = new("a", "t");
+    a.priority = 3;
+    a.timeouts.heartbeat_ms = Some(5_000);
+    a.headers = vec![("h".to_owned(), "v".to_owned())].into_iter().collect();
+    for activity in [a, new("b", "t")] {
+        submit(store, activity).await;
+    }
+    let first = claim(store, &["t"], 10, T0).await;
+    assert_eq!(first.len(), 2);
+    // The second attempt of "a", claimed after its first is retried.
+    let retried = finish(
+        store,
+        &first[0],
+        Transition::Retry {
+            next_at: T0 + 5,
+            error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
+        },
+        T0 + 1,
+    )
+    .await;
+    assert!(retried);
+    let again = claim(store, &["t"], 10, T0 + 10).await;
+    assert_eq!(again.len(), 1);
+    for row in first.iter().skip(1).chain(&again) {
+        let stored = store.get(&row.key).await.ok().flatten();
+        assert_eq!(
+            format!("{row:?}"),
+            format!("{:?}", stored.as_ref().map_or(row, |s| s)),
+            "claimed row differs from the stored one"
+        );
+        assert!(stored.is_some());
+    }
+    assert_eq!(again[0].attempt, 2);
+    assert!(again[0].last_error.is_some());
+
+    // Its completion keeps what it does not change (the earlier attempt's error,
+    // its place in claim order) and lets go of the lease.
+    assert!(finish(store, &again[0], output("done"), T0 + 20).await);
+    let done = store.get(&again[0].key).await.ok().flatten();
+    let done = done.as_ref().map(|r| {
+        (
+            r.status,
+            r.attempt,
+            r.lease_expires_at,
+            r.finished_at,
+            r.next_at,
+            r.output.is_some(),
+            r.last_error.as_ref().map(|e| e.message.as_str()),
+        )
+    });
+    assert_eq!(
+        done,
+        Some((
+            ActivityStatus::Completed,
+            2,
+            None,
+            Some(T0 + 20),
+            T0 + 5,
+            true,
+            Some("again"),
+        ))
+    );
 }
 
 async fn claim_takes_due_rows_by_priority_then_age(store: &dyn Store, _raw: &Raw) {

@@ -107,22 +107,31 @@ pub const SELECT_LIGHT_BY_KEY: &str = concat!(
     " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
 );
 
-/// Claims up to `?6` due rows of one type: `?1` now, `?2` worker, `?3` lease end,
-/// `?4` namespace, `?5` type, `?7` the worker's identity, `?8` the node.
-pub const CLAIM: &str = concat!(
-    "UPDATE activities SET status = 2, attempt = attempt + 1, started_at = ?1, \
-     worker_id = ?2, lease_expires_at = ?3, worker_identity = ?7, \
-     worker_node = ?8 \
-     WHERE id IN (SELECT id FROM activities \
-       WHERE namespace = ?4 AND activity_type = ?5 AND status = 1 AND next_at <= ?1 \
-         AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 549755813888 \
-       ORDER BY claim_band, claim_rank, id LIMIT ?6) \
-     RETURNING ",
+/// The next `?4` due rows without a concurrency key of type `?3` of namespace
+/// `?2` at `?1`, in claim order, read without changing them: the writer then
+/// claims each with [`CLAIM_ROW`] in the same transaction. Read once here, a
+/// row is neither looked up a second time nor copied through the temporary
+/// table a `RETURNING` fills; the writer being the only one writing, no row can
+/// change between the two.
+pub const CLAIM_PICK: &str = concat!(
+    "SELECT ",
     columns!(),
-    ", claim_band, claim_rank"
+    " FROM activities INDEXED BY activities_due \
+     WHERE namespace = ?2 AND activity_type = ?3 AND status = 1 AND next_at <= ?1 \
+       AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 549755813888 \
+     ORDER BY claim_band, claim_rank, id LIMIT ?4"
 );
 
-/// [`CLAIM`] of the rows of concurrency key `?9`, in claim order, read from the
+/// Claims row `?6` picked by [`CLAIM_PICK`]: `?1` now, `?2` worker, `?3` lease
+/// end, `?4` the worker's identity, `?5` the node. `writer::claimed_as` reads the
+/// row as this leaves it.
+pub const CLAIM_ROW: &str = "UPDATE activities SET status = 2, attempt = attempt + 1, \
+     started_at = ?1, worker_id = ?2, lease_expires_at = ?3, worker_identity = ?4, \
+     worker_node = ?5 WHERE id = ?6 AND status = 1";
+
+/// Claims up to `?6` due rows of concurrency key `?9` of type `?5` of namespace
+/// `?4` at `?1` for worker `?2` (lease end `?3`, its identity `?7`, the node
+/// `?8`; the `SET` of [`CLAIM_ROW`]), in claim order, read from the
 /// writer's own index of them ([`KEYED_WAITING`]); setting `concurrency_key` to
 /// itself fires the trigger that takes the rows out of it.
 pub const CLAIM_KEYED: &str = concat!(
@@ -316,6 +325,16 @@ pub const CONCURRENCY_LIMITS: &str = concat!(
 /// node's). The writer counts a keyed row's move (see the `0014_keyed_endings`
 /// migration); no trigger follows it (`0017_moves_on_expires_at`).
 pub const FINISH: &str = concat!("UPDATE activities SET ", ending!(), finish_where!());
+
+/// [`FINISH`] of an ending that keeps `next_at` and the last error and counts
+/// the attempt (every completion; see `writer::lean`): only the columns it
+/// changes, bound in the order of `ending!` (`?1`, `?3`, `?5`, `?6`, `?13`,
+/// `?14`) with [`FINISH`]'s own parameters, so that the two cannot drift apart.
+pub const FINISH_LEAN: &str = concat!(
+    "UPDATE activities SET status = ?1, finished_at = ?3, lease_expires_at = NULL, \
+     output_type = ?5, output = ?6, attempt_outcome = ?13, attempt_ended_at = ?14",
+    finish_where!()
+);
 
 /// [`FINISH`] of an attempt whose row waits again (a retry, a snooze, a release):
 /// `expires_at` is set so that the attempt's history is kept

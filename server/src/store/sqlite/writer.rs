@@ -347,6 +347,7 @@ fn apply_one(
             let ending = Ending::of(transition, now);
             let statement = match ending.status {
                 ActivityStatus::Scheduled => sql::FINISH_AGAIN,
+                _ if lean(&ending) => sql::FINISH_LEAN,
                 _ => sql::FINISH,
             };
             let q = conn.query(statement).map_err(sqlite)?;
@@ -679,15 +680,7 @@ fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<O
         }
         let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
         if left > taken {
-            let mut unkeyed = HashMap::new();
-            run_claim(
-                conn,
-                &of,
-                left - taken,
-                Rows::Unkeyed,
-                &mut claimed,
-                &mut unkeyed,
-            )?;
+            claim_unkeyed(conn, &of, left - taken, &mut claimed)?;
         }
         let taken = i64::try_from(claimed.len() - before).unwrap_or(i64::MAX);
         let mut refill = None;
@@ -795,18 +788,84 @@ struct Of<'a> {
     now: UnixMillis,
 }
 
-/// Which rows of a type a claim statement takes.
+/// Which rows of a type with concurrency keys a claim statement takes.
 enum Rows<'a> {
-    /// Those without a concurrency key.
-    Unkeyed,
     /// Those of one key.
     OfKey(&'a str),
     /// One of each key in this JSON array.
     OneOfEach(&'a str),
 }
 
-/// Claims up to `limit` due rows of one type onto `claimed`, counting the keyed
-/// ones in `given`.
+/// Claims up to `limit` due rows of one type without a concurrency key onto
+/// `claimed`, in claim order: picked in one read, then taken one by one
+/// (`sql::CLAIM_PICK`).
+fn claim_unkeyed(
+    conn: &mut Connection,
+    of: &Of<'_>,
+    limit: i64,
+    claimed: &mut Vec<ActivityRow>,
+) -> Result<(), Error> {
+    let Of {
+        claim,
+        activity_type,
+        now,
+    } = *of;
+    let mut picked = Vec::new();
+    {
+        let mut q = conn
+            .query(sql::CLAIM_PICK)
+            .map_err(sqlite)?
+            .bind(&now)
+            .bind(&*claim.namespace)
+            .bind(activity_type)
+            .bind(&limit);
+        while q.step().map_err(sqlite)? {
+            picked.push((q.int(0), decode(&q)));
+        }
+    }
+    for (id, row) in picked {
+        let taken = conn
+            .query(sql::CLAIM_ROW)
+            .map(|q| {
+                q.bind(&now)
+                    .bind(&*claim.worker_id)
+                    .bind(&claim.lease_expires_at)
+                    .bind(&*claim.identity)
+                    .bind(&*claim.node)
+                    .bind(&id)
+            })
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
+        if taken == 0 {
+            return Err(Error::Corrupt(format!(
+                "row {id} was picked as due and could not be claimed"
+            )));
+        }
+        // An unreadable row stays RUNNING, undelivered, until its lease lapses;
+        // it must not stop every other claim.
+        match row.and_then(|row| claimed_as(row, claim, now)) {
+            Ok(row) => claimed.push(row),
+            Err(e) => rows::unreadable("claim", Some(id), &e),
+        }
+    }
+    Ok(())
+}
+
+/// A row read before [`sql::CLAIM_ROW`] as that update left it.
+fn claimed_as(mut row: ActivityRow, claim: &Claim, now: UnixMillis) -> Result<ActivityRow, Error> {
+    row.attempt = row
+        .attempt
+        .checked_add(1)
+        .ok_or_else(|| Error::Corrupt(format!("row {} has run too many attempts", row.id)))?;
+    row.status = ActivityStatus::Running;
+    row.started_at = Some(now);
+    row.worker_id = Some(claim.worker_id.to_string());
+    row.lease_expires_at = Some(claim.lease_expires_at);
+    Ok(row)
+}
+
+/// Claims up to `limit` due rows of one type's concurrency keys onto `claimed`,
+/// counting them by key in `given`.
 fn run_claim(
     conn: &mut Connection,
     of: &Of<'_>,
@@ -821,11 +880,10 @@ fn run_claim(
         now,
     } = *of;
     let (statement, key) = match rows {
-        Rows::Unkeyed => (sql::CLAIM, None),
-        Rows::OfKey(key) => (sql::CLAIM_KEYED, Some(key)),
-        Rows::OneOfEach(keys) => (sql::CLAIM_KEYED_ROUND, Some(keys)),
+        Rows::OfKey(key) => (sql::CLAIM_KEYED, key),
+        Rows::OneOfEach(keys) => (sql::CLAIM_KEYED_ROUND, keys),
     };
-    let q = conn
+    let mut q = conn
         .query(statement)
         .map_err(sqlite)?
         .bind(&now)
@@ -835,17 +893,14 @@ fn run_claim(
         .bind(activity_type)
         .bind(&limit)
         .bind(&*claim.identity)
-        .bind(&*claim.node);
-    let mut q = match key {
-        Some(key) => q.bind(key),
-        None => q,
-    };
+        .bind(&*claim.node)
+        .bind(key);
     // The update returns its rows in the table's order; they are sent in the
     // order returned, so put them in claim order (band, rank, id).
     let mut taken = Vec::new();
     while q.step().map_err(sqlite)? {
-        // Every keyed row claimed is counted, readable or not (a key that is not
-        // UTF-8 cannot be submitted).
+        // Every row claimed is counted, readable or not (a key that is not UTF-8
+        // cannot be submitted).
         if let Ok(Some(key)) = rows::Columns::opt_text(&q, rows::col::CONCURRENCY_KEY) {
             *given.entry(key).or_default() += 1;
         }
@@ -968,6 +1023,14 @@ fn bucket(
     } else {
         None
     })
+}
+
+/// Whether `sql::FINISH_LEAN` writes what `sql::FINISH` would: the ending keeps
+/// `next_at` (and so the row's place in claim order) and the last error, and
+/// adds nothing to `uncounted`. Every completion does; the shorter statement
+/// leaves out the `CASE`s that would only keep what is stored.
+fn lean(e: &Ending<'_>) -> bool {
+    e.next_at.is_none() && e.error.is_none() && e.uncounted == 0
 }
 
 /// Binds an ending's values as `?1`…`?14`, the order of `sql::ending!`.
