@@ -379,13 +379,16 @@ async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _raw: &Raw) {
     let again = claim(store, &["t"], 10, T0 + 10).await;
     assert_eq!(again.len(), 1);
     for row in first.iter().skip(1).chain(&again) {
-        let stored = store.get(&row.key).await.ok().flatten();
+        let stored = store
+            .get(&row.key)
+            .await
+            .unwrap_or_else(|e| panic!("get: {e}"))
+            .unwrap_or_else(|| panic!("{} is not stored", row.key.activity_id));
         assert_eq!(
             format!("{row:?}"),
-            format!("{:?}", stored.as_ref().map_or(row, |s| s)),
+            format!("{stored:?}"),
             "claimed row differs from the stored one"
         );
-        assert!(stored.is_some());
     }
     assert_eq!(again[0].attempt, 2);
     assert!(again[0].last_error.is_some());
@@ -398,6 +401,7 @@ async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _raw: &Raw) {
         (
             r.status,
             r.attempt,
+            r.uncounted,
             r.lease_expires_at,
             r.finished_at,
             r.next_at,
@@ -410,6 +414,7 @@ async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _raw: &Raw) {
         Some((
             ActivityStatus::Completed,
             2,
+            0,
             None,
             Some(T0 + 20),
             T0 + 5,

@@ -54,8 +54,8 @@ enum Job {
 /// The writer thread's name, as tools that measure its CPU look for it.
 pub const WRITER_THREAD: &str = "spool-sqlite-writer";
 
-/// Where a claim's `RETURNING` puts `claim_band` (then `claim_rank`), after the
-/// row's columns.
+/// Where a keyed claim's `RETURNING` puts `claim_band` (then `claim_rank`), after
+/// the row's columns.
 const CLAIM_BAND: std::ffi::c_int = rows::COLUMNS as std::ffi::c_int;
 
 pub struct Writer {
