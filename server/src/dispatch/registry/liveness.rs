@@ -103,8 +103,12 @@ impl Registry {
             );
             // Details first, also of a worker lost below: the tick writes them
             // before it ends the attempts, so the next attempt starts from them.
+            // An attempt already stopped is included: if the tick that timed it
+            // out failed to write, the attempt still runs in the store until its
+            // lease is reclaimed, and its details are written before that (for
+            // one ended already the write is fenced off).
             for inflight in worker.inflight.values_mut() {
-                if inflight.cancel_sent || !std::mem::take(&mut inflight.unflushed) {
+                if !std::mem::take(&mut inflight.unflushed) {
                     continue;
                 }
                 let Some(details) = &inflight.details else {

@@ -2258,6 +2258,43 @@ mod tests {
         }
     }
 
+    /// An attempt that times out in the tick that takes its details: if that
+    /// tick's write fails, the attempt is stopped, yet its details are taken again
+    /// by the next tick (written before the attempt ends in the store, by the
+    /// tick or by its lease's reclaim, so the next attempt starts from them).
+    #[test]
+    fn details_of_a_timed_out_attempt_are_taken_again_after_a_failed_write() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let mut slow = row(7, "a", &id);
+        slow.timeouts.start_to_close_ms = Some(1_000);
+        assert!(registry.assign(&claim, vec![slow]).is_empty());
+        let details = Payload {
+            content_type: String::new(),
+            data: b"90%".to_vec(),
+        };
+        let now = Instant::now();
+        assert!(registry.heartbeat(&id, "wf", "a", 1, Some(details.clone()), now));
+        let quiet = Duration::from_secs(60);
+        let sweep = registry.sweep(now + Duration::from_secs(2), quiet, Duration::MAX);
+        assert_eq!(sweep.timed_out.len(), 1);
+        assert_eq!(sweep.heartbeats.len(), 1, "written before the ending");
+        registry.details_flushed(&sweep.flushed, false);
+        let again = registry.sweep(now + Duration::from_secs(3), quiet, Duration::MAX);
+        assert!(again.timed_out.is_empty(), "stopped once");
+        let taken: Vec<_> = again.heartbeats.into_iter().map(|h| h.details).collect();
+        assert_eq!(taken, [Some(details)], "a failed write is taken again");
+        registry.details_flushed(&again.flushed, true);
+        assert!(
+            registry
+                .sweep(now + Duration::from_secs(4), quiet, Duration::MAX)
+                .heartbeats
+                .is_empty()
+        );
+    }
+
     /// Details whose flush failed are taken again by the next sweep; once known
     /// stored, a result no longer carries them (nor does the registry keep them).
     #[test]
