@@ -512,6 +512,10 @@ impl<'a> Loop<'a> {
         let input = task.input.unwrap_or_default();
         let max_payload = self.max_payload;
         let limit = self.worker.type_limits.get(&task.activity_type).cloned();
+        // The attempt's future is allocated and moved once per activity: it takes
+        // only the task's ids, not the whole task.
+        let (workflow_id, activity_id, attempt) =
+            (task.workflow_id, task.activity_id, task.attempt);
         tokio::spawn(async move {
             // A type with its own concurrency limit waits for a permit here.
             let _permit = match &limit {
@@ -532,7 +536,7 @@ impl<'a> Loop<'a> {
                 },
                 None => Err(ActivityError::retryable(
                     "NoHandler",
-                    format!("this worker has no handler for {:?}", task.activity_type),
+                    format!("this worker has no handler for {activity_type:?}"),
                 )),
             };
             let outcome = match outcome {
@@ -560,14 +564,16 @@ impl<'a> Loop<'a> {
                 },
                 began.elapsed(),
             );
-            let _ = results
-                .send(v1::ActivityResult {
-                    workflow_id: task.workflow_id,
-                    activity_id: task.activity_id,
-                    attempt: task.attempt,
+            // A reserved slot, then the result: `send` would hold the result
+            // inside its own future, beside the outcome already held here.
+            if let Ok(slot) = results.reserve().await {
+                slot.send(v1::ActivityResult {
+                    workflow_id,
+                    activity_id,
+                    attempt,
                     outcome: Some(outcome),
-                })
-                .await;
+                });
+            }
         });
     }
 }
