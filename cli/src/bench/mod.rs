@@ -271,8 +271,11 @@ struct Cpu {
     handled: usize,
 }
 
-/// How often, in polls a millisecond apart, a wait for acks also asks `Stats`.
-const STATS_EVERY_POLLS: u32 = 250;
+/// How long acks may stand still before a wait for them asks `Stats` instead:
+/// acks are the clock, and `Stats` counts the whole backlog (a quarter of a
+/// second of PostgreSQL's CPU with a million rows waiting), so it is asked only
+/// when acks stop coming.
+const ACKS_STALLED: Duration = Duration::from_millis(250);
 
 /// Results acknowledged as recorded, and when the last one was (nanoseconds since
 /// the bench's epoch).
@@ -662,16 +665,20 @@ impl Bench {
     ) -> Result<Instant, Error> {
         let done = Arc::new(AtomicUsize::new(0));
         let progress = Progress::start(tag, count, done.clone());
-        let mut polls = 0u32;
+        let mut moved = (0, Instant::now());
         let last = loop {
             let acked = self.acked.count().saturating_sub(acked_before);
             done.store(acked, Ordering::Relaxed);
             if acked >= count {
                 break self.acked.last(self.epoch);
             }
-            polls += 1;
-            if polls.is_multiple_of(STATS_EVERY_POLLS) && self.completed().await? >= target {
-                break Instant::now();
+            if acked != moved.0 {
+                moved = (acked, Instant::now());
+            } else if moved.1.elapsed() >= ACKS_STALLED {
+                if self.completed().await? >= target {
+                    break Instant::now();
+                }
+                moved.1 = Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         };

@@ -403,7 +403,7 @@ impl Worker {
     /// Sizes the room ahead from the results answered since the last plan: twice
     /// what freed during one round of the committer, so a slot freed while the
     /// next claim commits finds a row waiting; it halves with each quiet round, so
-    /// a worker of long attempts holds none. At most twice the worker's slots: a
+    /// a worker of long attempts holds none. At most twice the worker's slots a round: a
     /// worker that turns all its slots over within one commit then still finds
     /// rows when the next one lands, and the committer's batches (one fsync each)
     /// carry up to that many results.
@@ -1905,7 +1905,8 @@ mod tests {
         assert!(registry.take_released().is_empty(), "nothing given back");
     }
 
-    /// However fast a worker answers, the room ahead is at most twice its slots.
+    /// However fast a worker answers, the room ahead is at most twice its slots a
+    /// round (with one batch written at a time, as here).
     #[test]
     fn rows_ahead_are_at_most_twice_the_slots() {
         let registry = Registry::default();
