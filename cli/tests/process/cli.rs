@@ -720,3 +720,51 @@ async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
         "only the phases asked for"
     );
 }
+
+/// `spool bench --nodes 2` spreads its workers over two `spool serve` processes
+/// on one PostgreSQL and reports each node's rate, which add up to the phase's,
+/// and each node's CPU apart.
+#[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn bench_on_two_nodes_reports_each_node_s_rate_and_cpu() {
+    let database = postgres_schema().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["--json", "bench", "--nodes", "2", "--workers", "2"])
+        .args(["--activities", "2000", "--phases", "drain"])
+        .args(["--database", &database])
+        .output()
+        .await
+        .expect("run spool bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON report");
+    let drain = &report["drain"];
+    assert_eq!(drain["count"], 2000, "{drain}");
+    let per_node: Vec<f64> = drain["per_node"]
+        .as_array()
+        .unwrap_or_else(|| panic!("per_node: {drain}"))
+        .iter()
+        .map(|rate| rate.as_f64().unwrap())
+        .collect();
+    assert_eq!(per_node.len(), 2, "{drain}");
+    assert!(
+        per_node.iter().all(|rate| *rate > 0.0),
+        "both nodes drained: {drain}"
+    );
+    let total = drain["per_second"].as_f64().unwrap();
+    let sum: f64 = per_node.iter().sum();
+    assert!(
+        (sum - total).abs() <= total * 0.01,
+        "the nodes' rates add up to the phase's: {drain}"
+    );
+    for node in ["node-0", "node-1"] {
+        let seconds = drain["cpu"][node]["seconds"].as_f64();
+        assert!(seconds.is_some_and(|s| s > 0.0), "{node}'s CPU: {drain}");
+    }
+}
