@@ -677,23 +677,32 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
     );
 }
 
+/// Runs `spool --json bench` with `args`, which must succeed, and returns its report.
+async fn bench(args: &[&str]) -> serde_json::Value {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
+        .args(["--json", "bench"])
+        .args(args)
+        .output()
+        .await
+        .expect("run spool bench");
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("JSON report")
+}
+
 /// `spool bench --json --nodes 1` runs its phases on a `spool serve` process of
 /// its own and reports each phase's rate and what it cost: the server's CPU apart
 /// from the workers', per 10,000 activities, and its SQLite writer thread's.
 #[tokio::test]
 async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["--json", "bench", "--nodes", "1", "--activities", "4000"])
-        .args(["--phases", "drain,e2e"])
-        .output()
-        .await
-        .expect("run spool bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON report");
+    let report = bench(&[
+        "--nodes",
+        "1",
+        "--activities",
+        "4000",
+        "--phases",
+        "drain,e2e",
+    ])
+    .await;
     for phase in ["drain", "end_to_end"] {
         let result = &report[phase];
         assert_eq!(result["count"], 4000, "{phase}: {result}");
@@ -731,19 +740,19 @@ async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
 )]
 async fn bench_on_two_nodes_reports_each_node_s_rate_and_cpu() {
     let database = postgres_schema().await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
-        .args(["--json", "bench", "--nodes", "2", "--workers", "2"])
-        .args(["--activities", "2000", "--phases", "drain"])
-        .args(["--database", &database])
-        .output()
-        .await
-        .expect("run spool bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON report");
+    let report = bench(&[
+        "--nodes",
+        "2",
+        "--workers",
+        "2",
+        "--activities",
+        "2000",
+        "--phases",
+        "drain",
+        "--database",
+        &database,
+    ])
+    .await;
     let drain = &report["drain"];
     assert_eq!(drain["count"], 2000, "{drain}");
     let per_node: Vec<f64> = drain["per_node"]
