@@ -450,6 +450,17 @@ async fn observe(core: Arc<crate::dispatch::Core>, shutdown: CancellationToken) 
     }
 }
 
+/// How long the pruner waits once it has caught up: a tenth of the retention,
+/// between 1 s and a minute. Rows outlive the retention by at most that, and with
+/// a short retention the deletions come in passes small against the minute
+/// between autovacuum's visits: passes a minute apart drifted against those
+/// visits, so that some visits came just before a pass and its dead rows waited
+/// a minute more, and the queue table grew by two fifths after seven minutes of
+/// steady churn (docs/BENCHMARKS.md, "The queue table under churn").
+fn idle_prune_pause(retention: Duration) -> Duration {
+    (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
 /// Deletes finished rows older than the retention period, a small batch at a time:
 /// each batch rides in the committer's transaction, so it must cost dispatch
 /// little (a few milliseconds), and short transactions let vacuum keep up.
@@ -484,7 +495,7 @@ async fn prune_loop(
         let pause = if pruned >= u64::from(LIMIT) {
             Duration::from_millis(10)
         } else {
-            Duration::from_secs(60)
+            idle_prune_pause(retention)
         };
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}

@@ -471,3 +471,51 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
         .unwrap()
         .unwrap();
 }
+
+/// A finished activity is deleted once the retention has passed since it
+/// finished, and not before; one still waiting stays, however old. With a short
+/// retention the pruner looks again within a tenth of it (a second at least), so
+/// the deletion comes within seconds.
+#[tokio::test]
+async fn finished_activities_are_pruned_after_the_retention_and_waiting_ones_stay() {
+    let retention = Duration::from_secs(1);
+    let server = TestServer::start_with(|c| c.retention = retention).await;
+    let _worker = server.worker(|w| {
+        w.activity("quick", |_ctx, _input: Payload| async move {
+            Ok(Payload::default())
+        })
+    });
+    let mut client = server.client().await;
+    submit(&mut client, request("quick", "wf", "done")).await;
+    submit(&mut client, request("unserved", "wf", "waiting")).await;
+    let done = wait(&mut client, key("wf", "done")).await;
+    assert_eq!(status(&done), ActivityStatus::Completed);
+    let finished_at = done.finished_at.expect("finished_at");
+    let finished_at = std::time::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(finished_at.seconds).unwrap(),
+            u32::try_from(finished_at.nanos).unwrap(),
+        );
+    eventually("the finished activity to be pruned", || {
+        let mut client = client.clone();
+        async move {
+            let found = client
+                .get(v1::GetRequest {
+                    key: Some(key("wf", "done")),
+                    ..Default::default()
+                })
+                .await;
+            (found.err()?.code() == tonic::Code::NotFound).then_some(())
+        }
+    })
+    .await;
+    let gone_after = std::time::SystemTime::now()
+        .duration_since(finished_at)
+        .unwrap_or_default();
+    assert!(
+        gone_after >= retention,
+        "pruned {gone_after:?} after it finished, within the retention"
+    );
+    let waiting = get(&mut client, key("wf", "waiting")).await;
+    assert_eq!(status(&waiting), ActivityStatus::Scheduled);
+}
