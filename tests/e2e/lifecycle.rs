@@ -490,12 +490,7 @@ async fn finished_activities_are_pruned_after_the_retention_and_waiting_ones_sta
     submit(&mut client, request("unserved", "wf", "waiting")).await;
     let done = wait(&mut client, key("wf", "done")).await;
     assert_eq!(status(&done), ActivityStatus::Completed);
-    let finished_at = done.finished_at.expect("finished_at");
-    let finished_at = std::time::UNIX_EPOCH
-        + Duration::new(
-            u64::try_from(finished_at.seconds).unwrap(),
-            u32::try_from(finished_at.nanos).unwrap(),
-        );
+    let finished_at = spool_proto::time::from_proto(&done.finished_at.expect("finished_at"));
     eventually("the finished activity to be pruned", || {
         let mut client = client.clone();
         async move {
@@ -509,9 +504,9 @@ async fn finished_activities_are_pruned_after_the_retention_and_waiting_ones_sta
         }
     })
     .await;
-    let gone_after = std::time::SystemTime::now()
-        .duration_since(finished_at)
-        .unwrap_or_default();
+    let gone_after = Duration::from_millis(
+        u64::try_from(spool_proto::time::now_millis() - finished_at).unwrap_or(0),
+    );
     // `finished_at` is the store's clock (on PostgreSQL each node's reading of the
     // database's), this is the test's: a little slack for the two to differ.
     assert!(
