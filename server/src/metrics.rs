@@ -478,7 +478,7 @@ pub mod recent {
         }
     }
 
-    type Rings = HashMap<String, HashMap<String, Ring>>;
+    type Rings = foldhash::HashMap<String, foldhash::HashMap<String, Ring>>;
     static RINGS: OnceLock<Mutex<Rings>> = OnceLock::new();
 
     fn minute_now() -> i64 {

@@ -50,7 +50,7 @@ pub(crate) struct Ended;
 /// acknowledged, and the ticket that resumes its session.
 pub(crate) struct Carry {
     /// Attempts running now, with the cancellation their handler watches.
-    running: HashMap<AttemptKey, Arc<Cancel>>,
+    running: foldhash::HashMap<AttemptKey, Arc<Cancel>>,
     /// Parent of every handler's token: cancelled when the worker is done for.
     cancel: CancellationToken,
     /// Handlers' outcomes (one per task, so at most `max_concurrency` queued).
@@ -61,7 +61,7 @@ pub(crate) struct Carry {
     /// Handlers' heartbeats; full means the newest ones are dropped.
     heartbeats: (mpsc::Sender<v1::Heartbeat>, mpsc::Receiver<v1::Heartbeat>),
     /// Results sent and not yet acknowledged: sent again after a resume.
-    unacked: HashMap<AttemptKey, v1::ActivityResult>,
+    unacked: foldhash::HashMap<AttemptKey, v1::ActivityResult>,
     /// The session to resume, and its ticket (`Welcome.worker_id`, `resume_token`).
     resume: Option<(String, String)>,
     /// A server welcomed a stream since the caller last asked: the reconnect
@@ -73,13 +73,13 @@ impl Carry {
     pub(crate) fn new(worker: &Worker) -> Self {
         let capacity = 2 * worker.max_concurrency as usize + 64;
         Self {
-            running: HashMap::new(),
+            running: Default::default(),
             // Not a child of `shutdown`: a worker shutting down lets running handlers
             // finish (up to its shutdown timeout) before it tells them to stop.
             cancel: CancellationToken::new(),
             results: mpsc::channel(capacity),
             heartbeats: mpsc::channel(256),
-            unacked: HashMap::new(),
+            unacked: Default::default(),
             resume: None,
             welcomed: false,
         }

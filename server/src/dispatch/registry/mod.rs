@@ -37,7 +37,7 @@ mod claims;
 mod liveness;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -308,7 +308,7 @@ struct Worker {
     /// activity_id, attempt)`: the attempt is part of the key because a worker may
     /// still run attempt n (ended by the server, not yet answered) when attempt n+1
     /// of the same activity is handed to it.
-    inflight: HashMap<AttemptKey, Inflight>,
+    inflight: foldhash::HashMap<AttemptKey, Inflight>,
     /// Rows promised to claims the committer is running now.
     reserved: u32,
     /// Rows claimed ahead for it, in claim order (priority first): sent as its
@@ -344,7 +344,7 @@ struct Worker {
     /// their results, sent again, are checked against the store rather than
     /// refused out of hand. Of what its latest resuming `Hello` listed, at most
     /// what it could still have to answer.
-    ended_away: HashSet<AttemptKey>,
+    ended_away: foldhash::HashSet<AttemptKey>,
 }
 
 impl Worker {
@@ -364,7 +364,7 @@ impl Worker {
             max_concurrency: reg.max_concurrency.max(1),
             connected_at,
             last_seen: Instant::now(),
-            inflight: HashMap::new(),
+            inflight: Default::default(),
             reserved: 0,
             ahead: VecDeque::new(),
             ahead_target: 0,
@@ -376,7 +376,7 @@ impl Worker {
             leaving: false,
             ticket: reg.ticket,
             detached_until: None,
-            ended_away: HashSet::new(),
+            ended_away: Default::default(),
         }
     }
 
@@ -508,10 +508,10 @@ impl Group {
 
 #[derive(Default)]
 struct Inner {
-    workers: HashMap<Arc<str>, Worker>,
+    workers: foldhash::HashMap<Arc<str>, Worker>,
     groups: BTreeMap<GroupKey, Group>,
     /// Types that may have due rows since the last plan.
-    due: HashSet<(Arc<str>, Arc<str>)>,
+    due: foldhash::HashSet<(Arc<str>, Arc<str>)>,
     all_due: bool,
     /// Turns the order in which a group's types are claimed.
     rotation: usize,
@@ -1059,7 +1059,7 @@ impl Registry {
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let now = Instant::now();
-        let mut inflight = HashMap::new();
+        let mut inflight = foldhash::HashMap::default();
         // What the worker runs first; then rows it lacks, up to its slots (to send
         // again). The rest were claimed ahead on the node it left and never sent:
         // they go back, uncounted, for any worker (the rows read for a takeover

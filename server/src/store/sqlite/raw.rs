@@ -14,7 +14,6 @@
 //! value is bound only through a [`Slot`], which only [`Query::bind`] can make.
 
 use std::{
-    collections::HashMap,
     ffi::{CStr, CString, c_int},
     ptr::{self, NonNull},
 };
@@ -44,7 +43,7 @@ pub struct Connection {
     /// text is: every text is `'static`, so its address and length name it, and a
     /// lookup hashes two words instead of the statement (hashing the texts, up
     /// to 2 KB each, was 3.6 % of the writer thread's instructions).
-    statements: HashMap<(usize, usize), NonNull<ffi::sqlite3_stmt>>,
+    statements: foldhash::HashMap<(usize, usize), NonNull<ffi::sqlite3_stmt>>,
 }
 
 // Safety: SQLite connections opened with SQLITE_OPEN_NOMUTEX may move between
@@ -78,7 +77,7 @@ impl Connection {
         };
         let mut conn = Self {
             db,
-            statements: HashMap::new(),
+            statements: Default::default(),
         };
         if rc != ffi::SQLITE_OK {
             return Err(conn.error(rc));

@@ -656,9 +656,14 @@ fn place(
     Ok(fairness::fair_at(q.int(0), new.next_at, now))
 }
 
+/// Rows a claim's vectors are made room for at once: a row is large, and a vector
+/// grown one doubling at a time copies every row it holds at each step (5 % of
+/// the writer's instructions in a drain). More than this grows as it must.
+const CLAIM_ROOM: u32 = 128;
+
 fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<Outcome, Error> {
     let now_ns = rate::nanos(now);
-    let mut claimed = Vec::new();
+    let mut claimed = Vec::with_capacity(claim.limit.min(CLAIM_ROOM) as usize);
     let mut throttled = Vec::new();
     for activity_type in &claim.activity_types {
         let Some(asked) = claim.left_after(claimed.len()) else {
@@ -810,7 +815,8 @@ fn claim_unkeyed(
         activity_type,
         now,
     } = *of;
-    let mut picked = Vec::new();
+    let room = u32::try_from(limit).unwrap_or(u32::MAX).min(CLAIM_ROOM);
+    let mut picked = Vec::with_capacity(room as usize);
     {
         let mut q = conn
             .query(sql::CLAIM_PICK)
