@@ -656,14 +656,9 @@ fn place(
     Ok(fairness::fair_at(q.int(0), new.next_at, now))
 }
 
-/// Rows a claim's vectors are made room for at once: a row is large, and a vector
-/// grown one doubling at a time copies every row it holds at each step (5 % of
-/// the writer's instructions in a drain). More than this grows as it must.
-const CLAIM_ROOM: u32 = 128;
-
 fn claim_rows(conn: &mut Connection, claim: &Claim, now: UnixMillis) -> Result<Outcome, Error> {
     let now_ns = rate::nanos(now);
-    let mut claimed = Vec::with_capacity(claim.limit.min(CLAIM_ROOM) as usize);
+    let mut claimed = Vec::new();
     let mut throttled = Vec::new();
     for activity_type in &claim.activity_types {
         let Some(asked) = claim.left_after(claimed.len()) else {
@@ -815,8 +810,11 @@ fn claim_unkeyed(
         activity_type,
         now,
     } = *of;
-    let room = u32::try_from(limit).unwrap_or(u32::MAX).min(CLAIM_ROOM);
-    let mut picked = Vec::with_capacity(room as usize);
+    // Each row boxed as it is read: a row is large, and a vector of rows grown
+    // one doubling at a time copies every row it holds at each step (5 % of the
+    // writer's instructions in a drain); the claimed rows then get their room
+    // at once, now that their number is known.
+    let mut picked = Vec::new();
     {
         let mut q = conn
             .query(sql::CLAIM_PICK)
@@ -826,9 +824,10 @@ fn claim_unkeyed(
             .bind(activity_type)
             .bind(&limit);
         while q.step().map_err(sqlite)? {
-            picked.push((q.int(0), decode(&q)));
+            picked.push((q.int(0), decode(&q).map(Box::new)));
         }
     }
+    claimed.reserve(picked.len());
     for (id, row) in picked {
         let taken = conn
             .query(sql::CLAIM_ROW)
@@ -849,7 +848,7 @@ fn claim_unkeyed(
         }
         // An unreadable row stays RUNNING, undelivered, until its lease lapses;
         // it must not stop every other claim.
-        match row.and_then(|row| claimed_as(row, claim, now)) {
+        match row.and_then(|row| claimed_as(*row, claim, now)) {
             Ok(row) => claimed.push(row),
             Err(e) => rows::unreadable("claim", Some(id), &e),
         }
