@@ -208,6 +208,44 @@ async fn a_result_the_store_failed_is_written_once_the_store_is_back() {
     assert_eq!(activity.attempt, 1, "{activity:?}");
 }
 
+/// A result's commit is written but reported failed (its reply lost with the
+/// connection), and so is the committer's retry of it alone: the session's own
+/// retry then finds the row already ended, by this very result. The worker hears
+/// it was accepted, as it would had the first reply come back.
+#[tokio::test]
+async fn a_result_written_but_reported_failed_is_acknowledged_as_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let store: Arc<dyn Store> = faulty.clone();
+    let server =
+        TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await;
+    let mut client = server.client().await;
+    submit(&mut client, request("t", "wf", "a")).await;
+    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
+    let task = worker.task().await;
+    faulty
+        .lost_replies
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    worker.complete(&task, task.attempt).await;
+    let ack = tokio::time::timeout(Duration::from_secs(10), worker.ack())
+        .await
+        .expect("no ack within 10 s");
+    assert_eq!(
+        faulty
+            .lost_replies
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "both replies were lost"
+    );
+    assert!(
+        ack.accepted,
+        "a result the store wrote was said refused: {ack:?}"
+    );
+    let activity = get(&mut client, key("wf", "a")).await;
+    assert_eq!(status(&activity), ActivityStatus::Completed, "{activity:?}");
+    assert_eq!(activity.attempt, 1, "{activity:?}");
+}
+
 /// A heartbeat without details says "alive": the progress reported before stays.
 #[tokio::test]
 async fn a_bare_heartbeat_keeps_the_stored_details() {

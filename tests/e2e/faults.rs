@@ -27,6 +27,9 @@ pub struct Faulty {
     /// This many writes that end an attempt fail, as a database that went away
     /// would fail them, before one succeeds again.
     pub failed_endings: AtomicUsize,
+    /// This many writes that end an attempt are made and then reported failed, as
+    /// a commit whose reply is lost with the connection.
+    pub lost_replies: AtomicUsize,
     /// This many reads of one row fail before one succeeds again.
     pub failed_gets: AtomicUsize,
     /// While true, reads of one row wait.
@@ -45,6 +48,7 @@ impl Faulty {
             remote: Mutex::new(None),
             listens: AtomicBool::new(false),
             failed_endings: AtomicUsize::new(0),
+            lost_replies: AtomicUsize::new(0),
             failed_gets: AtomicUsize::new(0),
             held_gets: watch::Sender::new(false),
             held_endings: watch::Sender::new(false),
@@ -97,6 +101,9 @@ impl Store for Faulty {
         if ops.iter().any(|op| matches!(op, Op::Finish { .. })) {
             wait_while(&self.held_endings).await;
             take_failure(&self.failed_endings)?;
+            let outcomes = self.inner.apply(ops, now).await?;
+            take_failure(&self.lost_replies)?;
+            return Ok(outcomes);
         }
         self.inner.apply(ops, now).await
     }

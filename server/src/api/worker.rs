@@ -242,15 +242,12 @@ impl WorkerService for WorkerApi {
                     match self.core.store.take_session(&take).await {
                         Ok(Some(rows)) => {
                             tracing::info!(worker_id = %old_id, attempts = rows.len(), "taking over a session from another node");
-                            // What this node still kept of the session is stale: the
-                            // rows just read are what it holds now.
-                            let _ = self.core.registry.unregister(&old_id);
                             Ok(self.core.registry.adopt(
                                 &old_id,
                                 registration.clone(),
                                 rows,
                                 &held,
-                                now_millis(),
+                                self.core.store.now(),
                                 |id| welcome(id, true, ""),
                             ))
                         }
@@ -802,6 +799,7 @@ async fn forward_results(
                             tokio::spawn(retry_result(
                                 core,
                                 ops,
+                                who,
                                 Unsettled {
                                     tx,
                                     ack,
@@ -995,13 +993,17 @@ struct Unsettled {
 /// refused by its fence (the attempt ended otherwise meanwhile, e.g. its lease ran
 /// out while the store was down). Refusing it for the store's failure would tell
 /// the worker its attempt had ended and lose the outcome. The result's ops are
-/// fenced by attempt, so a commit that failed after writing cannot write twice.
+/// fenced by attempt, so a commit that failed after writing cannot write twice;
+/// a refusal is checked as the first commit's is ([`recheck`]), since the commit
+/// reported failed may have written this very result (its reply lost with the
+/// connection).
 /// A failure that is not transient is tried [`RESULT_TRIES_UNLESS_TRANSIENT`]
 /// times in all: then no ack is sent, the worker keeps the result for its next
 /// session, and the attempt, whose lease no longer renews, is reclaimed as lost.
 async fn retry_result(
     core: Arc<Core>,
     ops: Vec<Op>,
+    (worker_id, namespace, over): (Arc<str>, Arc<str>, CancellationToken),
     unsettled: Unsettled,
     mut why: Arc<crate::store::Error>,
 ) {
@@ -1017,11 +1019,15 @@ async fn retry_result(
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RESULT_RETRY_MAX);
         match core.committer.commit(ops.clone()).await {
-            Ok(outcomes) => {
+            Ok(outcomes) if finished(&outcomes) => {
                 let Unsettled {
                     tx, ack, permit, ..
                 } = unsettled;
-                send_ack(&tx, ack, finished(&outcomes), permit);
+                send_ack(&tx, ack, true, permit);
+                return;
+            }
+            Ok(_) => {
+                recheck(core, (worker_id, namespace), unsettled, over).await;
                 return;
             }
             Err(CommitError::Store(again)) => why = again,

@@ -144,10 +144,13 @@ impl Registry {
         let mut inner = self.lock();
         let short = rows.len() < claim.limit as usize;
         let Some(worker) = inner.workers.get_mut(&claim.worker_id) else {
+            // Fenced like every release of a row claimed ahead: the worker may
+            // have resumed its session on another node meanwhile, which took the
+            // row over and may be running it.
             return rows
-                .into_iter()
+                .iter()
                 .map(|row| Op::Finish {
-                    attempt: Arc::new(Attempt::from_row(&row)),
+                    attempt: self.fenced(&Attempt::from_row(row)),
                     transition: Transition::Release,
                     lease_expired_by: None,
                 })
@@ -171,7 +174,7 @@ impl Registry {
             // is ending).
             if let Err(row) = sent {
                 undelivered.push(Op::Finish {
-                    attempt: row.attempt,
+                    attempt: self.fenced(&row.attempt),
                     transition: Transition::Release,
                     lease_expired_by: None,
                 });

@@ -533,6 +533,28 @@ impl Inner {
             self.released.push(row.attempt);
         }
     }
+
+    /// Takes worker `worker_id` out of the registry and its group, and gives up
+    /// its rows claimed ahead but those `kept` holds (by row and attempt).
+    /// Whether any row was given up comes back beside the worker.
+    fn remove_worker(
+        &mut self,
+        worker_id: &str,
+        kept: impl Fn(&Attempt) -> bool,
+    ) -> Option<(Worker, bool)> {
+        let mut worker = self.workers.remove(worker_id)?;
+        if let Some(group) = self.groups.get_mut(&worker.group) {
+            group.workers.retain(|w| **w != *worker_id);
+            if group.workers.is_empty() {
+                self.groups.remove(&worker.group);
+            }
+        }
+        let ahead = std::mem::take(&mut worker.ahead);
+        let before = self.released.len();
+        self.release(ahead.into_iter().filter(|row| !kept(&row.attempt)));
+        let releasing = self.released.len() > before;
+        Some((worker, releasing))
+    }
 }
 
 #[derive(Default)]
@@ -676,17 +698,7 @@ impl Registry {
         if !inner.workers.get(worker_id).is_some_and(still) {
             return None;
         }
-        let worker = inner.workers.remove(worker_id)?;
-        if let Some(group) = inner.groups.get_mut(&worker.group) {
-            group.workers.retain(|w| **w != *worker_id);
-            if group.workers.is_empty() {
-                inner.groups.remove(&worker.group);
-            }
-        }
-        let mut worker = worker;
-        let ahead = std::mem::take(&mut worker.ahead);
-        let releasing = !ahead.is_empty();
-        inner.release(ahead);
+        let (worker, releasing) = inner.remove_worker(worker_id, |_| false)?;
         drop(inner);
         if releasing {
             self.wake.notify_one();
@@ -704,15 +716,17 @@ impl Registry {
 
     /// A lost session's attempts, to be ended only where still this node's.
     fn lost(&self, attempts: Vec<Arc<Attempt>>) -> Vec<Arc<Attempt>> {
-        attempts
-            .into_iter()
-            .map(|a| {
-                Arc::new(Attempt {
-                    owner_node: Some(self.node.clone()),
-                    ..(*a).clone()
-                })
-            })
-            .collect()
+        attempts.iter().map(|a| self.fenced(a)).collect()
+    }
+
+    /// `attempt`, to be ended only while its row is still this node's: a worker
+    /// that resumed its session on another node took its rows over, and that node
+    /// decides their fate.
+    fn fenced(&self, attempt: &Attempt) -> Arc<Attempt> {
+        Arc::new(Attempt {
+            owner_node: Some(self.node.clone()),
+            ..attempt.clone()
+        })
     }
 
     /// Sends a resumed worker the task of an attempt it lacked, read again from
@@ -1040,7 +1054,11 @@ impl Registry {
 
     /// Registers a session another node held, resumed here: `rows` are its RUNNING
     /// rows, which the store made this node's. As a local resume, the worker is told
-    /// again what it lacks (`held`: what it says it has).
+    /// again what it lacks (`held`: what it says it has). What this node still
+    /// kept of the session (it held it before) is stale and replaced, under the
+    /// same lock: its rows claimed ahead go back, but for those among `rows`,
+    /// which are this session's now (given back apart, a release fenced to this
+    /// node would pass and end an attempt the worker runs).
     pub fn adopt(
         &self,
         worker_id: &str,
@@ -1051,6 +1069,8 @@ impl Registry {
         welcome: impl FnOnce(&str) -> server_message::Message,
     ) -> Resumption {
         let id: Arc<str> = worker_id.into();
+        let adopted: foldhash::HashSet<(i64, u32)> =
+            rows.iter().map(|row| (row.id, row.attempt)).collect();
         let max = reg.max_concurrency.max(1);
         let capacity = 2 * max as usize + ACK_WINDOW + 8;
         let (tx, rx) = mpsc::channel(capacity);
@@ -1095,6 +1115,7 @@ impl Registry {
         worker.inflight = inflight;
         let (resend, cancels, reattached) = reconcile(&mut worker, held);
         let mut inner = self.lock();
+        inner.remove_worker(worker_id, |a| adopted.contains(&(a.id, a.attempt)));
         inner.released.extend(unsent);
         if let Some(drain) = &inner.drain {
             let _ = tx.try_send(Outgoing::message(drain.clone()));
@@ -1105,6 +1126,7 @@ impl Registry {
         inner.workers.insert(id, worker);
         drop(inner);
         self.wake.notify_one();
+        self.answered.notify_waiters();
         Resumption {
             tx,
             rx,
@@ -1215,12 +1237,7 @@ impl Registry {
         released
             .into_iter()
             .map(|attempt| Op::Finish {
-                // Only while the row is still this node's: a worker that resumed
-                // its session elsewhere took its rows over, and that node decides.
-                attempt: Arc::new(Attempt {
-                    owner_node: Some(self.node.clone()),
-                    ..(*attempt).clone()
-                }),
+                attempt: self.fenced(&attempt),
                 transition: Transition::Release,
                 lease_expired_by: None,
             })
@@ -1690,6 +1707,82 @@ mod tests {
         );
         assert!(registry.holds(1, 1) && registry.holds(2, 1));
         assert!(!registry.holds(3, 1) && !registry.holds(4, 1));
+    }
+
+    /// A row taken back by a node that held the session before: the rows it kept
+    /// claimed ahead for the worker are stale, and one of them the worker now
+    /// runs (another node sent it). Adopting the session must not release that
+    /// one: the release would be fenced to this node, which the row is again, and
+    /// would send it to run a second time.
+    #[test]
+    fn a_session_taken_back_keeps_the_rows_the_worker_runs() {
+        let registry = Registry::new("n");
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        // One row is sent, the other waits ahead.
+        let ops = registry.assign(&claim, vec![row(1, "a", &id), row(2, "b", &id)]);
+        assert!(ops.is_empty());
+        assert_eq!(registry.claimed_ahead(None), 1);
+        // The worker ran both elsewhere, and comes back holding both.
+        let rows = vec![row(1, "a", &id), row(2, "b", &id)];
+        let held: HashSet<AttemptKey> =
+            [attempt_key("wf", "a", 1), attempt_key("wf", "b", 1)].into();
+        let resumed = registry.adopt(&id, registration(2), rows, &held, 0, welcome);
+        assert_eq!(resumed.reattached, 2);
+        assert!(take_released(&registry).is_empty(), "nothing released");
+        assert!(registry.holds(1, 1) && registry.holds(2, 1));
+        assert_eq!(registry.claimed_ahead(None), 0);
+        // A stale row the session does not hold any more still goes back.
+        let (other, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let ops = registry.assign(&claim, vec![row(3, "c", &other), row(4, "d", &other)]);
+        assert!(ops.is_empty());
+        let rows = vec![row(3, "c", &other)];
+        let held: HashSet<AttemptKey> = [attempt_key("wf", "c", 1)].into();
+        registry.adopt(&other, registration(1), rows, &held, 0, welcome);
+        let released: Vec<(i64, Option<Arc<str>>)> = take_released(&registry)
+            .iter()
+            .map(|a| (a.id, a.owner_node.clone()))
+            .collect();
+        assert_eq!(released, [(4, Some("n".into()))]);
+    }
+
+    /// Rows a claim took for a worker that left, or whose stream closed, while the
+    /// claim was written go back fenced to this node: the worker may have resumed
+    /// on another node, which took them over and may be running them.
+    #[test]
+    fn rows_claimed_for_a_worker_that_cannot_take_them_are_released_only_while_still_this_nodes() {
+        let here: Option<Arc<str>> = Some("n".into());
+        let released_by = |ops: Vec<Op>| -> Vec<(i64, Option<Arc<str>>)> {
+            ops.into_iter()
+                .map(|op| match op {
+                    Op::Finish {
+                        attempt,
+                        transition: Transition::Release,
+                        ..
+                    } => (attempt.id, attempt.owner_node.clone()),
+                    other => panic!("not a release: {other:?}"),
+                })
+                .collect()
+        };
+        // The stream closed while the claim was written.
+        let registry = Registry::new("n");
+        let (id, _tx, rx, _) = registry.register(registration(2), 0, welcome);
+        drop(rx);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let ops = registry.assign(&claim, vec![row(1, "a", &id)]);
+        assert_eq!(released_by(ops), [(1, here.clone())]);
+        // The worker is gone from the registry.
+        let registry = Registry::new("n");
+        let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let _ = registry.unregister(&id);
+        let ops = registry.assign(&claim, vec![row(2, "b", &id)]);
+        assert_eq!(released_by(ops), [(2, here)]);
     }
 
     /// The attempts the committer is handed to release; any other op fails the test.
