@@ -238,6 +238,69 @@ async fn a_result_produced_while_disconnected_is_recorded_once() {
     assert_eq!(seen.runs(), [("b".to_owned(), 1)]);
 }
 
+/// A server that resumes no session (a grace of 0 gives the worker no token):
+/// after a cut, the worker's new session tells the old one's handlers to stop,
+/// since the server ended their attempts when the stream dropped, and keeps none
+/// of the old results to send again.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_grace_a_new_session_stops_the_handlers_of_the_old_one() {
+    let (server, proxy) = behind_proxy(Duration::ZERO, Duration::from_secs(1)).await;
+    let started = Arc::new(AtomicU32::new(0));
+    let stopped = Arc::new(Mutex::new(None));
+    let (s, st) = (started.clone(), stopped.clone());
+    let worker = Worker::new(format!("http://{}", proxy.addr))
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
+        .activity("patient", move |ctx, _| {
+            let (s, st) = (s.clone(), st.clone());
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                tokio::select! {
+                    () = ctx.cancelled() => {
+                        *st.lock().unwrap_or_else(|e| e.into_inner()) = ctx.cancel_reason();
+                    }
+                    () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                }
+                spool_worker::json(&serde_json::json!({}))
+            }
+        });
+    let mut connection = worker.connection();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _worker = RunningWorker {
+        stop: stop.clone(),
+        _task: tokio::spawn(worker.run(stop)),
+    };
+    assert!(!connected(&mut connection).await, "a first session");
+    let mut client = server.client().await;
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            retry_policy: fast_retries(1),
+            ..request("patient", "wf", "p")
+        },
+    )
+    .await;
+    eventually("the attempt to start", || async {
+        (started.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    proxy.cut();
+    assert!(!reconnected(&mut connection).await, "a new session");
+    eventually("the old handler to be told to stop", || async {
+        stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .map(|reason| {
+                assert!(
+                    matches!(reason, spool_worker::CancelReason::EndedElsewhere(_)),
+                    "{reason:?}"
+                )
+            })
+    })
+    .await;
+}
+
 /// A cut longer than the grace: attempt 1 is lost, attempt 2 runs on another
 /// worker, and attempt 1's late result is refused.
 #[tokio::test(flavor = "multi_thread")]

@@ -203,7 +203,10 @@ pub(crate) async fn run(
     if welcome.resumed {
         tracing::info!(worker_id = %welcome.worker_id, running = carry.running.len(), unacknowledged = carry.unacked.len(), "reconnected: session resumed");
     } else {
-        if carry.resume.is_some() && !(carry.running.is_empty() && carry.unacked.is_empty()) {
+        // With or without a session to resume (a server without a resume grace
+        // gives none), a new one means the old one's attempts are not this
+        // worker's any more: the server ended them when the stream dropped.
+        if !(carry.running.is_empty() && carry.unacked.is_empty()) {
             let why = if welcome.resume_refused.is_empty() {
                 "the server cannot resume sessions"
             } else {
@@ -517,24 +520,42 @@ impl<'a> Loop<'a> {
         let (workflow_id, activity_id, attempt) =
             (task.workflow_id, task.activity_id, task.attempt);
         tokio::spawn(async move {
-            // A type with its own concurrency limit waits for a permit here.
-            let _permit = match &limit {
-                Some(limit) => limit.clone().acquire_owned().await.ok(),
-                None => None,
+            // A type with its own concurrency limit waits for a permit here. An
+            // attempt cancelled meanwhile ends without running: the server holds
+            // its slot until it is answered, which waiting for the permit would
+            // put off until a running handler of its type ends.
+            let permit = match &limit {
+                Some(limit) => tokio::select! {
+                    biased;
+                    permit = limit.clone().acquire_owned() => Ok(permit.ok()),
+                    () = cancelled.cancelled() => Err(()),
+                },
+                None => Ok(None),
             };
             let activity_type = ctx.info().activity_type.clone();
-            crate::telemetry::handler_started(&activity_type, ctx.info().scheduled_at);
+            let started = permit.is_ok();
+            if started {
+                crate::telemetry::handler_started(&activity_type, ctx.info().scheduled_at);
+            }
             let began = std::time::Instant::now();
-            let outcome = match handler {
+            let outcome = match (permit, handler) {
+                (Err(()), _) => Err(ActivityError::retryable(
+                    "Cancelled",
+                    format!(
+                        "cancelled before it started, while it waited for a handler of \
+                         {activity_type:?} to end (type_concurrency): {:?}",
+                        ctx.cancel_reason()
+                    ),
+                )),
                 // A panicking handler still yields a result, whether it panics
                 // when called or when its future is polled.
-                Some(handler) => match unwind::call(|| handler(ctx, input)) {
+                (Ok(_permit), Some(handler)) => match unwind::call(|| handler(ctx, input)) {
                     Ok(running) => unwind::Caught(running.instrument(span.clone()))
                         .await
                         .unwrap_or_else(|panic| Err(unwind::error(panic))),
                     Err(panic) => Err(unwind::error(panic)),
                 },
-                None => Err(ActivityError::retryable(
+                (Ok(_), None) => Err(ActivityError::retryable(
                     "NoHandler",
                     format!("this worker has no handler for {activity_type:?}"),
                 )),
@@ -555,15 +576,17 @@ impl<'a> Loop<'a> {
             if let activity_result::Outcome::Error(e) = &outcome {
                 span.in_scope(|| tracing::info!(error_type = %e.r#type, "attempt failed"));
             }
-            crate::telemetry::handler_ended(
-                &activity_type,
-                match &outcome {
-                    activity_result::Outcome::Output(_) => "completed",
-                    _ if cancelled.is_cancelled() => "cancelled",
-                    _ => "failed",
-                },
-                began.elapsed(),
-            );
+            if started {
+                crate::telemetry::handler_ended(
+                    &activity_type,
+                    match &outcome {
+                        activity_result::Outcome::Output(_) => "completed",
+                        _ if cancelled.is_cancelled() => "cancelled",
+                        _ => "failed",
+                    },
+                    began.elapsed(),
+                );
+            }
             // A reserved slot, then the result: `send` would hold the result
             // inside its own future, beside the outcome already held here.
             if let Ok(slot) = results.reserve().await {
@@ -631,17 +654,39 @@ fn too_large(bytes: usize, limit: usize) -> bool {
     limit > 0 && bytes > limit
 }
 
-/// An error's details dropped, and said so, when over the server's limit.
+/// What the server keeps of an error's type and message (longer ones it cuts).
+/// Cut here too: a message over the transport's limit (16 MiB at least) would
+/// fail the stream it is sent on, and every stream it is sent again on.
+const ERROR_TYPE_BYTES: usize = 255;
+const ERROR_MESSAGE_BYTES: usize = 32 * 1024;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+/// An error's type and message cut to what the server keeps, and its details
+/// dropped, and said so, when over the server's payload limit.
 fn within_limit(outcome: activity_result::Outcome, limit: usize) -> activity_result::Outcome {
     match outcome {
-        activity_result::Outcome::Error(mut e)
+        activity_result::Outcome::Error(mut e) => {
+            cut(&mut e.r#type, ERROR_TYPE_BYTES);
+            cut(&mut e.message, ERROR_MESSAGE_BYTES);
             if e.details
                 .as_ref()
-                .is_some_and(|d| too_large(d.data.len(), limit)) =>
-        {
-            e.details = None;
-            e.message
-                .push_str(" (its details were over the server's payload limit and were left out)");
+                .is_some_and(|d| too_large(d.data.len(), limit))
+            {
+                e.details = None;
+                e.message.push_str(
+                    " (its details were over the server's payload limit and were left out)",
+                );
+            }
             activity_result::Outcome::Error(e)
         }
         other => other,
@@ -651,7 +696,7 @@ fn within_limit(outcome: activity_result::Outcome, limit: usize) -> activity_res
 #[cfg(test)]
 mod tests {
     use std::sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU32, Ordering},
     };
 
@@ -805,6 +850,99 @@ mod tests {
         })
         .await;
         assert!(ended.is_ok());
+    }
+
+    /// A task waiting for its type's limit (`type_concurrency`) that is cancelled
+    /// ends at once, without running: the server holds its slot until it is
+    /// answered, and the running handler of its type may take long.
+    #[tokio::test]
+    async fn a_task_cancelled_while_waiting_for_its_types_limit_is_answered_at_once() {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let seen = ran.clone();
+        let worker = Worker::new("http://unused")
+            .max_concurrency(2)
+            .shutdown_timeout(Duration::from_millis(100))
+            .type_concurrency("t", 1)
+            .activity("t", move |ctx, _| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(ctx.info().activity_id.clone());
+                    // Long, but it stops when the worker does.
+                    ctx.cancelled().await;
+                    Ok(Payload::default())
+                }
+            });
+        let ended = with_loop(worker, |mut h, shutdown| async move {
+            h.send(task("a", 1)).await;
+            h.send(task("b", 1)).await;
+            // a runs; b waits for a's permit.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            h.send(server_message::Message::Cancel(v1::CancelActivity {
+                workflow_id: "wf".into(),
+                activity_id: "b".into(),
+                attempt: 1,
+                reason: "enough".into(),
+                kind: v1::CancelKind::Requested as i32,
+            }))
+            .await;
+            let answered = tokio::time::timeout(Duration::from_secs(1), h.next()).await;
+            match answered {
+                Ok(Some(worker_message::Message::Result(r))) => {
+                    assert_eq!(r.activity_id, "b");
+                    match r.outcome {
+                        Some(activity_result::Outcome::Error(e)) => {
+                            assert_eq!(e.r#type, "Cancelled")
+                        }
+                        other => panic!("expected b's cancellation, got {other:?}"),
+                    }
+                }
+                other => panic!("b was not answered while a ran: {other:?}"),
+            }
+            shutdown.cancel();
+        })
+        .await;
+        assert!(ended.is_ok());
+        assert_eq!(
+            *ran.lock().unwrap_or_else(|e| e.into_inner()),
+            ["a"],
+            "b never ran"
+        );
+    }
+
+    /// An error's type and message are cut to what the server keeps, on a
+    /// character boundary: a message over the transport's limit would fail every
+    /// stream the result is sent on.
+    #[test]
+    fn an_errors_type_and_message_are_cut_to_what_the_server_keeps() {
+        let error = |r#type: String, message: String| {
+            activity_result::Outcome::Error(v1::ActivityError {
+                r#type,
+                message,
+                ..Default::default()
+            })
+        };
+        let huge = "é".repeat(10 * 1024 * 1024);
+        match within_limit(error("T".repeat(300), huge), 0) {
+            activity_result::Outcome::Error(e) => {
+                assert_eq!(e.r#type.len(), ERROR_TYPE_BYTES);
+                assert!(
+                    e.message.len() <= ERROR_MESSAGE_BYTES
+                        && e.message.len() > ERROR_MESSAGE_BYTES - 2,
+                    "{}",
+                    e.message.len()
+                );
+                assert!(e.message.chars().all(|c| c == 'é'));
+            }
+            other => panic!("{other:?}"),
+        }
+        match within_limit(error("T".into(), "short".into()), 0) {
+            activity_result::Outcome::Error(e) => {
+                assert_eq!((e.r#type.as_str(), e.message.as_str()), ("T", "short"))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A server's cancel reaches the handler of exactly that attempt.
