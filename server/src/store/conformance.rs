@@ -129,6 +129,7 @@ conformance!(
     a_concurrency_key_runs_at_most_its_limit,
     keys_share_a_claim_and_take_turns,
     keys_are_served_in_proportion_to_their_weights,
+    a_key_back_from_a_retry_has_no_credit_for_its_absence,
     a_key_may_have_its_own_limit,
     key_counts_follow_every_move_of_their_rows,
     a_key_with_nothing_due_does_not_hold_back_the_others,
@@ -842,6 +843,58 @@ async fn keys_are_served_in_proportion_to_their_weights(store: &dyn Store, _raw:
         "the new key ran {new} of the next 6 rows (weights 3, 1, 1, 1 and 1)"
     );
     assert_eq!(count(&next[..2], "new"), 1, "served among the first two");
+}
+
+/// A key whose only row ran while the others were served many times, then
+/// waits again through that row's retry, takes its turn level with the keys
+/// waiting: it is not owed the turns it was away for, however many rows it
+/// then gets.
+async fn a_key_back_from_a_retry_has_no_credit_for_its_absence(store: &dyn Store, _raw: &Raw) {
+    let keyed = |id: String, key: &str| {
+        let mut row = new(&id, "t");
+        row.concurrency_key = Some(key.to_owned());
+        row
+    };
+    submit(store, keyed("solo-0".into(), "solo")).await;
+    for key in ["a", "b"] {
+        for i in 0..20 {
+            submit(store, keyed(format!("{key}-{i}"), key)).await;
+        }
+    }
+    let first = claim(store, &["t"], 3, T0).await;
+    let Some(solo) = first
+        .iter()
+        .find(|r| r.concurrency_key.as_deref() == Some("solo"))
+    else {
+        panic!("solo's row is claimed with the others' first");
+    };
+    // While solo's row runs, a and b are served ten times each.
+    for i in 0..20 {
+        claim(store, &["t"], 1, T0 + 1 + i).await;
+    }
+    let retry = Transition::Retry {
+        next_at: T0 + 30,
+        error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
+    };
+    assert!(finish(store, solo, retry, T0 + 30).await);
+    for i in 1..6 {
+        submit(store, keyed(format!("solo-{i}"), "solo")).await;
+    }
+    let mut next = Vec::new();
+    for i in 0..6 {
+        next.extend(claim(store, &["t"], 1, T0 + 40 + i).await);
+    }
+    let solo_served = next
+        .iter()
+        .filter(|r| r.concurrency_key.as_deref() == Some("solo"))
+        .count();
+    assert!(
+        (1..=3).contains(&solo_served),
+        "solo ran {solo_served} of the next 6 rows, level with two other keys: {:?}",
+        next.iter()
+            .map(|r| r.concurrency_key.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    );
 }
 
 async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store, _raw: &Raw) {

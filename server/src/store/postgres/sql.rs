@@ -512,12 +512,17 @@ macro_rules! ended {
 }
 
 /// After `ended!`: `fk`, those keys' counts moved, once per key, but for the keys
-/// `$skip` leaves to `kb` (a statement must not update a row twice).
+/// `$skip` leaves to `kb` (a statement must not update a row twice). A key that
+/// waits again after none did (a retry) starts level with the keys waiting, as
+/// a new key does: no credit for the turns it was away for.
 macro_rules! ended_keys {
     ($skip:literal) => {
         concat!(
             "fk AS (UPDATE concurrency_keys AS q \
-               SET running = q.running - fe.n, waiting = q.waiting + fe.back FROM fe \
+               SET running = q.running - fe.n, waiting = q.waiting + fe.back, \
+                 served_at = CASE WHEN q.waiting = 0 AND fe.back > 0 \
+                   THEN GREATEST(q.served_at, spool_key_pass(q.namespace, q.activity_type)) \
+                   ELSE q.served_at END FROM fe \
                WHERE q.namespace = fe.namespace AND q.activity_type = fe.activity_type \
                  AND q.concurrency_key = fe.concurrency_key",
             $skip,
