@@ -161,8 +161,11 @@ impl Registry {
         for row in rows {
             let row = Ahead::new(row, &worker.id);
             // Claims planned before a drain paused dispatch still land in free
-            // slots; what does not fit waits ahead.
-            let sent = if worker.running() < worker.max_concurrency {
+            // slots; what does not fit waits ahead. A worker evicted meanwhile
+            // gets none: its attempts are about to be lost, counted, where a row
+            // it never had goes back uncounted.
+            let sent = if worker.running() < worker.max_concurrency && !worker.evict.is_cancelled()
+            {
                 worker.deliver(row)
             } else if worker.takes_tasks() {
                 worker.ahead.push_back(row);

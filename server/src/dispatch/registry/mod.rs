@@ -1775,8 +1775,19 @@ mod tests {
         let claim = registry.plan_claims(0, &[]).remove(0);
         let ops = registry.assign(&claim, vec![row(1, "a", &id)]);
         assert_eq!(released_by(ops), [(1, here.clone())]);
-        // The worker is gone from the registry.
+        // The worker was evicted (silent too long) while the claim was written.
         let registry = Registry::new("n");
+        let (id, _tx, _rx, evict) = registry.register(registration(2), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        evict.cancel();
+        let ops = registry.assign(&claim, vec![row(3, "c", &id)]);
+        assert_eq!(released_by(ops), [(3, here.clone())]);
+        assert!(
+            !registry.holds(3, 1),
+            "not in flight for the evicted worker"
+        );
+        // The worker is gone from the registry.
         let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
         registry.mark_all_due();
         let claim = registry.plan_claims(0, &[]).remove(0);
