@@ -176,36 +176,8 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
 /// the outcome would be lost and the row reclaimed as a lost worker's.
 #[tokio::test]
 async fn a_result_the_store_failed_is_written_once_the_store_is_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
-    let store: Arc<dyn Store> = faulty.clone();
-    let server =
-        TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "a")).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let task = worker.task().await;
     // The batch with the ending fails, then the ending written alone fails too.
-    faulty
-        .failed_endings
-        .store(2, std::sync::atomic::Ordering::SeqCst);
-    worker.complete(&task, task.attempt).await;
-    let ack = tokio::time::timeout(Duration::from_secs(10), worker.ack())
-        .await
-        .expect("no ack within 10 s");
-    assert!(
-        ack.accepted,
-        "a result the store failed was refused: {ack:?}"
-    );
-    assert_eq!(
-        faulty
-            .failed_endings
-            .load(std::sync::atomic::Ordering::SeqCst),
-        0
-    );
-    let activity = get(&mut client, key("wf", "a")).await;
-    assert_eq!(status(&activity), ActivityStatus::Completed, "{activity:?}");
-    assert_eq!(activity.attempt, 1, "{activity:?}");
+    a_result_whose_commit_fails_twice_is_accepted(|faulty| &faulty.failed_endings).await;
 }
 
 /// A result's commit is written but reported failed (its reply lost with the
@@ -214,6 +186,15 @@ async fn a_result_the_store_failed_is_written_once_the_store_is_back() {
 /// it was accepted, as it would had the first reply come back.
 #[tokio::test]
 async fn a_result_written_but_reported_failed_is_acknowledged_as_accepted() {
+    a_result_whose_commit_fails_twice_is_accepted(|faulty| &faulty.lost_replies).await;
+}
+
+/// One result whose commit fails twice as `fault` says, on a store of its own:
+/// the worker's ack says accepted, and the activity is completed, once.
+async fn a_result_whose_commit_fails_twice_is_accepted(
+    fault: impl Fn(&Faulty) -> &std::sync::atomic::AtomicUsize,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
     let store: Arc<dyn Store> = faulty.clone();
@@ -223,24 +204,13 @@ async fn a_result_written_but_reported_failed_is_acknowledged_as_accepted() {
     submit(&mut client, request("t", "wf", "a")).await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;
     let task = worker.task().await;
-    faulty
-        .lost_replies
-        .store(2, std::sync::atomic::Ordering::SeqCst);
+    fault(&faulty).store(2, SeqCst);
     worker.complete(&task, task.attempt).await;
     let ack = tokio::time::timeout(Duration::from_secs(10), worker.ack())
         .await
         .expect("no ack within 10 s");
-    assert_eq!(
-        faulty
-            .lost_replies
-            .load(std::sync::atomic::Ordering::SeqCst),
-        0,
-        "both replies were lost"
-    );
-    assert!(
-        ack.accepted,
-        "a result the store wrote was said refused: {ack:?}"
-    );
+    assert_eq!(fault(&faulty).load(SeqCst), 0, "both commits failed");
+    assert!(ack.accepted, "the result was said refused: {ack:?}");
     let activity = get(&mut client, key("wf", "a")).await;
     assert_eq!(status(&activity), ActivityStatus::Completed, "{activity:?}");
     assert_eq!(activity.attempt, 1, "{activity:?}");
