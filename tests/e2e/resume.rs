@@ -301,6 +301,59 @@ async fn without_a_grace_a_new_session_stops_the_handlers_of_the_old_one() {
     .await;
 }
 
+/// The worker is told to shut down while its connection is cut, an attempt
+/// still running: it does not give the session up, but reconnects within its
+/// shutdown timeout, resumes, and reports the attempt, recorded once, before it
+/// stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shutdown_while_cut_off_still_reports_what_runs() {
+    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let seen = Seen::default();
+    let runs = seen.runs.clone();
+    let worker = Worker::new(format!("http://{}", proxy.addr))
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
+        .shutdown_timeout(Duration::from_secs(5))
+        .activity("slow", move |ctx, _| {
+            let runs = runs.clone();
+            async move {
+                let info = ctx.info().clone();
+                runs.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((info.activity_id.clone(), info.attempt));
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                spool_worker::json(&serde_json::json!({ "attempt": info.attempt }))
+            }
+        });
+    let mut connection = worker.connection();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    connected(&mut connection).await;
+    let mut client = server.client().await;
+    submit(&mut client, slow("s", 1_500)).await;
+    eventually("the attempt to start", || async {
+        (!seen.runs().is_empty()).then_some(())
+    })
+    .await;
+    proxy.down();
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.up();
+    let done = wait(&mut client, key("wf", "s")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+    assert_eq!(seen.runs(), [("s".to_owned(), 1)], "run once");
+    let stopped = tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the worker stops within its shutdown timeout")
+        .expect("the worker's task");
+    assert!(stopped.is_ok(), "{stopped:?}");
+}
+
 /// A cut longer than the grace: attempt 1 is lost, attempt 2 runs on another
 /// worker, and attempt 1's late result is refused.
 #[tokio::test(flavor = "multi_thread")]

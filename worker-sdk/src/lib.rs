@@ -298,7 +298,9 @@ impl Worker {
         // Survives each stream: a reconnect resumes the session, handlers running on.
         let mut carry = session::Carry::new(&self);
         let mut tries: u32 = 0;
-        while !shutdown.is_cancelled() {
+        // Until shutdown; then on while a stream lost while stopping may still be
+        // resumed to finish what runs (`Carry::finishing`).
+        while !shutdown.is_cancelled() || carry.finishing() {
             let ended = session::run(&self, &mut carry, &shutdown).await;
             self.set_connection(Connection::Connecting);
             // A stream that was welcomed worked: however it ended (a cut breaks it
@@ -326,10 +328,27 @@ impl Worker {
             if !shutdown.is_cancelled() {
                 telemetry::reconnected();
             }
+            let stopping = shutdown.is_cancelled();
+            if stopping {
+                // However the shutdown was seen (in the session, or while
+                // connecting), its deadline starts once.
+                carry.stop_by(self.shutdown_timeout);
+                if !carry.finishing() {
+                    break;
+                }
+            }
             let jittered = jittered(delay, rand::random());
+            let stop_by = carry.stopping_by();
             tokio::select! {
                 _ = tokio::time::sleep(jittered) => {}
-                _ = shutdown.cancelled() => break,
+                // Shutdown while waiting: a session worth resuming is tried at once.
+                _ = shutdown.cancelled(), if !stopping => {
+                    carry.stop_by(self.shutdown_timeout);
+                    if !carry.finishing() {
+                        break;
+                    }
+                }
+                _ = session::sleep_until(stop_by), if stopping => break,
             }
             delay = doubled(delay, self.reconnect_max);
         }

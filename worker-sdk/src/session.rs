@@ -35,7 +35,7 @@ fn later(after: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+pub(crate) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
@@ -67,6 +67,9 @@ pub(crate) struct Carry {
     /// A server welcomed a stream since the caller last asked: the reconnect
     /// backoff starts over, however that stream ended.
     welcomed: bool,
+    /// Once the worker is shutting down: when running handlers are told to stop.
+    /// One deadline across streams, so a cut while stopping does not restart it.
+    stop_by: Option<tokio::time::Instant>,
 }
 
 impl Carry {
@@ -82,7 +85,30 @@ impl Carry {
             unacked: Default::default(),
             resume: None,
             welcomed: false,
+            stop_by: None,
         }
+    }
+
+    /// The worker is shutting down: the deadline for what still runs, set once.
+    pub(crate) fn stop_by(&mut self, timeout: Duration) -> tokio::time::Instant {
+        *self.stop_by.get_or_insert_with(|| later(timeout))
+    }
+
+    /// The shutdown deadline, once the worker is shutting down.
+    pub(crate) fn stopping_by(&self) -> Option<tokio::time::Instant> {
+        self.stop_by
+    }
+
+    /// Shutting down with a stream lost, whether a new stream should still be
+    /// tried: a session to resume holds attempts running or results unacknowledged
+    /// (given up, they would run again elsewhere, counted), and the shutdown
+    /// timeout has not passed.
+    pub(crate) fn finishing(&self) -> bool {
+        self.resume.is_some()
+            && !(self.running.is_empty() && self.unacked.is_empty())
+            && self
+                .stop_by
+                .is_some_and(|t| tokio::time::Instant::now() < t)
     }
 
     /// Whether a stream was welcomed since the last call.
@@ -135,9 +161,18 @@ pub(crate) async fn run(
         .http2_keep_alive_interval(worker.keep_alive.0)
         .keep_alive_timeout(worker.keep_alive.1)
         .keep_alive_while_idle(true);
+    // Shutting down, a connection is still made to finish what runs, until the
+    // shutdown timeout (`Carry::finishing`).
+    let stopped = async {
+        if carry.finishing() {
+            sleep_until(carry.stop_by).await;
+        } else {
+            shutdown.cancelled().await;
+        }
+    };
     let channel = tokio::select! {
         c = endpoint.connect() => c?,
-        _ = shutdown.cancelled() => return Ok(Ended),
+        () = stopped => return Ok(Ended),
     };
     let token: Option<MetadataValue<_>> =
         match &worker.token {
@@ -362,7 +397,7 @@ impl<'a> Loop<'a> {
                     tracing::info!(running = self.carry.running.len(), "shutting down: finishing running activities");
                     self.stopping = true;
                     self.shutting_down = true;
-                    give_up = Some(later(self.worker.shutdown_timeout));
+                    give_up = Some(self.carry.stop_by(self.worker.shutdown_timeout));
                     if !self.drained {
                         self.send(worker_message::Message::Goodbye(v1::Goodbye {})).await;
                         goodbye_wait = Some(later(GOODBYE_WAIT));
