@@ -77,7 +77,12 @@ pub fn tls_config(tls: &Tls) -> Result<ServerTlsConfig, TlsError> {
     };
     let cert = read("--tls-cert", &tls.cert)?;
     let key = read("--tls-key", &tls.key)?;
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    // The handshake guard lets a connection go once its first bytes came, which
+    // with TLS is only the start of a ClientHello: the whole TLS handshake is
+    // bounded by the same timeout, or a stalled one would hold its place for good.
+    let mut config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .timeout(HANDSHAKE_TIMEOUT);
     if let Some(ca) = &tls.client_ca {
         config = config.client_ca_root(Certificate::from_pem(read("--tls-client-ca", ca)?));
     }

@@ -115,3 +115,45 @@ async fn mutual_tls_requires_a_client_certificate() {
     };
     round_trip(&server, with_identity).await;
 }
+
+/// A connection that starts a TLS handshake and stalls in it (the first bytes of
+/// a ClientHello, then nothing) is closed at the handshake timeout, freeing its
+/// place, as a socket that sends nothing is.
+#[tokio::test]
+async fn a_stalled_tls_handshake_is_closed_after_the_handshake_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let server = TestServer::start_with(|c| {
+        c.tls = Some(Tls {
+            cert: pki.server_cert.clone(),
+            key: pki.server_key.clone(),
+            client_ca: None,
+        })
+    })
+    .await;
+    let mut stalled = tokio::net::TcpStream::connect(server.address())
+        .await
+        .expect("connect");
+    // A TLS record header announcing a 512-byte ClientHello, and 19 bytes of it:
+    // past the guard's first bytes, short of a whole handshake message.
+    let mut start = vec![0x16, 0x03, 0x01, 0x02, 0x00];
+    start.extend([0u8; 19]);
+    stalled.write_all(&start).await.expect("write");
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(n) = stalled.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the server closes a stalled TLS handshake");
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_secs(9) && took < std::time::Duration::from_secs(15),
+        "closed after {took:?}"
+    );
+}
