@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use spool_proto::v1;
 use spool_server::store::Store;
-use tonic::Code;
+use tonic::{Code, Status};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::{faults::Faulty, harness::*};
@@ -98,19 +98,39 @@ async fn a_unary_call_is_cut_at_the_request_timeout() {
     )
     .await;
     let mut client = server.client().await;
+    let mut admin = server.admin().await;
     faulty.stall(true);
+    let cut = |err: Status, started: std::time::Instant| {
+        assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+        assert!(
+            err.message().contains("--request-timeout"),
+            "{}",
+            err.message()
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    };
     let started = std::time::Instant::now();
     let err = client
         .submit(request("t", "wf", "a"))
         .await
         .expect_err("the store hangs");
-    assert_eq!(err.code(), Code::DeadlineExceeded);
-    assert!(
-        err.message().contains("--request-timeout"),
-        "{}",
-        err.message()
-    );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    cut(err, started);
+    // An operator's call too.
+    let started = std::time::Instant::now();
+    let set = admin.set_rate_limit(v1::SetRateLimitRequest {
+        rate_limit: Some(v1::RateLimit {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            limit: 10,
+            period: Some(prost_types_duration(Duration::from_secs(1))),
+            ..Default::default()
+        }),
+    });
+    let err = tokio::time::timeout(Duration::from_secs(5), set)
+        .await
+        .expect("answered, not left hanging")
+        .expect_err("the store hangs");
+    cut(err, started);
     faulty.stall(false);
     // The submit may still land; retrying with the same key is safe.
     let retried = client.submit(request("t", "wf", "a")).await.unwrap();

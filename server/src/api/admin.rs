@@ -7,7 +7,7 @@ use std::sync::Arc;
 use spool_proto::v1::{self, admin_service_server::AdminService};
 use tonic::{Request, Response, Status};
 
-use super::{Error, unexpected};
+use super::{Error, unexpected, within};
 use super::{
     auth::{Role, authorize, authorize_everywhere},
     validate,
@@ -110,15 +110,17 @@ impl AdminService for AdminApi {
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }
         let now = self.core.store.now();
-        let set = self
-            .core
-            .store
-            .rate_limits(Some(&namespace), now)
-            .await
-            .map_err(Error::from)?
-            .into_iter()
-            .find(|u| u.limit.activity_type == activity_type && u.limit.key == key)
-            .map(crate::wire::rate_limit);
+        let set = within(self.limit(), async {
+            self.core
+                .store
+                .rate_limits(Some(&namespace), now)
+                .await
+                .map_err(Error::from)
+        })
+        .await?
+        .into_iter()
+        .find(|u| u.limit.activity_type == activity_type && u.limit.key == key)
+        .map(crate::wire::rate_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
         Ok(Response::new(v1::SetRateLimitResponse { rate_limit: set }))
@@ -130,12 +132,14 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::ListRateLimitsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
         let now = self.core.store.now();
-        let limits = self
-            .core
-            .store
-            .rate_limits(namespace.as_deref(), now)
-            .await
-            .map_err(Error::from)?;
+        let limits = within(self.limit(), async {
+            self.core
+                .store
+                .rate_limits(namespace.as_deref(), now)
+                .await
+                .map_err(Error::from)
+        })
+        .await?;
         Ok(Response::new(v1::ListRateLimitsResponse {
             rate_limits: limits.into_iter().map(crate::wire::rate_limit).collect(),
         }))
@@ -177,15 +181,17 @@ impl AdminService for AdminApi {
             Outcome::ConcurrencyLimitSet => {}
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }
-        let set = self
-            .core
-            .store
-            .concurrency_limits(Some(&namespace))
-            .await
-            .map_err(Error::from)?
-            .into_iter()
-            .find(|l| l.activity_type == activity_type && l.key == key)
-            .map(crate::wire::concurrency_limit);
+        let set = within(self.limit(), async {
+            self.core
+                .store
+                .concurrency_limits(Some(&namespace))
+                .await
+                .map_err(Error::from)
+        })
+        .await?
+        .into_iter()
+        .find(|l| l.activity_type == activity_type && l.key == key)
+        .map(crate::wire::concurrency_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
         Ok(Response::new(v1::SetConcurrencyLimitResponse {
@@ -198,12 +204,14 @@ impl AdminService for AdminApi {
         request: Request<v1::ListConcurrencyLimitsRequest>,
     ) -> Result<Response<v1::ListConcurrencyLimitsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
-        let limits = self
-            .core
-            .store
-            .concurrency_limits(namespace.as_deref())
-            .await
-            .map_err(Error::from)?;
+        let limits = within(self.limit(), async {
+            self.core
+                .store
+                .concurrency_limits(namespace.as_deref())
+                .await
+                .map_err(Error::from)
+        })
+        .await?;
         Ok(Response::new(v1::ListConcurrencyLimitsResponse {
             concurrency_limits: limits
                 .into_iter()
@@ -256,12 +264,14 @@ impl AdminService for AdminApi {
         request: Request<v1::ListFairnessWeightsRequest>,
     ) -> Result<Response<v1::ListFairnessWeightsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
-        let weights = self
-            .core
-            .store
-            .fairness_weights(namespace.as_deref())
-            .await
-            .map_err(Error::from)?;
+        let weights = within(self.limit(), async {
+            self.core
+                .store
+                .fairness_weights(namespace.as_deref())
+                .await
+                .map_err(Error::from)
+        })
+        .await?;
         Ok(Response::new(v1::ListFairnessWeightsResponse {
             fairness_weights: weights
                 .into_iter()
@@ -307,9 +317,23 @@ impl AdminApi {
         }
     }
 
+    /// Every call but `Drain` (which has a timeout of its own) is cut at
+    /// `--request-timeout`, as the activity service's are: a store that hangs
+    /// answers DEADLINE_EXCEEDED, not never.
+    fn limit(&self) -> std::time::Duration {
+        self.core.config.limits.request_timeout
+    }
+
     /// Commits one op and returns its outcome.
     async fn commit(&self, op: Op) -> Result<Outcome, Error> {
-        let mut outcomes = self.core.committer.commit(vec![op]).await?;
+        let mut outcomes = within(self.limit(), async {
+            self.core
+                .committer
+                .commit(vec![op])
+                .await
+                .map_err(Error::from)
+        })
+        .await?;
         outcomes
             .pop()
             .ok_or_else(|| unexpected("a commit without an outcome"))

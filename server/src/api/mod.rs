@@ -136,10 +136,10 @@ impl From<store::Error> for Error {
 
 /// Runs a unary call's work within `limit` (`--request-timeout`), so a stalled
 /// store or committer never holds a caller, and its resources, for ever.
-pub async fn within<T>(
+pub async fn within<T, E: From<Error>>(
     limit: std::time::Duration,
-    work: impl std::future::Future<Output = Result<T, Status>>,
-) -> Result<T, Status> {
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     match tokio::time::timeout(limit, work).await {
         Ok(result) => result,
         Err(_) => Err(Error::Deadline(limit).into()),
