@@ -43,7 +43,18 @@ pub use notify::CHANNEL;
 
 use spool_proto::time::UnixMillis;
 
+/// This version's migrations. Migrations a newer version applied are not an
+/// error here: during a rolling upgrade a node of the version before must still
+/// start (a crash, a probe's restart, a rollback) beside the nodes that
+/// migrated, and every migration keeps what the version before relies on
+/// (docs/OPERATIONS.md).
 fn migrator() -> Migrator {
+    let mut migrator = these_migrations();
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+fn these_migrations() -> Migrator {
     use super::migration;
     Migrator::with_migrations(vec![
         migration(
@@ -732,6 +743,39 @@ mod tests {
             }
         }
         found
+    }
+
+    /// A node of the version before starts on a database a newer version
+    /// migrated (a rolling upgrade, a rollback): migrations it does not know are
+    /// not an error.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_node_starts_on_a_database_a_newer_version_migrated() {
+        let url = crate::fixtures::postgres_schema("pgstore").await;
+        let store = PostgresStore::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let newer = these_migrations()
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0)
+            + 1;
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations \
+               (version, description, success, checksum, execution_time) \
+             VALUES ($1, 'a newer version''s', TRUE, '\\x00', 1)",
+        )
+        .bind(newer)
+        .execute(&store.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        drop(store);
+        let again = PostgresStore::open(&url).await;
+        assert!(again.is_ok(), "{:?}", again.err());
     }
 
     /// Every connection to PostgreSQL sends without Nagle's algorithm. With it, a
