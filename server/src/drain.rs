@@ -149,7 +149,12 @@ impl Drainer {
 
         // Phase 3. A node that stops, with others on its database, hands resumable
         // sessions over: their workers resume on another node with what they run.
-        let hand_over = self.stopping.load(Ordering::SeqCst) && !self.core.store.single_node();
+        // Alone (none heard from lately), it releases them, uncounted, as a single
+        // node does: left running, they would be reclaimed as lost, counted, when
+        // it starts again before their workers are back.
+        let hand_over = self.stopping.load(Ordering::SeqCst)
+            && !self.core.store.single_node()
+            && self.core.store.others_present();
         let leftovers = self.core.registry.end_all(
             "the server is draining; the activity will run again",
             hand_over,

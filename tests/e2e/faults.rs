@@ -179,6 +179,9 @@ impl Store for Faulty {
     fn single_node(&self) -> bool {
         self.inner.single_node()
     }
+    fn others_present(&self) -> bool {
+        self.inner.others_present()
+    }
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, store::Error> {
         if !self.listens.load(Ordering::SeqCst) {
             return Ok(None);

@@ -1073,6 +1073,38 @@ async fn a_stopping_node_hands_its_sessions_over() {
     assert_eq!(seen.runs(), [("deploy".to_owned(), 1)]);
 }
 
+/// On PostgreSQL, a node that stops alone on its database (no other node heard
+/// from) releases a running attempt, uncounted, as a single node does. Left
+/// running for a hand-over no node could take, the attempt would be reclaimed as
+/// lost, counted, by the node started again before its worker was back.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn a_node_stopping_alone_releases_instead_of_handing_over() {
+    let database = postgres_schema().await;
+    let configure = |c: &mut spool_server::Config| {
+        c.resume_grace = Some(Duration::from_secs(2));
+        c.drain_timeout = Duration::from_millis(300);
+    };
+    let mut node = TestServer::start_on_database_with(&database, configure).await;
+    let mut client = node.client().await;
+    submit(&mut client, request("t", "wf", "alone")).await;
+    let mut worker = RawWorker::connect(&node, &["t"], 1).await;
+    let task = worker.task().await;
+    assert_eq!(task.attempt, 1);
+    node.shutdown().await;
+    let again = TestServer::start_on_database_with(&database, configure).await;
+    let mut client = again.client().await;
+    let row = get(&mut client, key("wf", "alone")).await;
+    assert_eq!(
+        (status(&row), row.attempt, row.counted_attempts),
+        (v1::ActivityStatus::Scheduled, 1, 0),
+        "released, uncounted: {row:?}"
+    );
+}
+
 /// Each run's activity id, attempt and input.
 type RunsWithInput = Arc<Mutex<Vec<(String, u32, Vec<u8>)>>>;
 

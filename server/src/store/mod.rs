@@ -1004,6 +1004,13 @@ pub trait Store: Send + Sync + 'static {
     /// only rows whose lease expired are (by the liveness sweep).
     fn single_node(&self) -> bool;
 
+    /// Whether another node on this database was heard from lately: only then
+    /// may a node that stops leave its sessions' attempts running for a worker to
+    /// resume elsewhere. A store with no word of other nodes says no.
+    fn others_present(&self) -> bool {
+        false
+    }
+
     /// How many batches [`Store::apply`] may be given at once; the committer then
     /// forms and sends the next batch while one is being written. PostgreSQL runs
     /// each on a connection of its own, on a backend of its own, and batches that

@@ -552,6 +552,10 @@ impl Store for PostgresStore {
         false
     }
 
+    fn others_present(&self) -> bool {
+        self.channel.others_present()
+    }
+
     fn writers(&self) -> usize {
         2
     }

@@ -83,7 +83,6 @@ impl Channel {
     }
 
     /// Whether another node of this deployment was heard lately.
-    #[cfg(test)]
     pub fn others_present(&self) -> bool {
         self.presence.others(Instant::now())
     }
@@ -142,7 +141,6 @@ impl Presence {
         )
     }
 
-    #[cfg(test)]
     fn others(&self, now: Instant) -> bool {
         self.lock().others(now)
     }
