@@ -178,8 +178,11 @@ async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    // Both ways: no request larger than this is read, and no answer larger is sent
-    // (List pages are cut far below it; Get and Wait answer one activity).
+    // No request larger than this is read, and no answer larger is sent (List
+    // pages are cut far below it; Get and Wait answer one activity), but for the
+    // activity service's: a SubmitBatch's answer echoes the activities it stored,
+    // each with what the server set on it, so an answer may exceed the request it
+    // answers; refused after the commit, it would report stored activities as not.
     let max_message = config.max_message_bytes();
     if let Some(addr) = config.ui_listen {
         let listener = TcpListener::bind(addr)
@@ -204,7 +207,7 @@ async fn serve(
     }
     let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
         .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
+        .max_encoding_message_size(max_message.saturating_mul(2));
     let worker =
         WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
             .max_decoding_message_size(max_message)

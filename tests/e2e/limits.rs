@@ -145,3 +145,44 @@ async fn a_unary_call_is_cut_at_the_request_timeout() {
         "a"
     );
 }
+
+/// A SubmitBatch just under the message limit: its answer, the stored activities
+/// with what the server set on each (namespace, times, status), is larger than
+/// the request, and still comes back. Refused after the commit, it would tell
+/// the caller that activities it stored were not.
+#[tokio::test]
+async fn a_batch_just_under_the_message_limit_is_answered() {
+    use prost::Message;
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let limit = spool_server::Config::new("sqlite://unused").max_message_bytes();
+    let row = |i: usize, input: usize| v1::SubmitRequest {
+        input: Some(v1::Payload {
+            content_type: "application/octet-stream".into(),
+            data: vec![b'x'; input],
+        }),
+        ..request("t", "wf", &format!("a{i}"))
+    };
+    let rows = 10_000;
+    let one = row(0, 0).encoded_len() + 8;
+    let input = (limit - 64 * 1024) / rows - one;
+    let batch = v1::SubmitBatchRequest {
+        activities: (0..rows).map(|i| row(i, input)).collect(),
+    };
+    assert!(
+        batch.encoded_len() < limit,
+        "{} >= {limit}",
+        batch.encoded_len()
+    );
+    let answer = client
+        .submit_batch(batch)
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(answer.results.len(), rows);
+    assert!(
+        answer.encoded_len() > limit,
+        "the answer ({} bytes) is larger than the limit",
+        answer.encoded_len()
+    );
+}
