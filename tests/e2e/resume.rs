@@ -86,11 +86,23 @@ fn slow_worker_pinging(
     interval: Duration,
     timeout: Duration,
 ) -> (RunningWorker, tokio::sync::watch::Receiver<Connection>) {
+    slow_worker_with(proxy, seen, interval, timeout, |w| w)
+}
+
+/// [`slow_worker_pinging`], the worker further set up by `configure`.
+fn slow_worker_with(
+    proxy: &proxy::Proxy,
+    seen: &Seen,
+    interval: Duration,
+    timeout: Duration,
+    configure: impl FnOnce(Worker) -> Worker,
+) -> (RunningWorker, tokio::sync::watch::Receiver<Connection>) {
     let runs = seen.runs.clone();
     let acks = seen.acks.clone();
     let worker = Worker::new(format!("http://{}", proxy.addr))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .keep_alive(interval, timeout)
+        .keep_alive(interval, timeout);
+    let worker = configure(worker)
         .on_ack(move |ack| {
             acks.lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -309,25 +321,13 @@ async fn without_a_grace_a_new_session_stops_the_handlers_of_the_old_one() {
 async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
     let seen = Seen::default();
-    let runs = seen.runs.clone();
-    let worker = Worker::new(format!("http://{}", proxy.addr))
-        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
-        .keep_alive(Duration::from_millis(200), Duration::from_millis(300))
-        .shutdown_timeout(Duration::from_secs(5))
-        .activity("slow", move |ctx, _| {
-            let runs = runs.clone();
-            async move {
-                let info = ctx.info().clone();
-                runs.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((info.activity_id.clone(), info.attempt));
-                tokio::time::sleep(Duration::from_millis(1_500)).await;
-                spool_worker::json(&serde_json::json!({ "attempt": info.attempt }))
-            }
-        });
-    let mut connection = worker.connection();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(worker.run(stop.clone()));
+    let (worker, mut connection) = slow_worker_with(
+        &proxy,
+        &seen,
+        Duration::from_millis(200),
+        Duration::from_millis(300),
+        |w| w.shutdown_timeout(Duration::from_secs(5)),
+    );
     connected(&mut connection).await;
     let mut client = server.client().await;
     submit(&mut client, slow("s", 1_500)).await;
@@ -338,7 +338,7 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     proxy.down();
     proxy.cut();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.cancel();
+    worker.stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.up();
     let done = wait(&mut client, key("wf", "s")).await;
@@ -347,11 +347,13 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
         (v1::ActivityStatus::Completed, 1)
     );
     assert_eq!(seen.runs(), [("s".to_owned(), 1)], "run once");
-    let stopped = tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("the worker stops within its shutdown timeout")
-        .expect("the worker's task");
-    assert!(stopped.is_ok(), "{stopped:?}");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        connection.wait_for(|c| matches!(c, Connection::Stopped)),
+    )
+    .await
+    .expect("the worker stops within its shutdown timeout")
+    .expect("the worker's state");
 }
 
 /// A cut longer than the grace: attempt 1 is lost, attempt 2 runs on another

@@ -21,6 +21,19 @@ async fn client(
     Ok(ActivityServiceClient::new(channel))
 }
 
+/// A server with `pki`'s certificate, asking clients for one signed by
+/// `client_ca` when set (mutual TLS).
+async fn tls_server(pki: &Pki, client_ca: Option<std::path::PathBuf>) -> TestServer {
+    TestServer::start_with(|c| {
+        c.tls = Some(Tls {
+            cert: pki.server_cert.clone(),
+            key: pki.server_key.clone(),
+            client_ca,
+        })
+    })
+    .await
+}
+
 /// Submit over TLS, run on an SDK worker over TLS, wait for the result.
 async fn round_trip(server: &TestServer, tls: ClientTls) {
     let mut client = client(server, &tls).await.expect("a TLS client connects");
@@ -40,14 +53,7 @@ async fn round_trip(server: &TestServer, tls: ClientTls) {
 async fn a_client_and_a_worker_speak_tls() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let server = TestServer::start_with(|c| {
-        c.tls = Some(Tls {
-            cert: pki.server_cert.clone(),
-            key: pki.server_key.clone(),
-            client_ca: None,
-        })
-    })
-    .await;
+    let server = tls_server(&pki, None).await;
     assert!(server.endpoint.starts_with("https://"));
     let trusted = ClientTls {
         ca_pem: Some(Pki::read(&pki.ca)),
@@ -91,14 +97,7 @@ async fn a_client_and_a_worker_speak_tls() {
 async fn mutual_tls_requires_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let server = TestServer::start_with(|c| {
-        c.tls = Some(Tls {
-            cert: pki.server_cert.clone(),
-            key: pki.server_key.clone(),
-            client_ca: Some(pki.ca.clone()),
-        })
-    })
-    .await;
+    let server = tls_server(&pki, Some(pki.ca.clone())).await;
     let without_identity = ClientTls {
         ca_pem: Some(Pki::read(&pki.ca)),
         ..Default::default()
@@ -124,14 +123,7 @@ async fn a_stalled_tls_handshake_is_closed_after_the_handshake_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let server = TestServer::start_with(|c| {
-        c.tls = Some(Tls {
-            cert: pki.server_cert.clone(),
-            key: pki.server_key.clone(),
-            client_ca: None,
-        })
-    })
-    .await;
+    let server = tls_server(&pki, None).await;
     let mut stalled = tokio::net::TcpStream::connect(server.address())
         .await
         .expect("connect");
