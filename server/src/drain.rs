@@ -152,9 +152,7 @@ impl Drainer {
         // Alone (none heard from lately), it releases them, uncounted, as a single
         // node does: left running, they would be reclaimed as lost, counted, when
         // it starts again before their workers are back.
-        let hand_over = self.stopping.load(Ordering::SeqCst)
-            && !self.core.store.single_node()
-            && self.core.store.others_present();
+        let hand_over = self.stopping.load(Ordering::SeqCst) && self.core.store.others_present();
         let leftovers = self.core.registry.end_all(
             "the server is draining; the activity will run again",
             hand_over,

@@ -110,17 +110,12 @@ impl AdminService for AdminApi {
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }
         let now = self.core.store.now();
-        let set = within(self.limit(), async {
-            self.core
-                .store
-                .rate_limits(Some(&namespace), now)
-                .await
-                .map_err(Error::from)
-        })
-        .await?
-        .into_iter()
-        .find(|u| u.limit.activity_type == activity_type && u.limit.key == key)
-        .map(crate::wire::rate_limit);
+        let set = self
+            .bounded(self.core.store.rate_limits(Some(&namespace), now))
+            .await?
+            .into_iter()
+            .find(|u| u.limit.activity_type == activity_type && u.limit.key == key)
+            .map(crate::wire::rate_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
         Ok(Response::new(v1::SetRateLimitResponse { rate_limit: set }))
@@ -132,14 +127,9 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::ListRateLimitsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
         let now = self.core.store.now();
-        let limits = within(self.limit(), async {
-            self.core
-                .store
-                .rate_limits(namespace.as_deref(), now)
-                .await
-                .map_err(Error::from)
-        })
-        .await?;
+        let limits = self
+            .bounded(self.core.store.rate_limits(namespace.as_deref(), now))
+            .await?;
         Ok(Response::new(v1::ListRateLimitsResponse {
             rate_limits: limits.into_iter().map(crate::wire::rate_limit).collect(),
         }))
@@ -181,17 +171,12 @@ impl AdminService for AdminApi {
             Outcome::ConcurrencyLimitSet => {}
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }
-        let set = within(self.limit(), async {
-            self.core
-                .store
-                .concurrency_limits(Some(&namespace))
-                .await
-                .map_err(Error::from)
-        })
-        .await?
-        .into_iter()
-        .find(|l| l.activity_type == activity_type && l.key == key)
-        .map(crate::wire::concurrency_limit);
+        let set = self
+            .bounded(self.core.store.concurrency_limits(Some(&namespace)))
+            .await?
+            .into_iter()
+            .find(|l| l.activity_type == activity_type && l.key == key)
+            .map(crate::wire::concurrency_limit);
         // A raised limit may let waiting rows go now.
         self.core.registry.mark_due(&namespace, &activity_type);
         Ok(Response::new(v1::SetConcurrencyLimitResponse {
@@ -204,14 +189,9 @@ impl AdminService for AdminApi {
         request: Request<v1::ListConcurrencyLimitsRequest>,
     ) -> Result<Response<v1::ListConcurrencyLimitsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
-        let limits = within(self.limit(), async {
-            self.core
-                .store
-                .concurrency_limits(namespace.as_deref())
-                .await
-                .map_err(Error::from)
-        })
-        .await?;
+        let limits = self
+            .bounded(self.core.store.concurrency_limits(namespace.as_deref()))
+            .await?;
         Ok(Response::new(v1::ListConcurrencyLimitsResponse {
             concurrency_limits: limits
                 .into_iter()
@@ -264,14 +244,9 @@ impl AdminService for AdminApi {
         request: Request<v1::ListFairnessWeightsRequest>,
     ) -> Result<Response<v1::ListFairnessWeightsResponse>, Status> {
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
-        let weights = within(self.limit(), async {
-            self.core
-                .store
-                .fairness_weights(namespace.as_deref())
-                .await
-                .map_err(Error::from)
-        })
-        .await?;
+        let weights = self
+            .bounded(self.core.store.fairness_weights(namespace.as_deref()))
+            .await?;
         Ok(Response::new(v1::ListFairnessWeightsResponse {
             fairness_weights: weights
                 .into_iter()
@@ -317,23 +292,22 @@ impl AdminApi {
         }
     }
 
-    /// Every call but `Drain` (which has a timeout of its own) is cut at
-    /// `--request-timeout`, as the activity service's are: a store that hangs
-    /// answers DEADLINE_EXCEEDED, not never.
-    fn limit(&self) -> std::time::Duration {
-        self.core.config.limits.request_timeout
+    /// `work` (a commit or a read of the store) cut at `--request-timeout`, as
+    /// every call's but `Drain`'s (which has a timeout of its own), like the
+    /// activity service's: a store that hangs answers DEADLINE_EXCEEDED, not never.
+    async fn bounded<T, E: Into<Error>>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, Error> {
+        within(self.core.config.limits.request_timeout, async {
+            work.await.map_err(Into::into)
+        })
+        .await
     }
 
     /// Commits one op and returns its outcome.
     async fn commit(&self, op: Op) -> Result<Outcome, Error> {
-        let mut outcomes = within(self.limit(), async {
-            self.core
-                .committer
-                .commit(vec![op])
-                .await
-                .map_err(Error::from)
-        })
-        .await?;
+        let mut outcomes = self.bounded(self.core.committer.commit(vec![op])).await?;
         outcomes
             .pop()
             .ok_or_else(|| unexpected("a commit without an outcome"))
