@@ -594,3 +594,27 @@ pub fn database_path(server: &TestServer) -> PathBuf {
 pub async fn postgres_schema() -> String {
     crate::fixtures::postgres_schema("spool_e2e").await
 }
+
+/// Reads `socket` until the server closes it, and checks it did so at the
+/// handshake timeout (10 s after `since`): not before, and not long after.
+pub async fn closed_at_the_handshake_timeout(
+    socket: &mut tokio::net::TcpStream,
+    since: std::time::Instant,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(n) = socket.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the server closes the socket");
+    let took = since.elapsed();
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(15),
+        "closed after {took:?}"
+    );
+}
