@@ -11,6 +11,7 @@ mod clock;
 mod dashboard;
 #[path = "../../../tests/support/fixtures.rs"]
 mod fixtures;
+mod hostile;
 mod metrics;
 mod observe;
 #[path = "../../../tests/support/pki.rs"]

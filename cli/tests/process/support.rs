@@ -209,6 +209,18 @@ impl ServerProcess {
         send_signal(self.child.id(), signal);
     }
 
+    /// The most memory the process has held so far (`VmHWM`), in bytes.
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("/proc status");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM");
+        kb * 1024
+    }
+
     /// Waits for the process to exit; its exit code (`None` if killed by a signal).
     pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
         let deadline = tokio::time::Instant::now() + within;

@@ -161,6 +161,70 @@ impl ActivityApi {
     }
 }
 
+/// Each request entry's answer from the answers of its distinct keys. A key
+/// the batch did not create (stored before, or repeated within it) comes back
+/// without payloads or headers: a batch naming one large activity many times
+/// must not make an answer, or the memory behind it, many times its size.
+fn batch_answers(
+    stored: Vec<v1::SubmitResponse>,
+    answers: &[validate::Answer],
+) -> Result<Vec<v1::SubmitResponse>, Error> {
+    let mut stored: Vec<Option<v1::SubmitResponse>> = stored.into_iter().map(Some).collect();
+    let mut light: Vec<Option<v1::Activity>> = vec![None; stored.len()];
+    let mut results = Vec::with_capacity(answers.len());
+    for &answer in answers {
+        results.push(match answer {
+            validate::Answer::First(n) => {
+                let mut result = stored
+                    .get_mut(n)
+                    .and_then(Option::take)
+                    .ok_or_else(|| unexpected("a batch answer taken twice"))?;
+                let stripped = result.activity.as_ref().map(without_payloads);
+                if !result.created {
+                    result.activity = stripped.clone();
+                }
+                light[n] = stripped;
+                result
+            }
+            validate::Answer::Repeat(n) => v1::SubmitResponse {
+                activity: Some(
+                    light
+                        .get(n)
+                        .cloned()
+                        .flatten()
+                        .ok_or_else(|| unexpected("a repeat answered before its key"))?,
+                ),
+                created: false,
+            },
+        });
+    }
+    Ok(results)
+}
+
+/// `activity` without what may be large: payloads, error details, headers.
+fn without_payloads(activity: &v1::Activity) -> v1::Activity {
+    v1::Activity {
+        input: None,
+        output: None,
+        heartbeat_details: None,
+        headers: Default::default(),
+        history: Vec::new(),
+        last_error: activity.last_error.as_ref().map(|e| v1::ActivityError {
+            details: None,
+            r#type: e.r#type.clone(),
+            message: e.message.clone(),
+            ..*e
+        }),
+        worker_id: activity.worker_id.clone(),
+        key: activity.key.clone(),
+        activity_type: activity.activity_type.clone(),
+        concurrency_key: activity.concurrency_key.clone(),
+        fairness_key: activity.fairness_key.clone(),
+        waiting_reason: activity.waiting_reason.clone(),
+        ..*activity
+    }
+}
+
 #[tonic::async_trait]
 impl ActivityService for ActivityApi {
     async fn submit(
@@ -223,21 +287,14 @@ impl ActivityService for ActivityApi {
             if batch.is_empty() {
                 return Ok(Response::new(v1::SubmitBatchResponse::default()));
             }
-            let mut results = self.submit_all(batch).await?;
-            // A key that exists comes back without payloads: the caller did not send
-            // them, and a batch naming one large stored activity many times must not
-            // make an answer many times its size.
-            for result in results.iter_mut().filter(|r| !r.created) {
-                if let Some(activity) = &mut result.activity {
-                    activity.input = None;
-                    activity.output = None;
-                    activity.heartbeat_details = None;
-                    if let Some(error) = &mut activity.last_error {
-                        error.details = None;
-                    }
-                }
-            }
-            Ok(Response::new(v1::SubmitBatchResponse { results }))
+            let validate::DistinctBatch {
+                activities,
+                answers,
+            } = validate::distinct(batch)?;
+            let stored = self.submit_all(activities).await?;
+            Ok(Response::new(v1::SubmitBatchResponse {
+                results: batch_answers(stored, &answers)?,
+            }))
         })
         .await
     }

@@ -420,6 +420,54 @@ pub fn submit(
     })
 }
 
+/// A `SubmitBatch` with each key once: `activities` what the store is given,
+/// `answers` the answer of each request entry, in request order.
+#[derive(Debug)]
+pub struct DistinctBatch {
+    pub activities: Vec<NewActivity>,
+    pub answers: Vec<Answer>,
+}
+
+/// Which stored answer a request entry gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The first entry naming `activities[n]`.
+    First(usize),
+    /// A later entry naming the same key: answered as the first, without its
+    /// payloads or headers, and never as created.
+    Repeat(usize),
+}
+
+/// Keeps the first entry of each key, so a batch that repeats a key within
+/// itself builds and stores one row, however many times it names it. A repeat
+/// naming another type is refused, as a stored key of another type is.
+pub fn distinct(batch: Vec<NewActivity>) -> Result<DistinctBatch, Error> {
+    let mut first: std::collections::HashMap<Key, usize> =
+        std::collections::HashMap::with_capacity(batch.len());
+    let mut activities: Vec<NewActivity> = Vec::with_capacity(batch.len());
+    let mut answers = Vec::with_capacity(batch.len());
+    for new in batch {
+        if let Some(&n) = first.get(&new.key) {
+            if activities[n].activity_type != new.activity_type {
+                return Err(Error::AlreadyExists {
+                    key: new.key,
+                    existing: activities[n].activity_type.clone(),
+                    requested: new.activity_type,
+                });
+            }
+            answers.push(Answer::Repeat(n));
+            continue;
+        }
+        first.insert(new.key.clone(), activities.len());
+        answers.push(Answer::First(activities.len()));
+        activities.push(new);
+    }
+    Ok(DistinctBatch {
+        activities,
+        answers,
+    })
+}
+
 /// A submit's fairness key and its weight: none when the key is empty (and then
 /// no weight either); a weight of 0 is 1, and at most
 /// [`concurrency::MAX_WEIGHT`].
