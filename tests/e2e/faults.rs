@@ -36,6 +36,12 @@ pub struct Faulty {
     held_gets: watch::Sender<bool>,
     /// While true, writes that end an attempt wait.
     held_endings: watch::Sender<bool>,
+    /// Whether it says it is shared with other nodes (so sessions save tickets).
+    pub shared: AtomicBool,
+    /// While true, saves of a session's ticket wait.
+    held_tickets: watch::Sender<bool>,
+    /// How many saves of a ticket have begun.
+    pub tickets_saving: AtomicUsize,
 }
 
 impl Faulty {
@@ -52,6 +58,9 @@ impl Faulty {
             failed_gets: AtomicUsize::new(0),
             held_gets: watch::Sender::new(false),
             held_endings: watch::Sender::new(false),
+            shared: AtomicBool::new(false),
+            held_tickets: watch::Sender::new(false),
+            tickets_saving: AtomicUsize::new(0),
         })
     }
 
@@ -65,6 +74,10 @@ impl Faulty {
 
     pub fn hold_endings(&self, held: bool) {
         self.held_endings.send_replace(held);
+    }
+
+    pub fn hold_tickets(&self, held: bool) {
+        self.held_tickets.send_replace(held);
     }
 
     /// The listener for other nodes dies.
@@ -177,7 +190,15 @@ impl Store for Faulty {
         self.inner.rate_limits(namespace, now).await
     }
     fn single_node(&self) -> bool {
-        self.inner.single_node()
+        !self.shared.load(Ordering::SeqCst) && self.inner.single_node()
+    }
+    fn now(&self) -> UnixMillis {
+        self.inner.now()
+    }
+    async fn save_ticket(&self, ticket: &store::SessionTicket) -> Result<(), store::Error> {
+        self.tickets_saving.fetch_add(1, Ordering::SeqCst);
+        wait_while(&self.held_tickets).await;
+        self.inner.save_ticket(ticket).await
     }
     fn others_present(&self) -> bool {
         self.inner.others_present()

@@ -717,6 +717,95 @@ async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_w
     );
 }
 
+/// A session whose call is dropped (the connection reset) while its ticket is
+/// being saved leaves no registration behind: none holding the slot, none whose
+/// leases are renewed with nothing running.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_dropped_while_its_ticket_is_saved_leaves_nothing_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    faulty.shared.store(true, Ordering::SeqCst);
+    let server = resuming_on(&faulty).await;
+    faulty.hold_tickets(true);
+    dropped_while_saving_its_ticket(
+        &server,
+        &faulty,
+        worker_message::Message::Hello(hello(&["raw"], 2)),
+    )
+    .await;
+    eventually("the registration to be removed", || async {
+        server.workers().await.ok()?.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// The same on a resume: the session's attempt is lost once after the grace, as
+/// for any dropped stream, rather than left RUNNING with its lease renewed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_dropped_while_its_ticket_is_saved_loses_its_attempt_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    faulty.shared.store(true, Ordering::SeqCst);
+    let store: Arc<dyn Store> = faulty.clone();
+    let server = TestServer::start_with_store(
+        move |_| Box::pin(async move { store }),
+        |c| c.resume_grace = Some(Duration::from_secs(1)),
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = session_of(&first);
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            retry_policy: fast_retries(1),
+            ..request("raw", "wf", "r")
+        },
+    )
+    .await;
+    first.task().await;
+    faulty.hold_tickets(true);
+    drop(first);
+    dropped_while_saving_its_ticket(
+        &server,
+        &faulty,
+        resume_hello(&worker_id, &token, &[("r", 1)]),
+    )
+    .await;
+    let ended = wait(&mut client, key("wf", "r")).await;
+    assert_eq!(
+        (status(&ended), ended.attempt),
+        (v1::ActivityStatus::Failed, 1),
+        "{ended:?}"
+    );
+    assert_eq!(
+        ended.last_error.map(|e| e.kind),
+        Some(v1::ErrorKind::WorkerLost as i32)
+    );
+    eventually("the registration to be removed", || async {
+        server.workers().await.ok()?.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Opens a session with `first`, and drops the call once the server is saving
+/// its ticket (held by the test), before any Welcome.
+async fn dropped_while_saving_its_ticket(
+    server: &TestServer,
+    faulty: &Faulty,
+    first: worker_message::Message,
+) {
+    let saving = faulty.tickets_saving.load(Ordering::SeqCst);
+    let opening = RawWorker::open(server, first);
+    tokio::pin!(opening);
+    tokio::select! {
+        opened = &mut opening => panic!("welcomed while its ticket is held: {:?}", opened.map(|w| w.welcome)),
+        () = eventually("the ticket's save to begin", || async {
+            (faulty.tickets_saving.load(Ordering::SeqCst) > saving).then_some(())
+        }) => {}
+    }
+}
+
 /// One node on a store with faults the test switches on, that resumes sessions.
 async fn resuming_on(faulty: &Arc<Faulty>) -> TestServer {
     let store: Arc<dyn Store> = faulty.clone();

@@ -270,16 +270,21 @@ impl WorkerService for WorkerApi {
                         cancelled = resumed.cancels.len(),
                         "worker resumed its session"
                     );
-                    if shared {
-                        self.save_ticket(ticket_row(&old_id)).await;
-                    }
-                    return Ok(self.start_session(
+                    let row = shared.then(|| ticket_row(&old_id));
+                    // The session runs, and owns the registration's clean-up, before
+                    // the ticket's save awaits: a connection reset meanwhile drops
+                    // this call, and must not leave the worker registered for ever.
+                    let response = self.start_session(
                         old_id.into(),
                         registration.namespace.clone(),
                         resumed,
                         place,
                         inbound,
-                    ));
+                    );
+                    if let Some(row) = row {
+                        self.save_ticket(row).await;
+                    }
+                    return Ok(response);
                 }
                 Err(why) => {
                     crate::metrics::resume_refused(why.reason());
@@ -298,18 +303,22 @@ impl WorkerService for WorkerApi {
                 .registry
                 .register(registration, now_millis(), |id| welcome(id, false, refused));
         tracing::info!(%worker_id, "worker connected");
-        if shared {
-            self.save_ticket(ticket_row(&worker_id)).await;
+        let row = shared.then(|| ticket_row(&worker_id));
+        // As above: the session owns the registration before anything awaits.
+        let response = self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound);
+        if let Some(row) = row {
+            self.save_ticket(row).await;
         }
-        Ok(self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound))
+        Ok(response)
     }
 }
 
 impl WorkerApi {
     /// Keeps a session's ticket where the other nodes can check it. Without it the
-    /// session can still be resumed here, only not elsewhere. The worker is
-    /// registered, and its silence counts, before its stream starts: a database
-    /// slow to take the ticket must not hold the stream back until it is evicted.
+    /// session can still be resumed here, only not elsewhere. The session already
+    /// runs (its Welcome waits in its channel until this call answers), so a call
+    /// dropped meanwhile leaves nothing registered that no one removes, and a
+    /// database slow to take the ticket does not hold the stream back.
     async fn save_ticket(&self, ticket: SessionTicket) {
         let saved = tokio::time::timeout(TICKET_SAVE_TIMEOUT, self.core.store.save_ticket(&ticket));
         let why = match saved.await {
