@@ -322,8 +322,7 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
     let seen = Seen::default();
     // The cut resets the connection, so it needs no ping to be noticed; slow
-    // pings keep a loaded machine from taking the resumed stream, which has said
-    // Goodbye and so cannot be resumed again, for a stalled one.
+    // pings keep a loaded machine from taking the resumed stream for a stalled one.
     let (worker, mut connection) = slow_worker_with(
         &proxy,
         &seen,
@@ -350,6 +349,110 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
         (v1::ActivityStatus::Completed, 1)
     );
     assert_eq!(seen.runs(), [("s".to_owned(), 1)], "run once");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        connection.wait_for(|c| matches!(c, Connection::Stopped)),
+    )
+    .await
+    .expect("the worker stops within its shutdown timeout")
+    .expect("the worker's state");
+}
+
+/// A worker that said Goodbye and lost its stream resumes its session to report
+/// the attempt it ran: the attempt completes, counted once, instead of failing
+/// as lost; the resumed session stays leaving and is handed no new task.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_that_said_goodbye_resumes_to_report_and_takes_no_new_task() {
+    // One node: the session must be this node's to resume it leaving.
+    let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
+    let mut client = server.client().await;
+    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
+    let (worker_id, token) = session_of(&first);
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            retry_policy: fast_retries(1),
+            ..request("raw", "wf", "g")
+        },
+    )
+    .await;
+    let task = first.task().await;
+    first
+        .send(worker_message::Message::Goodbye(v1::Goodbye {}))
+        .await;
+    assert!(
+        matches!(first.next().await, server_message::Message::Drain(_)),
+        "Goodbye is answered with Drain"
+    );
+    drop(first);
+    let mut resumed = RawWorker::open(&server, resume_hello(&worker_id, &token, &[("g", 1)]))
+        .await
+        .expect("a session");
+    assert!(resumed.welcome.resumed, "{:?}", resumed.welcome);
+    submit(&mut client, request("raw", "wf", "other")).await;
+    resumed.quiet_for(Duration::from_millis(500)).await;
+    resumed.complete(&task, 1).await;
+    let ack = resumed.ack().await;
+    assert!(ack.accepted, "{ack:?}");
+    let done = get(&mut client, key("wf", "g")).await;
+    assert_eq!(
+        (status(&done), done.attempt),
+        (v1::ActivityStatus::Completed, 1)
+    );
+}
+
+/// The SDK's side: a worker shutting down whose connection is cut after its
+/// Goodbye keeps its handler running (it honours cancellation), resumes, and
+/// reports; the attempt completes once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt() {
+    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let worker = Worker::new(format!("http://{}", proxy.addr))
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .keep_alive(Duration::from_secs(2), Duration::from_secs(3))
+        .shutdown_timeout(Duration::from_secs(5))
+        .activity("slow", move |ctx, _| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::select! {
+                    () = ctx.cancelled() => Err(spool_worker::ActivityError::terminal("cancelled", "stopped early")),
+                    () = tokio::time::sleep(Duration::from_millis(1_500)) => spool_worker::json(&"done"),
+                }
+            }
+        });
+    let mut connection = worker.connection();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _task = tokio::spawn(worker.run(stop.clone()));
+    connected(&mut connection).await;
+    let mut client = server.client().await;
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            retry_policy: fast_retries(1),
+            ..slow("g", 1_500)
+        },
+    )
+    .await;
+    eventually("the attempt to start", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    stop.cancel();
+    // Goodbye and its Drain cross before the cut.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.down();
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.up();
+    let done = wait(&mut client, key("wf", "g")).await;
+    assert_eq!(
+        (status(&done), done.attempt, done.last_error),
+        (v1::ActivityStatus::Completed, 1, None)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "run once");
     tokio::time::timeout(
         Duration::from_secs(10),
         connection.wait_for(|c| matches!(c, Connection::Stopped)),

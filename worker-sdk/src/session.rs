@@ -420,8 +420,9 @@ impl<'a> Loop<'a> {
             }
         };
         // A worker stopping for good tells what still runs to stop; a dropped stream
-        // leaves handlers running for the next one to resume.
-        if self.shutting_down {
+        // leaves handlers running for the next one to resume, while shutting down
+        // too, until the shutdown's deadline.
+        if self.shutting_down && !self.carry.finishing() {
             self.carry.cancel.cancel();
         }
         ended

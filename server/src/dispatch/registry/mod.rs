@@ -946,8 +946,9 @@ impl Registry {
     /// The stream of the session writing to `tx` dropped: keep the worker, its
     /// attempts and their slots for `grace`, for the worker to resume. False (and
     /// nothing kept) when the session cannot be resumed, or need not be: no grace,
-    /// no ticket, no attempt held, the worker was leaving or evicted, or another
-    /// stream owns it already.
+    /// no ticket, no attempt held, the worker was evicted, or another stream owns
+    /// it already. A worker that said Goodbye is kept too: cut off while it
+    /// finishes, it resumes to report what it ran.
     pub fn detach(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>, grace: Duration) -> bool {
         let mut inner = self.lock();
         let Some(w) = inner.workers.get_mut(worker_id) else {
@@ -958,7 +959,6 @@ impl Registry {
         if grace.is_zero()
             || w.ticket.is_none()
             || w.inflight.is_empty()
-            || w.leaving
             || w.evict.is_cancelled()
             || !w.outbound.same_channel(tx)
         {
@@ -986,7 +986,9 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Err(ResumeRefused::Unknown);
         };
-        if worker.evict.is_cancelled() || worker.leaving {
+        // A leaving session resumes leaving: it is planned no claim, and its
+        // worker, which says Goodbye again on the new stream, hears Drain again.
+        if worker.evict.is_cancelled() {
             return Err(ResumeRefused::Unknown);
         }
         let (Some(ticket), Some(next)) = (&worker.ticket, &reg.ticket) else {
