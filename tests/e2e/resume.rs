@@ -1196,6 +1196,64 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
     );
 }
 
+/// After a worker's session moves from node A to node B, A's copy of the attempt
+/// hears no more heartbeats: its heartbeat timeout passes there while the worker
+/// heartbeats to B. A's ending is fenced to rows still its own, so the attempt
+/// the worker runs on B is not ended as timed out, and completes.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn the_node_a_session_left_does_not_time_out_the_attempt_it_moved_with() {
+    let (a, b, _proxy) = two_nodes(Duration::from_secs(5), Duration::from_secs(1)).await;
+    let mut client = a.client().await;
+    let mut first = RawWorker::connect(&a, &["raw"], 2).await;
+    let (worker_id, token) = session_of(&first);
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            heartbeat_timeout: Some(prost_types_duration(Duration::from_secs(1))),
+            retry_policy: fast_retries(1),
+            ..request("raw", "wf", "hb")
+        },
+    )
+    .await;
+    let task = first.task().await;
+    drop(first);
+    let mut moved = RawWorker::open(&b, resume_hello(&worker_id, &token, &[("hb", 1)]))
+        .await
+        .expect("a session");
+    assert!(moved.welcome.resumed, "{:?}", moved.welcome);
+    // Three heartbeat timeouts, heartbeating to B all along.
+    let beats = std::time::Instant::now();
+    while beats.elapsed() < Duration::from_secs(3) {
+        moved
+            .send(worker_message::Message::Heartbeat(v1::Heartbeat {
+                workflow_id: "wf".into(),
+                activity_id: "hb".into(),
+                attempt: 1,
+                ..Default::default()
+            }))
+            .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    moved.complete(&task, 1).await;
+    let ack = loop {
+        match moved.next().await {
+            server_message::Message::Ack(ack) => break ack,
+            server_message::Message::Cancel(c) => panic!("the moved attempt was stopped: {c:?}"),
+            _ => {}
+        }
+    };
+    assert!(ack.accepted, "{ack:?}");
+    let done = get(&mut client, key("wf", "hb")).await;
+    assert_eq!(
+        (status(&done), done.attempt, done.last_error),
+        (v1::ActivityStatus::Completed, 1, None)
+    );
+}
+
 /// Whether the one worker is connected to `a` (else to `b`), once it is on one.
 async fn on_first(a: &TestServer, b: &TestServer) -> bool {
     let (admin_a, admin_b) = (a.admin().await, b.admin().await);

@@ -8,6 +8,7 @@ use spool_proto::v1;
 use tokio::time::Instant;
 
 use super::{AttemptKey, Registry, SilencePaused, Sweep, Worker, attempt_key};
+use crate::dispatch::timeouts::TimedOut;
 use crate::store::{HeartbeatDetails, Payload};
 
 impl Registry {
@@ -166,7 +167,12 @@ impl Registry {
                     v1::CancelKind::TimedOut,
                     &timed_out.message,
                 );
-                sweep.timed_out.push(timed_out);
+                // Fenced to this node: a worker that resumed its session elsewhere
+                // heartbeats there, and this copy's deadlines no longer describe it.
+                sweep.timed_out.push(TimedOut {
+                    attempt: self.fenced(&timed_out.attempt),
+                    ..timed_out
+                });
             }
         }
         let releasing = !waited_too_long.is_empty();

@@ -876,7 +876,8 @@ impl Registry {
                     continue;
                 }
                 inflight.stop(&worker.outbound, v1::CancelKind::Drain, reason);
-                ended.push(inflight.attempt.clone());
+                // Released only while still this node's row (see `fenced`).
+                ended.push(self.fenced(&inflight.attempt));
             }
         }
         ended
@@ -2200,6 +2201,45 @@ mod tests {
             timed_out(Duration::from_millis(2_100)),
             [("ahead".to_owned(), "StartToCloseTimeout")],
             "2 s after its dispatch"
+        );
+    }
+
+    /// What this node ends on its own (a timeout, a drain's leftovers) is fenced
+    /// to rows still its own: a worker that resumed its session on another node
+    /// runs its attempt there.
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_and_drain_leftovers_are_fenced_to_this_node() {
+        let registry = Registry::default();
+        let (id, _tx, _rx, _evict) = registry.register(registration(2), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let mut beats = row(1, "beats", &id);
+        beats.timeouts.heartbeat_ms = Some(1_000);
+        assert!(
+            registry
+                .assign(&claim, vec![beats, row(2, "left", &id)])
+                .is_empty()
+        );
+        let this_node = Some(registry.node().clone());
+        let sweep = registry.sweep(
+            Instant::now() + Duration::from_secs(2),
+            Duration::from_secs(10),
+            Duration::MAX,
+        );
+        assert_eq!(
+            sweep
+                .timed_out
+                .iter()
+                .map(|t| t.attempt.owner_node.clone())
+                .collect::<Vec<_>>(),
+            [this_node.clone()]
+        );
+        let left = registry.end_all("stopping", false);
+        assert_eq!(
+            left.iter()
+                .map(|a| a.owner_node.clone())
+                .collect::<Vec<_>>(),
+            [this_node]
         );
     }
 
