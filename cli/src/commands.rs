@@ -406,10 +406,19 @@ impl Commands {
     pub async fn drain(&self, timeout: Option<Duration>) -> Result<i32, Error> {
         let r = self.client.drain(timeout).await?;
         if self.json {
-            print_json(&serde_json::json!({"completed": r.completed, "released": r.released}));
+            print_json(&serde_json::json!({
+                "completed": r.completed,
+                "released": r.released,
+                "handed_over": r.handed_over,
+                "ended_otherwise": r.ended_otherwise,
+            }));
         } else {
+            let otherwise = match r.ended_otherwise {
+                0 => String::new(),
+                n => format!(", {n} ended otherwise (timed out, lost or cancelled)"),
+            };
             println!(
-                "drained: {} completed, {} released; the node refuses workers until `spool resume`",
+                "drained: {} completed, {} released{otherwise}; the node refuses workers until `spool resume`",
                 r.completed, r.released
             );
         }

@@ -35,13 +35,19 @@ const RELEASE_WITHIN: Duration = Duration::from_secs(2);
 /// A deadline beyond any real drain, for timeouts too large for the clock.
 const FAR: Duration = Duration::from_secs(365 * 86_400);
 
-/// What a drain did.
+/// What a drain did with the attempts running when it began.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
-    /// Attempts running when the drain began that finished before its deadline.
+    /// Ended by their worker's result (completed, retried, failed or snoozed),
+    /// written before the deadline.
     pub completed: u32,
-    /// Attempts still running at the deadline, released back to SCHEDULED.
+    /// Still running at the deadline, and written back to SCHEDULED, uncounted.
     pub released: u32,
+    /// Left running for their workers to resume on another node that stays.
+    pub handed_over: u32,
+    /// Ended otherwise (a timeout, a lost worker, a cancel, ended by another
+    /// node), or a release that could not be written (reclaimed later).
+    pub ended_otherwise: u32,
 }
 
 pub struct Drainer {
@@ -87,6 +93,7 @@ impl Drainer {
             return Ok(false);
         }
         self.core.registry.resume();
+        self.core.store.set_draining(false).await;
         set_health(&self.health, ServingStatus::Serving).await;
         tracing::info!("resumed: dispatching again");
         Ok(true)
@@ -121,6 +128,9 @@ impl Drainer {
         // count below includes every attempt a worker may be running.
         set_health(&self.health, ServingStatus::NotServing).await;
         self.core.registry.pause();
+        // The other nodes learn this one takes no session over: one that stops
+        // hands its sessions only to a node that stays.
+        let _ = tokio::time::timeout_at(deadline, self.core.store.set_draining(true)).await;
         // Every commit of the drain has a deadline: with the database unreachable
         // the drain still ends, and what it could not write is reclaimed later.
         self.barrier(deadline).await;
@@ -129,7 +139,8 @@ impl Drainer {
             .begin_drain(server_message::Message::Drain(spool_proto::v1::Drain {
                 deadline: Some(time::to_proto(deadline_ms)),
             }));
-        let running = self.core.registry.running_count();
+        let running = self.core.registry.unsettled_count();
+        let results_before = self.core.registry.results_committed();
         tracing::info!(running, ?timeout, "draining");
         // Rows claimed ahead went back with `begin_drain`; this commit writes them
         // (SCHEDULED again, uncounted) before the drain goes on.
@@ -147,20 +158,27 @@ impl Drainer {
             }
         }
 
-        // Phase 3. A node that stops, with others on its database, hands resumable
-        // sessions over: their workers resume on another node with what they run.
-        // Alone (none heard from lately), it releases them, uncounted, as a single
-        // node does: left running, they would be reclaimed as lost, counted, when
-        // it starts again before their workers are back.
-        let hand_over = self.stopping.load(Ordering::SeqCst) && self.core.store.others_present();
-        let leftovers = self.core.registry.end_all(
+        // Phase 3. A node that stops, with others that stay on its database, hands
+        // resumable sessions over: their workers resume on another node with what
+        // they run. Otherwise (alone, or every other node draining or stopping
+        // too) it releases them, uncounted, as a single node does: left running,
+        // they would be reclaimed as lost, counted, when the nodes start again
+        // before their workers are back.
+        let hand_over = self.stopping.load(Ordering::SeqCst) && self.core.store.others_staying();
+        let ended = self.core.registry.end_all(
             "the server is draining; the activity will run again",
             hand_over,
         );
-        let released = leftovers.len();
-        if !leftovers.is_empty() {
+        let completed = self
+            .core
+            .registry
+            .results_committed()
+            .saturating_sub(results_before);
+        let mut released = 0;
+        if !ended.release.is_empty() {
             let now = self.core.store.now();
-            let ops = leftovers
+            let ops = ended
+                .release
                 .into_iter()
                 .map(|attempt| Op::Finish {
                     transition: crate::lifecycle::release(&attempt, now),
@@ -169,7 +187,12 @@ impl Drainer {
                 })
                 .collect();
             match tokio::time::timeout(RELEASE_WITHIN, self.core.committer.commit(ops)).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(outcomes)) => {
+                    released = outcomes
+                        .iter()
+                        .filter(|o| matches!(o, crate::store::Outcome::Finished { accepted: true }))
+                        .count();
+                }
                 Ok(Err(e)) => {
                     tracing::error!(error = %e, "drain: releasing leftovers failed; they are reclaimed at the next start")
                 }
@@ -178,13 +201,25 @@ impl Drainer {
                 ),
             }
         }
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        // Results of attempts that began after the count (a resumed session's
+        // resend) do not make the report claim more than ran.
+        let completed = usize::try_from(completed)
+            .unwrap_or(usize::MAX)
+            .min(running);
+        let released = released.min(running - completed);
+        let handed_over = ended.handed_over.min(running - completed - released);
         let report = Report {
-            completed: u32::try_from(running.saturating_sub(released)).unwrap_or(u32::MAX),
-            released: u32::try_from(released).unwrap_or(u32::MAX),
+            completed: count(completed),
+            released: count(released),
+            handed_over: count(handed_over),
+            ended_otherwise: count(running - completed - released - handed_over),
         };
         tracing::info!(
             completed = report.completed,
             released = report.released,
+            handed_over = report.handed_over,
+            ended_otherwise = report.ended_otherwise,
             "drained"
         );
         report
@@ -357,8 +392,8 @@ mod tests {
         assert_eq!(
             report,
             Report {
-                completed: 0,
-                released: 1
+                released: 1,
+                ..Report::default()
             }
         );
         assert_eq!(kinds(&mut node.outbound), ["drain", "cancel"]);
@@ -390,10 +425,24 @@ mod tests {
         let registry = node.core.registry.clone();
         let worker_id = node.worker_id.clone();
         let mut outbound = node.outbound;
-        // The worker answers once told of the drain.
+        // The worker answers once told of the drain, and its result is written.
+        let committer = node.core.committer.clone();
         let answer = tokio::spawn(async move {
             let told = kinds_until_drain(&mut outbound).await;
-            (told, registry.answer(&worker_id, "wf", "a", 1), outbound)
+            let answered = registry.answer(&worker_id, "wf", "a", 1);
+            if let Answer::Held(attempt, _) = &answered {
+                committer
+                    .commit(vec![store::Op::Finish {
+                        attempt: attempt.clone(),
+                        transition: store::Transition::Complete {
+                            output: Payload::default(),
+                        },
+                        lease_expired_by: None,
+                    }])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            (told, answered, outbound)
         });
         let started = tokio::time::Instant::now();
         let report = node.drainer.drain(Duration::from_secs(30)).await;
@@ -408,10 +457,40 @@ mod tests {
             report,
             Report {
                 completed: 1,
-                released: 0
+                ..Report::default()
             }
         );
         assert!(kinds(&mut outbound).is_empty(), "nothing after the drain");
+    }
+
+    /// An attempt ended during the drain other than by its result (here: ended by
+    /// another node, as a lease renewal finds) is not reported completed.
+    #[tokio::test]
+    async fn an_attempt_ended_otherwise_is_not_reported_completed() {
+        let node = node_running_one().await;
+        let registry = node.core.registry.clone();
+        let mut outbound = node.outbound;
+        let store = node.core.store.clone();
+        let ended = tokio::spawn(async move {
+            kinds_until_drain(&mut outbound).await;
+            let id = store
+                .get(&key())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|| panic!("gone"))
+                .id;
+            registry.end_attempts(&[(id, 1)], "ended elsewhere");
+            outbound
+        });
+        let report = node.drainer.drain(Duration::from_secs(30)).await;
+        let _outbound = ended.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            report,
+            Report {
+                ended_otherwise: 1,
+                ..Report::default()
+            }
+        );
     }
 
     /// A resume undoes a drain's stop (claims planned again, a newly registered

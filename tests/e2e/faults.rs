@@ -200,8 +200,11 @@ impl Store for Faulty {
         wait_while(&self.held_tickets).await;
         self.inner.save_ticket(ticket).await
     }
-    fn others_present(&self) -> bool {
-        self.inner.others_present()
+    fn others_staying(&self) -> bool {
+        self.inner.others_staying()
+    }
+    async fn set_draining(&self, draining: bool) {
+        self.inner.set_draining(draining).await
     }
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, store::Error> {
         if !self.listens.load(Ordering::SeqCst) {

@@ -1360,6 +1360,46 @@ async fn a_node_stopping_alone_releases_instead_of_handing_over() {
     );
 }
 
+/// On PostgreSQL, every node stopping at once: each hears the others say they
+/// are draining, so none hands its sessions to a node that is leaving too. The
+/// running attempt is released, uncounted, and runs again after the restart
+/// rather than failing as lost.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn nodes_stopping_together_release_instead_of_handing_over_to_each_other() {
+    let (mut a, mut b, _proxy) =
+        two_nodes(Duration::from_secs(2), Duration::from_millis(500)).await;
+    let mut client = a.client().await;
+    submit(
+        &mut client,
+        v1::SubmitRequest {
+            retry_policy: fast_retries(1),
+            ..request("raw", "wf", "together")
+        },
+    )
+    .await;
+    let mut worker = RawWorker::connect(&a, &["raw"], 1).await;
+    assert_eq!(worker.task().await.attempt, 1);
+    // Both have heard each other before they stop.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::join!(a.shutdown(), b.shutdown());
+    drop(worker);
+    let again = TestServer::start_on_database_with(&a.database, |c| {
+        c.resume_grace = Some(Duration::from_secs(2))
+    })
+    .await;
+    let mut client = again.client().await;
+    let row = get(&mut client, key("wf", "together")).await;
+    assert_eq!(
+        (status(&row), row.attempt, row.counted_attempts),
+        (v1::ActivityStatus::Scheduled, 1, 0),
+        "released, uncounted: {row:?}"
+    );
+}
+
 /// Each run's activity id, attempt and input.
 type RunsWithInput = Arc<Mutex<Vec<(String, u32, Vec<u8>)>>>;
 

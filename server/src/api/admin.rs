@@ -66,6 +66,8 @@ impl AdminService for AdminApi {
         Ok(Response::new(v1::DrainResponse {
             completed: report.completed,
             released: report.released,
+            handed_over: report.handed_over,
+            ended_otherwise: report.ended_otherwise,
         }))
     }
 

@@ -664,11 +664,12 @@ impl Session {
             tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
             return;
         }
-        // A node stopping with others on its database leaves a resumable session's
-        // attempts running: the worker resumes on another node, which takes them
-        // over; if it never does, their leases lapse and they are reclaimed.
+        // A node stopping with others that stay on its database leaves a
+        // resumable session's attempts running: the worker resumes on another
+        // node, which takes them over; if it never does, their leases lapse and
+        // they are reclaimed. The drain decided whether to (`end_all`).
         if matches!(end, End::Shutdown)
-            && !self.core.store.single_node()
+            && self.core.registry.hands_over()
             && self.core.registry.resumable(&self.worker_id)
         {
             if let Some(left) = self

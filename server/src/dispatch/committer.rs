@@ -646,6 +646,15 @@ impl Loop {
                     Outcome::Finished { accepted: true },
                 ) => {
                     crate::metrics::finished(transition_name(transition));
+                    if matches!(
+                        store::AttemptOutcome::of(transition),
+                        store::AttemptOutcome::Completed
+                            | store::AttemptOutcome::Retried
+                            | store::AttemptOutcome::Failed
+                            | store::AttemptOutcome::Snoozed
+                    ) {
+                        self.registry.result_committed();
+                    }
                     crate::metrics::attempt_ended(
                         &attempt.key.namespace,
                         &attempt.activity_type,

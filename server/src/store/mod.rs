@@ -1004,11 +1004,18 @@ pub trait Store: Send + Sync + 'static {
     /// only rows whose lease expired are (by the liveness sweep).
     fn single_node(&self) -> bool;
 
-    /// Whether another node on this database was heard from lately: only then
-    /// may a node that stops leave its sessions' attempts running for a worker to
-    /// resume elsewhere. A store with no word of other nodes says no.
-    fn others_present(&self) -> bool {
+    /// Whether another node on this database that takes sessions over (not
+    /// draining or stopping) was heard from lately: only then may a node that
+    /// stops leave its sessions' attempts running for a worker to resume
+    /// elsewhere. A store with no word of other nodes says no.
+    fn others_staying(&self) -> bool {
         false
+    }
+
+    /// Tells the other nodes whether this one drains (and so takes no session
+    /// over), and waits until it is said.
+    async fn set_draining(&self, draining: bool) {
+        let _ = draining;
     }
 
     /// How many batches [`Store::apply`] may be given at once; the committer then

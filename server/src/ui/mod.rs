@@ -546,6 +546,8 @@ async fn drain(
     Ok(Json(serde_json::json!({
         "completed": report.completed,
         "released": report.released,
+        "handed_over": report.handed_over,
+        "ended_otherwise": report.ended_otherwise,
     }))
     .into_response())
 }

@@ -557,6 +557,15 @@ impl Inner {
     }
 }
 
+/// What [`Registry::end_all`] did.
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// Attempts stopped, to be released (fenced to this node).
+    pub release: Vec<Arc<Attempt>>,
+    /// Attempts left running for their workers to resume on another node.
+    pub handed_over: usize,
+}
+
 #[derive(Default)]
 pub struct Registry {
     inner: Mutex<Inner>,
@@ -569,6 +578,14 @@ pub struct Registry {
     /// returned yet: a drain waits for these too, so what it reports completed is
     /// stored.
     committing: std::sync::atomic::AtomicUsize,
+    /// Attempts ended by their worker's result (completed, retried, failed or
+    /// snoozed), counted as the committer lands them: a drain reports how many
+    /// of those it waited for ended so.
+    results: std::sync::atomic::AtomicU64,
+    /// Set when a stopping node hands its resumable sessions over
+    /// ([`Registry::end_all`]): only then does a session ending on shutdown
+    /// leave its attempts running for its worker to resume elsewhere.
+    handing_over: std::sync::atomic::AtomicBool,
     /// This server's name (`--node-name`), recorded with each attempt it dispatches.
     node: Arc<str>,
     /// How many batches the store writes at once (`Store::writers`): each claim
@@ -862,13 +879,16 @@ impl Registry {
 
     /// Ends every attempt still running (a drain's deadline passed): each worker is
     /// told to stop, and the attempts are returned for the caller to release. With
-    /// `hand_over` (a node stopping, with other nodes sharing its database), the
-    /// attempts of sessions that can be resumed are left running instead: their
-    /// workers resume on another node, which takes them over.
-    pub fn end_all(&self, reason: &str, hand_over: bool) -> Vec<Arc<Attempt>> {
-        let mut ended = Vec::new();
+    /// `hand_over` (a node stopping, with other nodes that stay sharing its
+    /// database), the attempts of sessions that can be resumed are left running
+    /// instead: their workers resume on another node, which takes them over.
+    pub fn end_all(&self, reason: &str, hand_over: bool) -> Ended {
+        self.handing_over
+            .store(hand_over, std::sync::atomic::Ordering::SeqCst);
+        let mut ended = Ended::default();
         for worker in self.lock().workers.values_mut() {
             if hand_over && worker.ticket.is_some() {
+                ended.handed_over += worker.inflight.values().filter(|i| !i.cancel_sent).count();
                 continue;
             }
             for inflight in worker.inflight.values_mut() {
@@ -877,10 +897,26 @@ impl Registry {
                 }
                 inflight.stop(&worker.outbound, v1::CancelKind::Drain, reason);
                 // Released only while still this node's row (see `fenced`).
-                ended.push(self.fenced(&inflight.attempt));
+                ended.release.push(self.fenced(&inflight.attempt));
             }
         }
         ended
+    }
+
+    /// Whether this node, stopping, hands its resumable sessions over.
+    pub fn hands_over(&self) -> bool {
+        self.handing_over.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// An attempt ended by its worker's result was written.
+    pub fn result_committed(&self) {
+        self.results
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many attempts ended by their worker's result were written so far.
+    pub fn results_committed(&self) -> u64 {
+        self.results.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A drain begins: no more claims are planned, and every worker, including
@@ -2234,7 +2270,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [this_node.clone()]
         );
-        let left = registry.end_all("stopping", false);
+        let left = registry.end_all("stopping", false).release;
         assert_eq!(
             left.iter()
                 .map(|a| a.owner_node.clone())

@@ -552,8 +552,13 @@ impl Store for PostgresStore {
         false
     }
 
-    fn others_present(&self) -> bool {
-        self.channel.others_present()
+    fn others_staying(&self) -> bool {
+        self.channel.others_staying()
+    }
+
+    async fn set_draining(&self, draining: bool) {
+        self.channel.set_draining(draining);
+        notify::announce(&self.pool, &self.channel).await;
     }
 
     fn writers(&self) -> usize {

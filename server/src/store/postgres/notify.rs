@@ -59,6 +59,11 @@ struct Envelope {
     scope: String,
     /// None in a hello.
     events: Vec<Event>,
+    /// The sender takes no sessions over (it drains, or stops): a node that
+    /// stops hands its sessions only to one that does. False from a version
+    /// that did not say.
+    #[serde(default)]
+    draining: bool,
 }
 
 /// Who this node is on the channel, and whom it has heard.
@@ -66,6 +71,9 @@ pub(super) struct Channel {
     node: String,
     scope: String,
     presence: Presence,
+    /// Said in every envelope, hellos included, so a lost word is corrected
+    /// within a hello.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Channel {
@@ -74,6 +82,7 @@ impl Channel {
             node,
             scope,
             presence: Presence::default(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -83,8 +92,20 @@ impl Channel {
     }
 
     /// Whether another node of this deployment was heard lately.
+    #[cfg(test)]
     pub fn others_present(&self) -> bool {
         self.presence.others(Instant::now())
+    }
+
+    /// Whether another node of this deployment that takes sessions over (not
+    /// draining, not stopping) was heard lately.
+    pub fn others_staying(&self) -> bool {
+        self.presence.lock().staying(Instant::now())
+    }
+
+    pub fn set_draining(&self, draining: bool) {
+        self.draining
+            .store(draining, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether an envelope from `scope` belongs to this deployment.
@@ -103,7 +124,8 @@ struct Presence {
 
 #[derive(Default)]
 struct Heard {
-    nodes: HashMap<String, Instant>,
+    /// When each node was last heard, and whether it said it was draining.
+    nodes: HashMap<String, (Instant, bool)>,
     unheard: std::collections::VecDeque<(Instant, Event)>,
 }
 
@@ -111,7 +133,13 @@ impl Heard {
     fn others(&self, now: Instant) -> bool {
         self.nodes
             .values()
-            .any(|at| now.saturating_duration_since(*at) < PRESENT_FOR)
+            .any(|(at, _)| now.saturating_duration_since(*at) < PRESENT_FOR)
+    }
+
+    fn staying(&self, now: Instant) -> bool {
+        self.nodes
+            .values()
+            .any(|(at, draining)| !draining && now.saturating_duration_since(*at) < PRESENT_FOR)
     }
 }
 
@@ -123,12 +151,16 @@ impl Presence {
     /// Notes a word from `node` at `now`. When it was not counted as present until
     /// now (new, or quiet for [`PRESENT_FOR`]) it must hear from us at once: then
     /// the cancels kept for it, else `None`.
-    fn heard(&self, node: &str, now: Instant) -> Option<Vec<Event>> {
+    fn heard(&self, node: &str, draining: bool, now: Instant) -> Option<Vec<Event>> {
         let mut state = self.lock();
         state
             .nodes
-            .retain(|_, at| now.saturating_duration_since(*at) < PRESENT_FOR);
-        if state.nodes.insert(node.to_owned(), now).is_some() {
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < PRESENT_FOR);
+        if state
+            .nodes
+            .insert(node.to_owned(), (now, draining))
+            .is_some()
+        {
             return None;
         }
         Some(
@@ -141,6 +173,7 @@ impl Presence {
         )
     }
 
+    #[cfg(test)]
     fn others(&self, now: Instant) -> bool {
         self.lock().others(now)
     }
@@ -191,6 +224,14 @@ async fn notify(pool: &PgPool, payloads: Vec<String>) -> Result<(), Error> {
         .execute(pool)
         .await?;
     Ok(())
+}
+
+/// Tells the other nodes now whether this one drains, and waits for it.
+pub(super) async fn announce(pool: &PgPool, channel: &Channel) {
+    let payload = envelope(channel, Vec::new());
+    if let Err(e) = notify(pool, payload.into_iter().collect()).await {
+        tracing::warn!(error = %e, "could not tell other nodes whether this one drains; the next hello will");
+    }
 }
 
 /// Says hello, without waiting for it: a failure only delays being heard.
@@ -253,9 +294,11 @@ pub(super) async fn subscribe(
                         Ok(envelope)
                             if envelope.node != channel.node && channel.ours(&envelope.scope) =>
                         {
-                            if let Some(kept) =
-                                channel.presence.heard(&envelope.node, Instant::now())
-                            {
+                            if let Some(kept) = channel.presence.heard(
+                                &envelope.node,
+                                envelope.draining,
+                                Instant::now(),
+                            ) {
                                 hello(&pool, &channel);
                                 tell_late(&pool, &channel, kept);
                                 // Until it heard us, that node published nothing
@@ -356,6 +399,7 @@ fn envelope(channel: &Channel, events: Vec<Event>) -> Option<String> {
         node: channel.node.clone(),
         scope: channel.scope.clone(),
         events,
+        draining: channel.draining.load(std::sync::atomic::Ordering::SeqCst),
     })
     .ok()
 }
@@ -371,20 +415,35 @@ mod tests {
         let start = Instant::now();
         assert!(!presence.others(start), "alone at first");
         assert!(
-            presence.heard("b", start).is_some(),
+            presence.heard("b", false, start).is_some(),
             "a new node is answered at once"
         );
         assert!(
-            presence.heard("b", start + HELLO_EVERY).is_none(),
+            presence.heard("b", false, start + HELLO_EVERY).is_none(),
             "a known one is not"
         );
         assert!(presence.others(start + HELLO_EVERY + PRESENT_FOR / 2));
         let quiet = start + HELLO_EVERY + PRESENT_FOR;
         assert!(!presence.others(quiet), "quiet for PRESENT_FOR: gone");
         assert!(
-            presence.heard("b", quiet).is_some(),
+            presence.heard("b", false, quiet).is_some(),
             "back: answered at once again"
         );
+    }
+
+    #[test]
+    fn a_draining_node_is_present_but_takes_no_sessions() {
+        let presence = Presence::default();
+        let start = Instant::now();
+        presence.heard("b", false, start);
+        assert!(presence.lock().staying(start));
+        presence.heard("b", true, start + HELLO_EVERY);
+        let state = presence.lock();
+        assert!(state.others(start + HELLO_EVERY), "still heard");
+        assert!(!state.staying(start + HELLO_EVERY), "but not staying");
+        drop(state);
+        presence.heard("b", false, start + 2 * HELLO_EVERY);
+        assert!(presence.lock().staying(start + 2 * HELLO_EVERY), "resumed");
     }
 
     #[test]
@@ -408,12 +467,15 @@ mod tests {
         assert!(!presence.listening_or_keep(&[cancelled("new")], later));
         // Heard once the first one is too old to matter: only the second is told.
         let heard = start + UNHEARD_FOR;
-        assert_eq!(presence.heard("b", heard), Some(vec![cancelled("new")]));
+        assert_eq!(
+            presence.heard("b", false, heard),
+            Some(vec![cancelled("new")])
+        );
         assert!(
             presence.listening_or_keep(&[cancelled("next")], heard),
             "b listens: published, not kept"
         );
-        assert_eq!(presence.heard("c", heard), Some(Vec::new()));
+        assert_eq!(presence.heard("c", false, heard), Some(Vec::new()));
     }
 
     #[test]

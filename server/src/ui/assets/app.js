@@ -877,7 +877,8 @@
       drain.textContent = "Draining…";
       try {
         const r = await api("/api/drain", { timeout_seconds: Math.floor(secs) });
-        flash(`Drain finished: ${fmtNum(r.completed)} completed, ${fmtNum(r.released)} released.`);
+        const otherwise = r.ended_otherwise ? `, ${fmtNum(r.ended_otherwise)} ended otherwise` : "";
+        flash(`Drain finished: ${fmtNum(r.completed)} completed, ${fmtNum(r.released)} released${otherwise}.`);
       } catch (e) {
         reportError(e);
       } finally {
