@@ -792,6 +792,14 @@ struct LimitArgs {
     /// Open connections; more wait until one closes.
     #[arg(long, env = "SPOOL_MAX_CONNECTIONS", default_value_t = 4096)]
     max_connections: usize,
+    /// Open connections from one IP address; more are closed at once (raise it
+    /// behind a proxy, whose connections all come from its address).
+    #[arg(long, env = "SPOOL_MAX_CONNECTIONS_PER_PEER", default_value_t = 1024)]
+    max_connections_per_peer: usize,
+    /// How long a connection may stay open before its first authenticated
+    /// request (health checks do not count).
+    #[arg(long, env = "SPOOL_FIRST_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
+    first_request_timeout: Duration,
     /// HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, env = "SPOOL_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
     max_concurrent_streams: u32,
@@ -819,6 +827,12 @@ struct LimitArgs {
     /// The longest one Wait parks before answering with the current state.
     #[arg(long, env = "SPOOL_MAX_WAIT", default_value = "1h", value_parser = duration)]
     max_wait: Duration,
+    /// Wait calls one token may have parked at once (one caller, without tokens).
+    #[arg(long, env = "SPOOL_MAX_WAITS_PER_TOKEN", default_value_t = 10_000)]
+    max_waits_per_token: usize,
+    /// Wait calls parked at once on this node.
+    #[arg(long, env = "SPOOL_MAX_WAITS", default_value_t = 100_000)]
+    max_waits: usize,
     /// HTTP/2 keep-alive PING interval.
     #[arg(long, env = "SPOOL_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = duration)]
     keepalive_interval: Duration,
@@ -831,6 +845,8 @@ impl LimitArgs {
     fn into_limits(self) -> spool_server::config::Limits {
         spool_server::config::Limits {
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            first_request_timeout: self.first_request_timeout,
             max_concurrent_streams: self.max_concurrent_streams,
             max_pending_accept_reset_streams: self.max_pending_reset_streams,
             max_local_error_reset_streams: self.max_local_reset_streams,
@@ -840,6 +856,8 @@ impl LimitArgs {
             max_open_streams_unauthenticated: self.max_unauthenticated_streams,
             request_timeout: self.request_timeout,
             max_wait: self.max_wait,
+            max_waits_per_token: self.max_waits_per_token,
+            max_waits: self.max_waits,
             keepalive_interval: self.keepalive_interval,
             keepalive_timeout: self.keepalive_timeout,
         }

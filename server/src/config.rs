@@ -43,6 +43,11 @@ pub struct Tls {
 pub struct Limits {
     /// Open TCP connections; the next is accepted only when one closes.
     pub max_connections: usize,
+    /// Open TCP connections from one IP address; more are closed at once.
+    pub max_connections_per_peer: usize,
+    /// How long a connection may stay open without an authenticated request
+    /// (health checks do not count); then it is closed.
+    pub first_request_timeout: Duration,
     /// HTTP/2 streams per connection, advertised in SETTINGS.
     pub max_concurrent_streams: u32,
     /// Streams a client may open and reset before the server accepts them, before
@@ -63,6 +68,10 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// The longest one `Wait` parks; then it answers with the current state.
     pub max_wait: Duration,
+    /// `Wait` calls parked at once per token (per caller, without tokens).
+    pub max_waits_per_token: usize,
+    /// `Wait` calls parked at once on this node.
+    pub max_waits: usize,
     /// HTTP/2 PING interval; a peer that does not answer within
     /// `keepalive_timeout` is disconnected.
     pub keepalive_interval: Duration,
@@ -73,6 +82,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            max_connections_per_peer: 1024,
+            first_request_timeout: Duration::from_secs(30),
             max_concurrent_streams: 1024,
             max_pending_accept_reset_streams: 20,
             max_local_error_reset_streams: 1024,
@@ -82,6 +93,8 @@ impl Default for Limits {
             max_open_streams_unauthenticated: 64,
             request_timeout: Duration::from_secs(60),
             max_wait: Duration::from_secs(3600),
+            max_waits_per_token: 10_000,
+            max_waits: 100_000,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(10),
         }
@@ -208,6 +221,7 @@ impl Config {
             ("--retention", self.retention),
             ("--request-timeout", self.limits.request_timeout),
             ("--max-wait", self.limits.max_wait),
+            ("--first-request-timeout", self.limits.first_request_timeout),
             ("--keepalive-interval", self.limits.keepalive_interval),
             ("--keepalive-timeout", self.limits.keepalive_timeout),
         ];
@@ -292,6 +306,12 @@ impl Config {
         }
         let counts = [
             ("--max-connections", self.limits.max_connections),
+            (
+                "--max-connections-per-peer",
+                self.limits.max_connections_per_peer,
+            ),
+            ("--max-waits-per-token", self.limits.max_waits_per_token),
+            ("--max-waits", self.limits.max_waits),
             (
                 "--max-concurrent-streams",
                 self.limits.max_concurrent_streams as usize,

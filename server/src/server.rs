@@ -289,7 +289,7 @@ async fn serve(
         .add_service(InterceptedService::new(worker, auth.clone()))
         .add_service(InterceptedService::new(admin, auth))
         .serve_with_incoming_shutdown(
-            transport::Incoming::new(listener, config.limits.max_connections),
+            transport::Incoming::new(listener, &config.limits),
             root.clone().cancelled_owned(),
         );
     let mut death = None;

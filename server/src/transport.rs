@@ -7,7 +7,11 @@
 //!   once another closes (a permit is taken *before* `accept`, so a flood waits in
 //!   the kernel's backlog, not in our memory); a connection that has not sent the
 //!   start of a handshake ([`HANDSHAKE_BYTES`]) within [`HANDSHAKE_TIMEOUT`] is
-//!   closed, so idle sockets cannot hold the cap;
+//!   closed, and one that has made no authenticated request within
+//!   `--first-request-timeout` too (health checks do not count), so sockets that
+//!   only answer pings cannot hold the cap;
+//! - at most `--max-connections-per-peer` connections come from one IP address:
+//!   more are closed as they are accepted, so one peer cannot take every place;
 //! - every connection advertises `SETTINGS_MAX_CONCURRENT_STREAMS`, bounds streams
 //!   reset before they are accepted and streams the server resets for errors (both
 //!   end in GOAWAY: HTTP/2 rapid reset), bounds header lists, and answers no
@@ -17,11 +21,16 @@
 //!   with RESOURCE_EXHAUSTED.
 
 use std::{
+    collections::HashMap,
     future::Future,
     io,
+    net::IpAddr,
     path::Path,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -102,7 +111,8 @@ pub fn builder(limits: &Limits) -> tonic::transport::Server {
         .accept_http1(false)
 }
 
-/// Accepted connections, at most `max` open at once.
+/// Accepted connections, at most `--max-connections` open at once and
+/// `--max-connections-per-peer` from one address.
 pub struct Incoming {
     inner: TcpIncoming,
     permits: PollSemaphore,
@@ -110,10 +120,17 @@ pub struct Incoming {
     next: Option<OwnedSemaphorePermit>,
     /// Whether the cap was hit and not yet logged (once per stretch at the cap).
     full_logged: bool,
+    /// Open connections by peer address; each connection's [`PeerSlot`] gives
+    /// its count back when it closes.
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max_per_peer: usize,
+    /// When a peer over its cap was last logged (once per 10 s at most).
+    peer_logged: Option<tokio::time::Instant>,
+    first_request_timeout: Duration,
 }
 
 impl Incoming {
-    pub fn new(listener: TcpListener, max: usize) -> Self {
+    pub fn new(listener: TcpListener, limits: &Limits) -> Self {
         // Without TCP_NODELAY, Nagle's algorithm and delayed ACKs hold small
         // messages (a task, an ack) back by tens of milliseconds.
         let inner = TcpIncoming::from(listener)
@@ -121,10 +138,61 @@ impl Incoming {
             .with_keepalive(Some(Duration::from_secs(30)));
         Self {
             inner,
-            permits: PollSemaphore::new(Arc::new(Semaphore::new(max))),
+            permits: PollSemaphore::new(Arc::new(Semaphore::new(limits.max_connections))),
             next: None,
             full_logged: false,
+            peers: Arc::default(),
+            max_per_peer: limits.max_connections_per_peer,
+            peer_logged: None,
+            first_request_timeout: limits.first_request_timeout,
         }
+    }
+
+    /// A place for one more connection from `ip`, unless it holds its cap.
+    fn admit(&mut self, ip: IpAddr) -> Option<PeerSlot> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let open = peers.entry(ip).or_insert(0);
+        if *open >= self.max_per_peer {
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot {
+            peers: self.peers.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its peer's count.
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = peers.get_mut(&self.ip) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// What a request knows of its connection (in its extensions): the TCP peer,
+/// and the flag the auth interceptor sets once a request authenticated.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub tcp: TcpConnectInfo,
+    authenticated: Arc<AtomicBool>,
+}
+
+impl Peer {
+    /// The connection made an authenticated request: it may stay open.
+    pub fn authenticated(&self) {
+        self.authenticated.store(true, Ordering::Release);
     }
 }
 
@@ -148,28 +216,55 @@ impl Stream for Incoming {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        match Pin::new(&mut this.inner).poll_next(cx) {
-            Poll::Ready(Some(Ok(stream))) => {
-                crate::metrics::connection_opened();
-                Poll::Ready(Some(Ok(Connection {
-                    stream,
-                    _permit: this.next.take(),
-                    handshake: Some((Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)), 0)),
-                })))
-            }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+        loop {
+            let stream = match Pin::new(&mut this.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(stream))) => stream,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            };
+            let ip = match stream.peer_addr() {
+                Ok(addr) => addr.ip().to_canonical(),
+                Err(_) => continue,
+            };
+            let Some(peer_slot) = this.admit(ip) else {
+                // Closed at once; the permit waits for the next connection.
+                crate::metrics::connections_refused("max_connections_per_peer");
+                let now = tokio::time::Instant::now();
+                if this
+                    .peer_logged
+                    .is_none_or(|at| now.saturating_duration_since(at) >= Duration::from_secs(10))
+                {
+                    this.peer_logged = Some(now);
+                    tracing::warn!(%ip, "--max-connections-per-peer reached: its new connections are closed");
+                }
+                continue;
+            };
+            crate::metrics::connection_opened();
+            return Poll::Ready(Some(Ok(Connection {
+                stream,
+                _permit: this.next.take(),
+                _peer_slot: peer_slot,
+                handshake: Some((Box::pin(tokio::time::sleep(HANDSHAKE_TIMEOUT)), 0)),
+                authenticated: Arc::default(),
+                first_request: Some(Box::pin(tokio::time::sleep(this.first_request_timeout))),
+            })));
         }
     }
 }
 
-/// One accepted connection; closing it frees its place under the cap.
+/// One accepted connection; closing it frees its place under the caps.
 pub struct Connection {
     stream: TcpStream,
     _permit: Option<OwnedSemaphorePermit>,
+    _peer_slot: PeerSlot,
     /// Until the handshake has begun: its deadline and the bytes read so far.
     handshake: Option<(Pin<Box<tokio::time::Sleep>>, usize)>,
+    /// Set by the auth interceptor (through [`Peer`]) on the first
+    /// authenticated request.
+    authenticated: Arc<AtomicBool>,
+    /// Until then: the deadline for it.
+    first_request: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Drop for Connection {
@@ -179,10 +274,13 @@ impl Drop for Connection {
 }
 
 impl Connected for Connection {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = Peer;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        Peer {
+            tcp: self.stream.connect_info(),
+            authenticated: self.authenticated.clone(),
+        }
     }
 }
 
@@ -193,6 +291,19 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // Polled on every read, so the deadline wakes the connection by itself,
+        // and a peer that keeps the socket busy cannot put it off.
+        if let Some(deadline) = &mut this.first_request {
+            if this.authenticated.load(Ordering::Acquire) {
+                this.first_request = None;
+            } else if deadline.as_mut().poll(cx).is_ready() {
+                crate::metrics::connections_refused("first_request_timeout");
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no authenticated request within --first-request-timeout",
+                )));
+            }
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.stream).poll_read(cx, buf);
         if let Some((deadline, seen)) = &mut this.handshake {

@@ -175,3 +175,107 @@ async fn an_idle_socket_is_closed_after_the_handshake_timeout() {
     // The server speaks first (its SETTINGS); then, hearing nothing, it closes.
     closed_at_the_handshake_timeout(&mut idle, Instant::now()).await;
 }
+
+const TOKEN: &str = "s3cret-token-0123456789";
+
+/// A `Stats` call over raw HTTP/2 with `token` as its bearer token.
+fn stats_call(address: &str, token: &str) -> http::Request<()> {
+    http::Request::post(format!("http://{address}/spool.v1.ActivityService/Stats"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .expect("request")
+}
+
+/// Sends `request` with an empty gRPC message and waits for its answer's head.
+async fn call(send: &mut h2::client::SendRequest<bytes::Bytes>, request: http::Request<()>) {
+    let mut ready = send.clone().ready().await.expect("ready");
+    let (response, mut body) = ready.send_request(request, false).expect("send");
+    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+        .expect("data");
+    tokio::time::timeout(WAIT, response)
+        .await
+        .expect("answered")
+        .expect("a response");
+}
+
+/// A connection that completes the HTTP/2 handshake and answers pings, but makes
+/// no authenticated request (a health check and a call with a wrong token do not
+/// count), is closed at `--first-request-timeout`; one that made an authenticated
+/// call stays open.
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_at_the_first_request_timeout() {
+    let server = TestServer::one_node_with(|c| {
+        c.auth_token = Some(TOKEN.into());
+        c.limits.first_request_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let address = server.address().to_owned();
+    let open = |address: String| async move {
+        let tcp = TcpStream::connect(&address).await.expect("connect");
+        let (send, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        (send, tokio::spawn(connection))
+    };
+    let started = Instant::now();
+    let (mut stranger, stranger_connection) = open(address.clone()).await;
+    let (mut known, known_connection) = open(address.clone()).await;
+    call(&mut stranger, health_check(&address)).await;
+    call(
+        &mut stranger,
+        stats_call(&address, "not-the-token-0123456789"),
+    )
+    .await;
+    call(&mut known, stats_call(&address, TOKEN)).await;
+    tokio::time::timeout(Duration::from_secs(8), stranger_connection)
+        .await
+        .expect("the server closes the connection")
+        .expect("connection task")
+        .ok();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1_800),
+        "closed after {took:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !known_connection.is_finished(),
+        "an authenticated connection stays open"
+    );
+    call(&mut known, stats_call(&address, TOKEN)).await;
+}
+
+/// Past `--max-connections-per-peer`, a new connection from the same address is
+/// closed at once (the server sends nothing on it); others are served, and a
+/// place freed is taken again.
+#[tokio::test]
+async fn connections_from_one_peer_are_capped() {
+    let server = TestServer::one_node_with(|c| c.limits.max_connections_per_peer = 2).await;
+    let first = TcpStream::connect(server.address()).await.expect("connect");
+    let _second = TcpStream::connect(server.address()).await.expect("connect");
+    let mut third = TcpStream::connect(server.address()).await.expect("connect");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("closed at once, not left waiting");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "the server spoke on a connection over the cap: {read:?}"
+    );
+    drop(first);
+    eventually("a freed place to be taken", || {
+        let endpoint = server.endpoint.clone();
+        async move {
+            let channel = tonic::transport::Channel::from_shared(endpoint)
+                .ok()?
+                .connect()
+                .await
+                .ok()?;
+            v1::activity_service_client::ActivityServiceClient::new(channel)
+                .stats(v1::StatsRequest::default())
+                .await
+                .ok()
+        }
+    })
+    .await;
+}

@@ -276,6 +276,10 @@ impl Interceptor for Auth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         let principal = self.principal(bearer)?;
+        // The connection may stay open past --first-request-timeout now.
+        if let Some(peer) = request.extensions().get::<crate::transport::Peer>() {
+            peer.authenticated();
+        }
         request.extensions_mut().insert(principal);
         Ok(request)
     }
