@@ -143,7 +143,10 @@ async fn serve(
             .with_writers(store.writers())
             .in_turn(store.beside_min_rows() > 0),
     );
-    let pending = Arc::new(Pending::default());
+    let pending = Arc::new(Pending::with_limits(
+        config.limits.max_waits_per_token,
+        config.limits.max_waits,
+    ));
     // Tasks the node cannot live without report here if they end before the
     // shutdown asked them to.
     let (deaths, mut died) = tokio::sync::mpsc::channel::<(&'static str, String)>(4);

@@ -186,3 +186,109 @@ async fn a_batch_just_under_the_message_limit_is_answered() {
         answer.encoded_len()
     );
 }
+
+fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// Parked `Wait` calls are capped per token and on the node: past either cap a
+/// Wait that would park is refused with RESOURCE_EXHAUSTED naming the flag, a
+/// Wait on a finished activity is still answered, and a place freed (a caller
+/// gone) is taken again.
+#[tokio::test]
+async fn parked_waits_are_capped_per_token_and_in_total() {
+    const A: &str = "client-a-0123456789abcdef";
+    const B: &str = "client-b-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.json");
+    std::fs::write(
+        &tokens,
+        serde_json::json!({"tokens": [
+            {"token": A, "role": "client"},
+            {"token": B, "role": "client"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    // The caps are each node's.
+    let server = TestServer::one_node_with(|c| {
+        c.tokens_file = Some(tokens.clone());
+        c.limits.max_waits_per_token = 2;
+        c.limits.max_waits = 3;
+    })
+    .await;
+    let client = server.client().await;
+    let wait_for = |token: &'static str, id: &'static str, timeout: Duration| {
+        let mut client = client.clone();
+        let request = authed(
+            v1::WaitRequest {
+                key: Some(key("wf", id)),
+                timeout: Some(prost_types_duration(timeout)),
+            },
+            token,
+        );
+        async move { client.wait(request).await }
+    };
+    let mut submitter = client.clone();
+    submitter
+        .submit(authed(request("t", "wf", "waiting"), A))
+        .await
+        .expect("submit");
+    submitter
+        .submit(authed(request("t", "wf", "done"), A))
+        .await
+        .expect("submit");
+    submitter
+        .cancel(authed(
+            v1::CancelRequest {
+                key: Some(key("wf", "done")),
+                reason: String::new(),
+            },
+            A,
+        ))
+        .await
+        .expect("cancel");
+    let long = Duration::from_secs(60);
+    // Long Waits held parked: one refused because a probe held a place at the
+    // time ends at once, and is started again, until a probe is refused.
+    let hold_until_refused = |token: &'static str, n: usize, flag: &'static str| {
+        let wait_for = wait_for.clone();
+        async move {
+            let mut held: Vec<tokio::task::JoinHandle<_>> = Vec::new();
+            let deadline = std::time::Instant::now() + WAIT;
+            loop {
+                held.retain(|h| !h.is_finished());
+                while held.len() < n {
+                    held.push(tokio::spawn(wait_for(token, "waiting", long)));
+                }
+                match wait_for(token, "waiting", Duration::from_millis(200)).await {
+                    Err(e) if e.code() == Code::ResourceExhausted => {
+                        assert!(e.message().contains(flag), "{}", e.message());
+                        return held;
+                    }
+                    other => assert!(
+                        std::time::Instant::now() < deadline,
+                        "never refused: {other:?}"
+                    ),
+                }
+            }
+        }
+    };
+    let mut held_a = hold_until_refused(A, 2, "--max-waits-per-token").await;
+    let _held_b = hold_until_refused(B, 1, "--max-waits").await;
+    let finished = wait_for(B, "done", long)
+        .await
+        .expect("a finished activity is answered at the cap")
+        .into_inner();
+    assert_eq!(status(&finished), v1::ActivityStatus::Cancelled);
+    held_a.pop().expect("a held Wait").abort();
+    eventually("the place a caller left to be taken again", || {
+        let wait = wait_for(A, "waiting", Duration::from_millis(200));
+        async move { wait.await.ok() }
+    })
+    .await;
+}

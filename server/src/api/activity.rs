@@ -13,7 +13,7 @@ use super::{
     auth::{Principal, Role, authorize, authorize_principal},
     unexpected, validate, within,
 };
-use crate::dispatch::Core;
+use crate::dispatch::{Core, pending::Full};
 use crate::store::{ActivityStatus, ListPage, ListQuery, NewActivity, Op, Outcome};
 
 /// How often a `Wait` re-reads its activity when other nodes share the store.
@@ -330,6 +330,10 @@ impl ActivityService for ActivityApi {
     ) -> Result<Response<v1::Activity>, Status> {
         let key = validate::key(request.get_ref().key.as_ref())?;
         authorize(&request, Role::Viewer, &key.namespace)?;
+        let caller: Arc<str> = request
+            .extensions()
+            .get::<Principal>()
+            .map_or_else(|| "anonymous".into(), |p| p.caller().clone());
         let request = request.into_inner();
         // No timeout, or one past --max-wait, parks for --max-wait: then the caller
         // gets the current state and may wait again.
@@ -339,12 +343,27 @@ impl ActivityService for ActivityApi {
             .map_or(max_wait, |t| t.min(max_wait));
         let deadline = tokio::time::Instant::now() + timeout;
         let waiter = self.core.pending.watch(key.clone());
+        // Taken once the call is about to park: a Wait on a finished activity is
+        // answered whatever the caps.
+        let mut place = None;
         loop {
             // Armed before the read: a change committed after it still wakes us.
             let changed = waiter.changed();
             let row = self.get_row(&key).await?;
             if row.is_terminal() {
                 return Ok(Response::new(crate::wire::activity(row)));
+            }
+            if place.is_none() {
+                place = Some(self.core.pending.park(&caller).map_err(|full| {
+                    Error::Exhausted(match full {
+                        Full::Caller(n) => format!(
+                            "this token has {n} Wait calls parked already (--max-waits-per-token): wait on fewer at once, or poll with Get"
+                        ),
+                        Full::Total(n) => format!(
+                            "this node has {n} Wait calls parked (--max-waits): retry later, or poll with Get"
+                        ),
+                    })
+                })?);
             }
             // With other nodes, a missed notification must not strand a waiter:
             // read again now and then.

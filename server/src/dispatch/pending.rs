@@ -3,6 +3,9 @@
 //! Keyed by `(namespace, workflow_id, activity_id)`. A waiter registers *before* it
 //! reads the row, so a change committed between the read and the park still wakes
 //! it. Entries live only while someone waits; the store is never polled.
+//!
+//! Parked calls are bounded per caller and in all (`--max-waits-per-token`,
+//! `--max-waits`): each holds a [`ParkedPlace`] while it waits.
 
 use std::{
     collections::HashMap,
@@ -17,9 +20,87 @@ use crate::store::Key;
 pub struct Pending {
     /// Per key: how many waiters hold a [`Waiter`], and the `Notify` they park on.
     waiters: Mutex<HashMap<Key, (usize, Arc<Notify>)>>,
+    parked: Arc<Parked>,
+}
+
+/// How many calls are parked, per caller and in all, and the caps on both.
+struct Parked {
+    per_caller: usize,
+    total: usize,
+    /// Parked in all, and per caller (a caller with none has no entry).
+    state: Mutex<(usize, HashMap<Arc<str>, usize>)>,
+}
+
+impl Default for Parked {
+    fn default() -> Self {
+        Self {
+            per_caller: usize::MAX,
+            total: usize::MAX,
+            state: Mutex::default(),
+        }
+    }
+}
+
+/// Why a call may not park.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Full {
+    /// Its caller has this many parked already.
+    Caller(usize),
+    /// This node has this many parked already.
+    Total(usize),
+}
+
+/// One parked call's place; dropping it frees the place.
+pub struct ParkedPlace {
+    parked: Arc<Parked>,
+    caller: Arc<str>,
+}
+
+impl Drop for ParkedPlace {
+    fn drop(&mut self) {
+        let mut state = self.parked.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 = state.0.saturating_sub(1);
+        if let Some(n) = state.1.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                state.1.remove(&self.caller);
+            }
+        }
+    }
 }
 
 impl Pending {
+    /// Waiters with at most `per_caller` calls parked per caller and `total` in all.
+    pub fn with_limits(per_caller: usize, total: usize) -> Self {
+        Self {
+            waiters: Mutex::default(),
+            parked: Arc::new(Parked {
+                per_caller,
+                total,
+                state: Mutex::default(),
+            }),
+        }
+    }
+
+    /// A place for one more call of `caller` to park, unless a cap is reached.
+    pub fn park(&self, caller: &Arc<str>) -> Result<ParkedPlace, Full> {
+        let parked = &self.parked;
+        let mut state = parked.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0 >= parked.total {
+            return Err(Full::Total(state.0));
+        }
+        let mine = state.1.get(caller).copied().unwrap_or(0);
+        if mine >= parked.per_caller {
+            return Err(Full::Caller(mine));
+        }
+        state.0 += 1;
+        *state.1.entry(caller.clone()).or_insert(0) += 1;
+        Ok(ParkedPlace {
+            parked: parked.clone(),
+            caller: caller.clone(),
+        })
+    }
+
     /// Registers interest in `key`; the returned waiter is woken by [`Pending::notify`]
     /// for any change committed after this call.
     pub fn watch(self: &Arc<Self>, key: Key) -> Waiter {
@@ -129,5 +210,18 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         drop(second);
         assert_eq!(pending.len(), 0);
+    }
+
+    #[test]
+    fn parked_calls_are_capped_per_caller_and_in_all() {
+        let pending = Pending::with_limits(2, 3);
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let first = pending.park(&a).map_err(|e| format!("{e:?}"));
+        let _second = pending.park(&a).map_err(|e| format!("{e:?}"));
+        assert_eq!(pending.park(&a).err(), Some(Full::Caller(2)));
+        let _third = pending.park(&b).map_err(|e| format!("{e:?}"));
+        assert_eq!(pending.park(&b).err(), Some(Full::Total(3)));
+        drop(first);
+        assert!(pending.park(&a).is_ok(), "a place freed is taken again");
     }
 }
