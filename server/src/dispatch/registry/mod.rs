@@ -2268,7 +2268,7 @@ mod tests {
                 .iter()
                 .map(|t| t.attempt.owner_node.clone())
                 .collect::<Vec<_>>(),
-            [this_node.clone()]
+            std::slice::from_ref(&this_node)
         );
         let left = registry.end_all("stopping", false).release;
         assert_eq!(
