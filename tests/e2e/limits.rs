@@ -256,7 +256,6 @@ async fn parked_waits_are_capped_per_token_and_in_total() {
     // Long Waits held parked: one refused because a probe held a place at the
     // time ends at once, and is started again, until a probe is refused.
     let hold_until_refused = |token: &'static str, n: usize, flag: &'static str| {
-        let wait_for = wait_for;
         async move {
             let mut held: Vec<tokio::task::JoinHandle<_>> = Vec::new();
             let deadline = std::time::Instant::now() + WAIT;
