@@ -255,25 +255,23 @@ async fn parked_waits_are_capped_per_token_and_in_total() {
     let long = Duration::from_secs(60);
     // Long Waits held parked: one refused because a probe held a place at the
     // time ends at once, and is started again, until a probe is refused.
-    let hold_until_refused = |token: &'static str, n: usize, flag: &'static str| {
-        async move {
-            let mut held: Vec<tokio::task::JoinHandle<_>> = Vec::new();
-            let deadline = std::time::Instant::now() + WAIT;
-            loop {
-                held.retain(|h| !h.is_finished());
-                while held.len() < n {
-                    held.push(tokio::spawn(wait_for(token, "waiting", long)));
+    let hold_until_refused = |token: &'static str, n: usize, flag: &'static str| async move {
+        let mut held: Vec<tokio::task::JoinHandle<_>> = Vec::new();
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            held.retain(|h| !h.is_finished());
+            while held.len() < n {
+                held.push(tokio::spawn(wait_for(token, "waiting", long)));
+            }
+            match wait_for(token, "waiting", Duration::from_millis(200)).await {
+                Err(e) if e.code() == Code::ResourceExhausted => {
+                    assert!(e.message().contains(flag), "{}", e.message());
+                    return held;
                 }
-                match wait_for(token, "waiting", Duration::from_millis(200)).await {
-                    Err(e) if e.code() == Code::ResourceExhausted => {
-                        assert!(e.message().contains(flag), "{}", e.message());
-                        return held;
-                    }
-                    other => assert!(
-                        std::time::Instant::now() < deadline,
-                        "never refused: {other:?}"
-                    ),
-                }
+                other => assert!(
+                    std::time::Instant::now() < deadline,
+                    "never refused: {other:?}"
+                ),
             }
         }
     };

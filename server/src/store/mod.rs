@@ -917,6 +917,25 @@ pub struct TakeSession {
     pub node: String,
 }
 
+/// A wall-clock time taken at an instant of this process, read forward by the
+/// monotonic clock: a step of the wall clock after it does not move it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Anchored {
+    at: UnixMillis,
+    instant: std::time::Instant,
+}
+
+impl Anchored {
+    pub(crate) fn new(at: UnixMillis, instant: std::time::Instant) -> Self {
+        Self { at, instant }
+    }
+
+    pub(crate) fn now(&self) -> UnixMillis {
+        self.at
+            .saturating_add(i64::try_from(self.instant.elapsed().as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Runs `ops` in order in one transaction, committed durably before it returns.
@@ -992,9 +1011,11 @@ pub trait Store: Send + Sync + 'static {
     async fn set_priority_aging(&self, per_level: Option<Duration>) -> Result<Option<u64>, Error>;
 
     /// The time every write is stamped with and judged by: what `apply`'s `now`,
-    /// leases and due times mean. A single-node store uses the wall clock; a shared
-    /// one the database's, so clock skew between nodes cannot reclaim a live
-    /// attempt or hold a due row back.
+    /// leases and due times mean. SQLite's is the wall clock read when it opened
+    /// (never behind the newest time stored), PostgreSQL's the database's, each
+    /// read forward by the monotonic clock ([`Anchored`]): a step of this
+    /// machine's wall clock neither holds a due row back nor expires one, and
+    /// clock skew between nodes cannot reclaim a live attempt.
     fn now(&self) -> UnixMillis {
         spool_proto::time::now_millis()
     }

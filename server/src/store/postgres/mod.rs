@@ -214,7 +214,7 @@ fn session_limits(options: PgConnectOptions) -> PgConnectOptions {
 /// lease renewed by one node is judged by the same clock on every other.
 struct DbClock {
     /// The database's time (Unix ms) at an instant of this process.
-    anchor: std::sync::Mutex<(UnixMillis, std::time::Instant)>,
+    anchor: std::sync::Mutex<super::Anchored>,
 }
 
 /// How often the clock is synced with the database (the monotonic clock drifts
@@ -223,8 +223,7 @@ const CLOCK_SYNC: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl DbClock {
     fn now(&self) -> UnixMillis {
-        let (at, instant) = *self.anchor.lock().unwrap_or_else(|e| e.into_inner());
-        at.saturating_add(i64::try_from(instant.elapsed().as_millis()).unwrap_or(i64::MAX))
+        self.anchor.lock().unwrap_or_else(|e| e.into_inner()).now()
     }
 
     /// Reads the database's clock, placing the reading at the middle of the round
@@ -249,7 +248,7 @@ impl DbClock {
             }
         }
         if let Some((_, db, at)) = best {
-            *self.anchor.lock().unwrap_or_else(|e| e.into_inner()) = (db, at);
+            *self.anchor.lock().unwrap_or_else(|e| e.into_inner()) = super::Anchored::new(db, at);
         }
         Ok(())
     }
@@ -376,7 +375,7 @@ impl PostgresStore {
         migrator().run_direct(None, &mut *conn, false).await?;
         drop(conn);
         let clock = Arc::new(DbClock {
-            anchor: std::sync::Mutex::new((
+            anchor: std::sync::Mutex::new(super::Anchored::new(
                 spool_proto::time::now_millis(),
                 std::time::Instant::now(),
             )),

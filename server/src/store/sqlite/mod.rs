@@ -143,6 +143,9 @@ pub struct SqliteStore {
     internal: SqlitePool,
     /// Holds the process-wide `flock` until the store is dropped.
     _lock: File,
+    /// What `now` reads: the wall clock at open, never behind the newest time
+    /// stored, read forward by the monotonic clock.
+    clock: super::Anchored,
 }
 
 impl SqliteStore {
@@ -169,6 +172,22 @@ impl SqliteStore {
             return Err(Error::Locked(path.display().to_string()));
         }
         migrator().run_direct(None, &mut setup, false).await?;
+        // A clock stepped back while the server was down must not make times
+        // already stored lie ahead: due rows would wait out the step.
+        let newest: Option<i64> = sqlx::query_scalar(sql::NEWEST_TIME)
+            .fetch_one(&mut setup)
+            .await?;
+        let wall = spool_proto::time::now_millis();
+        if let Some(newest) = newest.filter(|&n| n > wall) {
+            tracing::warn!(
+                ahead_ms = newest - wall,
+                "the wall clock is behind the newest time stored: times go on from that one"
+            );
+        }
+        let clock = super::Anchored::new(
+            newest.map_or(wall, |n| n.max(wall)),
+            std::time::Instant::now(),
+        );
         setup.close().await?;
         let writer = Writer::start(&path)?;
         // A connection to a local file does not go stale, so the pool's ping before
@@ -190,6 +209,7 @@ impl SqliteStore {
             readers,
             internal,
             _lock: lock,
+            clock,
         })
     }
 }
@@ -198,6 +218,10 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
         self.writer.apply(ops, now).await
+    }
+
+    fn now(&self) -> UnixMillis {
+        self.clock.now()
     }
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {

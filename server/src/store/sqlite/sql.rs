@@ -648,3 +648,11 @@ pub const ACTIVE_OF_KEY: &str = active_of_key!("ASC");
 
 /// `active_of_key!` newest first.
 pub const ACTIVE_OF_KEY_NEWEST: &str = active_of_key!("DESC");
+
+/// The newest time stored: the last row's creation or the latest ending, read
+/// from the ends of the primary key and of `activities_finished`.
+pub const NEWEST_TIME: &str = "SELECT MAX(t) FROM ( \
+     SELECT created_at AS t FROM (SELECT created_at FROM activities ORDER BY id DESC LIMIT 1) \
+     UNION ALL \
+     SELECT t FROM (SELECT finished_at AS t FROM activities INDEXED BY activities_finished \
+                    WHERE status >= 3 ORDER BY finished_at DESC LIMIT 1))";
