@@ -758,10 +758,11 @@ struct ServeArgs {
     resume_grace: Option<Duration>,
     /// How much waiting outweighs one level of priority: with 10s, a row waits
     /// at most 10s per level of difference before rows of higher priority due
-    /// after it stop overtaking it (default 0s: strict priority, highest first).
-    /// Stored in the database, for every node sharing it.
-    #[arg(long, env = "SPOOL_PRIORITY_AGING", default_value = "0s", value_parser = duration)]
-    priority_aging: Duration,
+    /// after it stop overtaking it (0s: strict priority, highest first). Stored
+    /// in the database, for every node sharing it; without the flag a node keeps
+    /// what is stored (strict, on a new database).
+    #[arg(long, env = "SPOOL_PRIORITY_AGING", value_parser = duration)]
+    priority_aging: Option<Duration>,
     /// How long finished activities are kept.
     #[arg(long, env = "SPOOL_RETENTION", default_value = "7d", value_parser = duration)]
     retention: Duration,
@@ -904,7 +905,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.ui_listen = args.ui_listen;
     config.ui_read_only = args.ui_read_only;
     config.resume_grace = args.resume_grace;
-    config.priority_aging = Some(args.priority_aging).filter(|d| !d.is_zero());
+    config.priority_aging = args.priority_aging;
     config.node_name = args.node_name.filter(|n| !n.is_empty());
     config.tls = match (args.tls_cert, args.tls_key) {
         (Some(cert), Some(key)) => Some(spool_server::config::Tls {

@@ -137,8 +137,9 @@ pub struct Config {
     /// `None`: [`DEFAULT_RESUME_GRACE`], or half the lease if that is shorter.
     pub resume_grace: Option<Duration>,
     /// How much waiting outweighs one level of priority (`--priority-aging`), so a
-    /// low priority is never starved; `None`: strict priority. Stored in the
-    /// database for every node: the last node started sets it.
+    /// low priority is never starved; zero: strict priority. Stored in the
+    /// database for every node: a node started with it sets it; `None` keeps
+    /// what is stored (strict, on a new database).
     pub priority_aging: Option<Duration>,
 }
 
@@ -279,6 +280,7 @@ impl Config {
             );
         }
         if let Some(aging) = self.priority_aging
+            && !aging.is_zero()
             && (aging < Duration::from_millis(1) || aging > crate::store::MAX_PRIORITY_AGING)
         {
             return fail(

@@ -119,15 +119,15 @@ async fn serve(
     if store.single_node() {
         reclaim(&store).await?;
     }
-    if let Some(ranked) = store.set_priority_aging(config.priority_aging).await? {
+    if let Some(aging) = config.priority_aging
+        && store
+            .set_priority_aging(Some(aging).filter(|d| !d.is_zero()))
+            .await?
+    {
         // Every node ranks by the stored setting: this one just changed it for all.
         tracing::info!(
-            priority_aging = %config.priority_aging.map_or_else(
-                || "off".to_owned(),
-                spool_proto::duration::format,
-            ),
-            waiting_rows = ranked,
-            "the priority aging changed; waiting rows were ranked again"
+            priority_aging = %spool_proto::duration::format(aging),
+            "the priority aging changed; waiting rows are ranked again in the background"
         );
     }
     // Several nodes share the store: listen before anything commits, so no change
@@ -233,6 +233,13 @@ async fn serve(
         &deaths,
         &root,
     );
+    // Not supervised: it ends of itself once no pass is left (on a store of
+    // one node), and a failed step is tried again.
+    let rerank = tokio::spawn(rerank_loop(
+        committer.clone(),
+        core.store.single_node(),
+        root.clone(),
+    ));
     let sweeper = tokio::spawn(heartbeat::run(
         core.store.clone(),
         core.registry.clone(),
@@ -319,6 +326,7 @@ async fn serve(
     let stop_by = tokio::time::Instant::now() + STOP_STEP;
     bounded(stop_by, "closing sessions", sessions.wait()).await;
     bounded(stop_by, "stopping the pruner", prune).await;
+    bounded(stop_by, "stopping the re-ranking", rerank).await;
     bounded(stop_by, "stopping the liveness sweep", sweeper).await;
     bounded(stop_by, "committing what is queued", committer.stop()).await;
     drop(core);
@@ -470,6 +478,47 @@ fn idle_prune_pause(retention: Duration) -> Duration {
 /// Deletes finished rows older than the retention period, a small batch at a time:
 /// each batch rides in the committer's transaction, so it must cost dispatch
 /// little (a few milliseconds), and short transactions let vacuum keep up.
+/// Ranks the waiting rows again after a change of the priority aging, a few
+/// thousand ids a step, each step a commit of its own: a backlog of millions is
+/// ranked again without a statement that outlasts its timeout or holds the
+/// writer. Until a row is reached it keeps the rank of the setting before, which
+/// changes the order among waiting rows, never whether one is due. With other
+/// nodes a pass may start (or be left by a node that stopped) at any time, so
+/// the loop looks again now and then.
+async fn rerank_loop(committer: Committer, single_node: bool, shutdown: CancellationToken) {
+    const IDS: u32 = 2_000;
+    const LOOK_AGAIN: Duration = Duration::from_secs(10);
+    let mut ranked = 0u64;
+    loop {
+        let pause = match committer.commit(vec![Op::Rerank { ids: IDS }]).await {
+            Ok(outcomes) => match outcomes.first() {
+                Some(Outcome::Reranked(Some(step))) => {
+                    ranked += step.rows;
+                    if step.done {
+                        tracing::info!(
+                            waiting_rows = ranked,
+                            "waiting rows ranked again by the priority aging"
+                        );
+                        ranked = 0;
+                    }
+                    // Yield between steps, so dispatch is never held up.
+                    Duration::from_millis(10)
+                }
+                _ if single_node => return,
+                _ => LOOK_AGAIN,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "ranking waiting rows again failed; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 async fn prune_loop(
     store: Arc<dyn Store>,
     committer: Committer,

@@ -157,7 +157,7 @@ impl Store for Faulty {
     async fn set_priority_aging(
         &self,
         per_level: Option<std::time::Duration>,
-    ) -> Result<Option<u64>, store::Error> {
+    ) -> Result<bool, store::Error> {
         self.inner.set_priority_aging(per_level).await
     }
     async fn concurrency_limits(

@@ -504,3 +504,35 @@ async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
         "within the lease plus a sweep: {took:?}"
     );
 }
+
+/// The priority aging is stored for every node: a node started with the flag
+/// sets it, one started without keeps what is stored, and `--priority-aging 0s`
+/// sets strict priority again.
+#[tokio::test]
+async fn a_node_started_without_priority_aging_keeps_the_stored_setting() {
+    let env = Env::new();
+    let run = |args: &'static [&'static str]| {
+        let env = &env;
+        async move {
+            let mut server = env.server(args);
+            server.client().await;
+            server.signal("TERM");
+            assert_eq!(server.wait_exit(Duration::from_secs(10)).await, Some(0));
+        }
+    };
+    let stored = || async {
+        let pool = sqlx::SqlitePool::connect(&env.database()).await.unwrap();
+        let ms: i64 = sqlx::query_scalar("SELECT priority_aging_ms FROM dispatch_settings")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        ms
+    };
+    run(&["--priority-aging", "1s"]).await;
+    assert_eq!(stored().await, 1_000);
+    run(&[]).await;
+    assert_eq!(stored().await, 1_000, "a node without the flag changed it");
+    run(&["--priority-aging", "0s"]).await;
+    assert_eq!(stored().await, 0);
+}

@@ -1066,7 +1066,7 @@ mod tests {
         async fn set_priority_aging(
             &self,
             per_level: Option<std::time::Duration>,
-        ) -> Result<Option<u64>, store::Error> {
+        ) -> Result<bool, store::Error> {
             self.inner.set_priority_aging(per_level).await
         }
         async fn concurrency_limits(

@@ -124,6 +124,7 @@ conformance!(
     a_claim_returns_its_rows_in_claim_order,
     priority_ages_once_set_and_is_strict_again_when_unset,
     priority_aging_ranks_a_keys_waiting_rows_again,
+    a_priority_aging_change_ranks_waiting_rows_in_steps,
     a_rate_limit_holds_claims_to_its_bucket,
     a_keys_rate_limit_holds_only_its_rows,
     a_concurrency_key_runs_at_most_its_limit,
@@ -1344,8 +1345,7 @@ async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(store: &dyn St
     // meanwhile ranks every waiting row again from where its key placed it.
     submit(store, fair("b1", "t", "b", 1)).await;
     let aging = Some(std::time::Duration::from_secs(1));
-    let ranked = store.set_priority_aging(aging).await;
-    assert_eq!(ranked.unwrap_or_else(|e| panic!("{e}")), Some(49));
+    assert_eq!(set_aging(store, aging).await, Some(49));
     let order = claim_order(store, T0).await;
     assert_eq!(order.len(), 49);
     assert_eq!(order.iter().position(|o| o == "b1"), Some(2), "{order:?}");
@@ -1628,12 +1628,31 @@ fn ranked(id: &str, priority: i32, next_at: i64) -> NewActivity {
     row
 }
 
-/// Sets the priority aging: how many waiting rows it ranked again, if it changed.
+/// Sets the priority aging and, if that changed it, runs the re-ranking pass in
+/// small steps: how many waiting rows it ranked again.
 async fn set_aging(store: &dyn Store, aging: Option<std::time::Duration>) -> Option<u64> {
-    store
+    let changed = store
         .set_priority_aging(aging)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    changed.then_some(rerank_all(store, 2).await)
+}
+
+/// Runs a re-ranking pass to its end, `ids` ids a step: the rows it ranked.
+async fn rerank_all(store: &dyn Store, ids: u32) -> u64 {
+    let mut rows = 0;
+    loop {
+        match one(store, Op::Rerank { ids }, T0).await {
+            Outcome::Reranked(Some(step)) => {
+                rows += step.rows;
+                if step.done {
+                    return rows;
+                }
+            }
+            Outcome::Reranked(None) => return rows,
+            other => panic!("expected Reranked, got {other:?}"),
+        }
+    }
 }
 
 async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store, _raw: &Raw) {
@@ -1672,6 +1691,60 @@ async fn priority_ages_once_set_and_is_strict_again_when_unset(store: &dyn Store
     submit(store, row("z2", 2, T0)).await;
     assert_eq!(set(None).await, Some(2));
     assert_eq!(claim_order(store, T0).await, ["z2", "z1"]);
+}
+
+/// A change of the aging ranks the rows stored before it again in steps of a few
+/// ids, each committed alone; a row written meanwhile is ranked by the new
+/// setting at once; setting the same value again starts no pass, and a change
+/// in the middle of a pass starts it again from the first row.
+async fn a_priority_aging_change_ranks_waiting_rows_in_steps(store: &dyn Store, _raw: &Raw) {
+    let second = Some(std::time::Duration::from_secs(1));
+    submit(store, ranked("old", 0, T0 - 10_000)).await;
+    submit(store, ranked("urgent", 5, T0)).await;
+    submit(store, ranked("old2", 0, T0 - 9_000)).await;
+    submit(store, ranked("urgent2", 5, T0 - 100)).await;
+    let changed = |aging| async move {
+        store
+            .set_priority_aging(aging)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert!(changed(second).await);
+    assert!(!changed(second).await, "the same value starts no pass");
+    assert!(matches!(
+        one(store, Op::Rerank { ids: 2 }, T0).await,
+        Outcome::Reranked(Some(Reranked {
+            rows: 2,
+            done: false
+        }))
+    ));
+    // Ranked by the new setting as it is written: ties with old2.
+    submit(store, ranked("new", 5, T0 - 4_000)).await;
+    assert_eq!(rerank_all(store, 2).await, 2, "old2 and urgent2 are left");
+    assert!(
+        matches!(
+            one(store, Op::Rerank { ids: 2 }, T0).await,
+            Outcome::Reranked(None)
+        ),
+        "nothing left"
+    );
+    assert_eq!(
+        claim_order(store, T0).await,
+        ["old", "old2", "new", "urgent2", "urgent"]
+    );
+    // Strict again, changed back half-way through: the pass starts over, and
+    // every row ends strict.
+    submit(store, ranked("a", 0, T0 - 10_000)).await;
+    submit(store, ranked("b", 5, T0)).await;
+    assert!(changed(None).await);
+    assert!(matches!(
+        one(store, Op::Rerank { ids: 2 }, T0).await,
+        Outcome::Reranked(Some(Reranked { done: false, .. }))
+    ));
+    assert!(changed(second).await);
+    assert!(changed(None).await);
+    assert_eq!(rerank_all(store, 2).await, 2);
+    assert_eq!(claim_order(store, T0).await, ["b", "a"]);
 }
 
 /// A change of the aging setting ranks the waiting rows of concurrency keys again

@@ -668,6 +668,9 @@ pub enum Op {
     Redrive { key: Key },
     /// Delete up to `limit` rows finished before `before`. Outcome: `Pruned`.
     Prune { before: UnixMillis, limit: u32 },
+    /// The next step of a pass that ranks waiting rows again after a change of
+    /// the priority aging: the next `ids` ids. Outcome: `Reranked`.
+    Rerank { ids: u32 },
     /// Set (or replace) the rate limit of a namespace's type; its bucket keeps what
     /// was taken from it. Outcome: `RateLimitSet`.
     SetRateLimit(rate::RateLimit),
@@ -753,6 +756,8 @@ pub enum Outcome {
     NotFound,
     WrongStatus(ActivityStatus),
     Pruned(u64),
+    /// `None`: no pass is left to do (or another node is taking its step).
+    Reranked(Option<Reranked>),
     Renewed(Vec<(i64, u32)>),
     Recorded(u64),
     Expired(Vec<Key>),
@@ -917,6 +922,15 @@ pub struct TakeSession {
     pub node: String,
 }
 
+/// One step of a re-ranking pass ([`Op::Rerank`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reranked {
+    /// Waiting rows ranked again.
+    pub rows: u64,
+    /// Whether the pass has ranked every row it must.
+    pub done: bool,
+}
+
 /// A wall-clock time taken at an instant of this process, read forward by the
 /// monotonic clock: a step of the wall clock after it does not move it.
 #[derive(Debug, Clone, Copy)]
@@ -1005,10 +1019,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<(u64, u64)>, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order
-    /// (`None`: priority is strict), for every node sharing the database. When that
-    /// changes the setting, every waiting row is ranked again in the same
-    /// transaction, and their number is returned.
-    async fn set_priority_aging(&self, per_level: Option<Duration>) -> Result<Option<u64>, Error>;
+    /// (`None`: priority is strict), for every node sharing the database. True
+    /// when that changed the setting: rows written from now on are ranked by it,
+    /// and a pass of [`Op::Rerank`] steps ranks the rows stored before again,
+    /// in the background, however many they are.
+    async fn set_priority_aging(&self, per_level: Option<Duration>) -> Result<bool, Error>;
 
     /// The time every write is stamped with and judged by: what `apply`'s `now`,
     /// leases and due times mean. SQLite's is the wall clock read when it opened

@@ -157,6 +157,11 @@ fn these_migrations() -> Migrator {
             "fairness_weights",
             include_str!("../migrations/postgres/0020_fairness_weights.sql"),
         ),
+        migration(
+            21,
+            "rerank_in_steps",
+            include_str!("../migrations/postgres/0021_rerank_in_steps.sql"),
+        ),
     ])
 }
 
@@ -658,19 +663,13 @@ impl Store for PostgresStore {
     async fn set_priority_aging(
         &self,
         per_level: Option<std::time::Duration>,
-    ) -> Result<Option<u64>, Error> {
-        let mut tx = self.pool.begin().await?;
+    ) -> Result<bool, Error> {
         let changed = sqlx::query(sql::SET_PRIORITY_AGING)
             .bind(super::priority_aging_ms(per_level))
-            .execute(&mut *tx)
+            .execute(&self.pool)
             .await?
             .rows_affected();
-        if changed == 0 {
-            return Ok(None);
-        }
-        let ranked = sqlx::query(sql::RERANK).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(Some(ranked.rows_affected()))
+        Ok(changed > 0)
     }
 }
 
@@ -1114,6 +1113,73 @@ mod tests {
         .execute(&mut *conn)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A change of the priority aging over a backlog larger than one statement's
+    /// timeout can rank: the setting is stored at once, and the rows are ranked
+    /// again in steps, each well inside the timeout, until every waiting row has
+    /// the rank the new setting gives it.
+    #[tokio::test]
+    #[cfg_attr(
+        not(spool_test_postgres),
+        ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    )]
+    async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout() {
+        let store = store_with(&[("statement_timeout", "300ms")]).await;
+        let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
+        sqlx::query("SET LOCAL statement_timeout = 0")
+            .execute(&mut *tx)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        fill(&mut tx, 100_000, 1).await;
+        sqlx::query("UPDATE activities SET priority = id % 5, claim_band = -(id % 5)")
+            .execute(&mut *tx)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        tx.commit().await.unwrap_or_else(|e| panic!("{e}"));
+        // The whole backlog in one statement, as a change used to rank it, does
+        // not fit the timeout.
+        let whole = sqlx::query(concat!(
+            "UPDATE activities SET claim_rank = ",
+            rank!("COALESCE(fair_at, next_at)", "priority"),
+            " WHERE status = 1"
+        ))
+        .execute(&store.pool)
+        .await;
+        assert!(
+            whole.is_err_and(|e| e.to_string().contains("statement timeout")),
+            "the backlog is too small to show it"
+        );
+        let changed = store
+            .set_priority_aging(Some(std::time::Duration::from_secs(1)))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(changed);
+        let mut ranked = 0;
+        loop {
+            let ops: Arc<[Op]> = Arc::from(vec![Op::Rerank { ids: 2_000 }]);
+            match store.apply(ops, store.now()).await.as_deref() {
+                Ok([Outcome::Reranked(Some(step))]) => {
+                    ranked += step.rows;
+                    if step.done {
+                        break;
+                    }
+                }
+                other => panic!("a step failed: {other:?}"),
+            }
+        }
+        assert_eq!(ranked, 100_000);
+        let stale: i64 = sqlx::query_scalar(concat!(
+            "SELECT COUNT(*) FROM activities WHERE status = 1 AND (claim_band <> ",
+            band!("priority", "concurrency_key"),
+            " OR claim_rank <> ",
+            rank!("COALESCE(fair_at, next_at)", "priority"),
+            ")"
+        ))
+        .fetch_one(&store.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stale, 0);
     }
 
     /// A claim is a range scan of `activities_due`, in order, whatever the planner

@@ -793,19 +793,31 @@ pub const EXPIRED_LEASES: &str = concat!(
       ORDER BY lease_expires_at LIMIT $2"
 );
 
-/// Sets the priority aging to `$1` ms, when it is not that already; the row lock
-/// makes nodes changing it at once take turns.
-pub const SET_PRIORITY_AGING: &str =
-    "UPDATE dispatch_settings SET priority_aging_ms = $1 WHERE priority_aging_ms <> $1";
+/// Sets the priority aging to `$1` ms, when it is not that already, and starts a
+/// pass that ranks every row stored so far again ([`RERANK_RANGE`]); the row
+/// lock makes nodes changing it at once take turns.
+pub const SET_PRIORITY_AGING: &str = "UPDATE dispatch_settings SET priority_aging_ms = $1, \
+     rerank_after = 0, rerank_to = (SELECT COALESCE(MAX(id), 0) FROM activities) \
+     WHERE priority_aging_ms <> $1";
 
-/// Puts every waiting row where the current setting ranks it.
-pub const RERANK: &str = concat!(
+/// Where the re-ranking pass stands, while one is left to do; a node whose
+/// step finds the row locked (another node's step, or a change of the
+/// setting) leaves this round to it.
+pub const RERANK_PENDING: &str = "SELECT rerank_after, rerank_to FROM dispatch_settings \
+     WHERE rerank_after < rerank_to FOR UPDATE SKIP LOCKED";
+
+/// Puts the waiting rows with ids in `($1, $2]` where the current setting ranks
+/// them: a range of the primary key.
+pub const RERANK_RANGE: &str = concat!(
     "UPDATE activities SET claim_band = ",
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("COALESCE(fair_at, next_at)", "priority"),
-    " WHERE status = 1"
+    " WHERE id > $1 AND id <= $2 AND status = 1"
 );
+
+/// The pass has ranked every id up to `$1`.
+pub const RERANK_MOVE: &str = "UPDATE dispatch_settings SET rerank_after = $1";
 
 /// The next due times, along `activities_upcoming`: rows that were not due when
 /// written (see the `0009_upcoming_rows_only` migration).

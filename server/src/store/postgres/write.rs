@@ -260,6 +260,7 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .await
                 .map(Outcome::RateLimitRemoved)
         }
+        Op::Rerank { ids } => rerank(conn, *ids).await.map(Outcome::Reranked),
         Op::Prune { before, limit } => {
             let done = sqlx::query(sql::PRUNE)
                 .bind(before)
@@ -340,6 +341,35 @@ async fn remove(
     .execute(conn)
     .await?;
     Ok(done.rows_affected() > 0)
+}
+
+/// One step of the re-ranking pass, if one is left and no other node is taking
+/// its step: the next `ids` ids.
+async fn rerank(
+    conn: &mut PgConnection,
+    ids: u32,
+) -> Result<Option<crate::store::Reranked>, Error> {
+    let pending: Option<(i64, i64)> = sqlx::query_as(sql::RERANK_PENDING)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some((after, to)) = pending else {
+        return Ok(None);
+    };
+    let upto = after.saturating_add(i64::from(ids)).min(to);
+    let rows = sqlx::query(sql::RERANK_RANGE)
+        .bind(after)
+        .bind(upto)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    sqlx::query(sql::RERANK_MOVE)
+        .bind(upto)
+        .execute(&mut *conn)
+        .await?;
+    Ok(Some(crate::store::Reranked {
+        rows,
+        done: upto >= to,
+    }))
 }
 
 async fn submit_run(

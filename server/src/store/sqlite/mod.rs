@@ -129,6 +129,11 @@ fn migrator() -> Migrator {
             "keyed_waiting_in_memory",
             include_str!("../migrations/sqlite/0018_keyed_waiting_in_memory.sql"),
         ),
+        migration(
+            19,
+            "rerank_in_steps",
+            include_str!("../migrations/sqlite/0019_rerank_in_steps.sql"),
+        ),
     ])
 }
 
@@ -414,9 +419,8 @@ impl Store for SqliteStore {
     async fn set_priority_aging(
         &self,
         per_level: Option<std::time::Duration>,
-    ) -> Result<Option<u64>, Error> {
-        // On the writer's connection, whose own index of the keyed waiting rows
-        // follows the new ranks.
+    ) -> Result<bool, Error> {
+        // On the writer's connection, the only one that writes.
         self.writer
             .set_priority_aging(super::priority_aging_ms(per_level))
             .await

@@ -556,18 +556,29 @@ pub const EXPIRED_LEASES: &str = concat!(
 );
 
 /// Sets the priority aging to `?1` ms, when it is not that already (the first
-/// statement of its transaction: it takes the write lock at once).
-pub const SET_PRIORITY_AGING: &str =
-    "UPDATE dispatch_settings SET priority_aging_ms = ?1 WHERE priority_aging_ms <> ?1";
+/// statement of its transaction: it takes the write lock at once), and starts a
+/// pass that ranks every row stored so far again ([`RERANK_RANGE`]).
+pub const SET_PRIORITY_AGING: &str = "UPDATE dispatch_settings SET priority_aging_ms = ?1, \
+     rerank_after = 0, rerank_to = (SELECT COALESCE(MAX(id), 0) FROM activities) \
+     WHERE priority_aging_ms <> ?1";
 
-/// Puts every waiting row where the current setting ranks it.
-pub const RERANK: &str = concat!(
-    "UPDATE activities SET claim_band = ",
+/// Where the re-ranking pass stands, while one is left to do.
+pub const RERANK_PENDING: &str =
+    "SELECT rerank_after, rerank_to FROM dispatch_settings WHERE rerank_after < rerank_to";
+
+/// Puts the waiting rows with ids in `(?1, ?2]` where the current setting ranks
+/// them: a range of the rowid, whatever other index would serve `status = 1`.
+/// `expires_at = expires_at` moves each keyed row in the writer's index too.
+pub const RERANK_RANGE: &str = concat!(
+    "UPDATE activities NOT INDEXED SET claim_band = ",
     band!("priority", "concurrency_key"),
     ", claim_rank = ",
     rank!("COALESCE(fair_at, next_at)", "priority"),
-    ", expires_at = expires_at WHERE status = 1"
+    ", expires_at = expires_at WHERE id > ?1 AND id <= ?2 AND status = 1"
 );
+
+/// The pass has ranked every id up to `?1`.
+pub const RERANK_MOVE: &str = "UPDATE dispatch_settings SET rerank_after = ?1";
 
 /// Walks the narrow `(next_at)` index of rows that were not due when written (see
 /// the `0007_upcoming_rows_only` migration) in order and stops at `?2` rows; rows sharing

@@ -43,11 +43,10 @@ enum Job {
         now: UnixMillis,
         reply: oneshot::Sender<Result<Vec<Outcome>, Error>>,
     },
-    /// Sets the priority aging (ms) and ranks every waiting row by it again, here
-    /// so that the writer's own index of keyed rows follows.
+    /// Sets the priority aging (ms), starting a re-ranking pass if it changed.
     PriorityAging {
         per_level_ms: i64,
-        reply: oneshot::Sender<Result<Option<u64>, Error>>,
+        reply: oneshot::Sender<Result<bool, Error>>,
     },
 }
 
@@ -106,9 +105,8 @@ impl Writer {
         outcome.await.map_err(|_| gone())?
     }
 
-    /// Stores the priority aging, `per_level_ms` a level, and when that changed it,
-    /// ranks every waiting row again: how many.
-    pub async fn set_priority_aging(&self, per_level_ms: i64) -> Result<Option<u64>, Error> {
+    /// Stores the priority aging, `per_level_ms` a level: whether that changed it.
+    pub async fn set_priority_aging(&self, per_level_ms: i64) -> Result<bool, Error> {
         let (reply, outcome) = oneshot::channel();
         self.send(Job::PriorityAging {
             per_level_ms,
@@ -131,8 +129,8 @@ fn gone() -> Error {
 }
 
 /// [`Writer::set_priority_aging`], in one transaction.
-fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<Option<u64>, Error> {
-    let run = |conn: &mut Connection| -> Result<Option<u64>, Error> {
+fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<bool, Error> {
+    let run = |conn: &mut Connection| -> Result<bool, Error> {
         conn.query("BEGIN IMMEDIATE")
             .and_then(Query::execute)
             .map_err(sqlite)?;
@@ -141,17 +139,8 @@ fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<Option
             .map(|q| q.bind(&per_level_ms))
             .and_then(Query::execute)
             .map_err(sqlite)?;
-        let ranked = if changed == 0 {
-            None
-        } else {
-            Some(
-                conn.query(sql::RERANK)
-                    .and_then(Query::execute)
-                    .map_err(sqlite)?,
-            )
-        };
         commit(conn)?;
-        Ok(ranked)
+        Ok(changed > 0)
     };
     let result = run(conn);
     if result.is_err() {
@@ -493,6 +482,7 @@ fn apply_one(
                 .map_err(sqlite)?;
             Ok(Outcome::Pruned(pruned))
         }
+        Op::Rerank { ids } => rerank(conn, *ids).map(Outcome::Reranked),
         Op::Renew {
             attempts,
             lease_expires_at,
@@ -513,6 +503,35 @@ fn apply_one(
         Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).map(Outcome::Recorded),
         Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now).map(Outcome::Expired),
     }
+}
+
+/// One step of the re-ranking pass, if one is left: the next `ids` ids.
+fn rerank(conn: &mut Connection, ids: u32) -> Result<Option<crate::store::Reranked>, Error> {
+    let pending = {
+        let mut q = conn.query(sql::RERANK_PENDING).map_err(sqlite)?;
+        if q.step().map_err(sqlite)? {
+            Some((q.int(0), q.int(1)))
+        } else {
+            None
+        }
+    };
+    let Some((after, to)) = pending else {
+        return Ok(None);
+    };
+    let upto = after.saturating_add(i64::from(ids)).min(to);
+    let rows = conn
+        .query(sql::RERANK_RANGE)
+        .map(|q| q.bind(&after).bind(&upto))
+        .and_then(Query::execute)
+        .map_err(sqlite)?;
+    conn.query(sql::RERANK_MOVE)
+        .map(|q| q.bind(&upto))
+        .and_then(Query::execute)
+        .map_err(sqlite)?;
+    Ok(Some(crate::store::Reranked {
+        rows,
+        done: upto >= to,
+    }))
 }
 
 /// All or nothing without a savepoint (which would copy every page it touches into

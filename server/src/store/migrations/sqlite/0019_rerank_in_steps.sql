@@ -1,0 +1,6 @@
+-- A change of the priority aging ranks the waiting rows again in steps, in the
+-- background: rows with ids in (rerank_after, rerank_to] may still carry the
+-- ranking of the setting before; the pass is done when rerank_after reaches
+-- rerank_to.
+ALTER TABLE dispatch_settings ADD COLUMN rerank_after INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE dispatch_settings ADD COLUMN rerank_to INTEGER NOT NULL DEFAULT 0;
