@@ -172,6 +172,10 @@ fn describe() {
         "spool_connections_refused_total",
         "Connections and streams refused by a limit, by reason."
     );
+    describe_counter!(
+        "spool_peer_events_dropped_total",
+        "Committed batches whose events for other nodes were dropped: publication fell behind."
+    );
     describe_gauge!(
         "spool_workers_connected",
         "Worker sessions connected to this node."
@@ -418,6 +422,12 @@ pub fn liveness(workers: usize, running: usize) {
 
 pub fn row_unreadable(read: &'static str) {
     metrics::counter!("spool_rows_unreadable_total", "read" => read).increment(1);
+}
+
+/// A committed batch's events for other nodes were dropped: the publisher's
+/// queue was full.
+pub fn peer_events_dropped() {
+    metrics::counter!("spool_peer_events_dropped_total").increment(1);
 }
 
 pub fn connections_refused(reason: &'static str) {

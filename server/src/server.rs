@@ -295,9 +295,15 @@ async fn serve(
             open_streams.clone(),
         ))
         .add_service(transport::Bounded::all(reflection, open_streams))
-        .add_service(InterceptedService::new(activity, auth.clone()))
-        .add_service(InterceptedService::new(worker, auth.clone()))
-        .add_service(InterceptedService::new(admin, auth))
+        .add_service(InterceptedService::new(
+            transport::TooLarge(activity),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            transport::TooLarge(worker),
+            auth.clone(),
+        ))
+        .add_service(InterceptedService::new(transport::TooLarge(admin), auth))
         .serve_with_incoming_shutdown(
             transport::Incoming::new(listener, &config.limits),
             root.clone().cancelled_owned(),

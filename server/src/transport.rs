@@ -351,6 +351,55 @@ impl AsyncWrite for Connection {
     }
 }
 
+/// Answers a message over the size limit with RESOURCE_EXHAUSTED, saying
+/// which limit, rather than tonic's OUT_OF_RANGE: a client retrying on
+/// RESOURCE_EXHAUSTED with a smaller message, or reporting it, meets the same
+/// code as for every other limit.
+#[derive(Clone)]
+pub struct TooLarge<S>(pub S);
+
+impl<S: NamedService> NamedService for TooLarge<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for TooLarge<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let response = self.0.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            // A unary call's request is decoded before its handler runs; its
+            // refusal is a trailers-only answer, its status in the headers.
+            let status = Status::from_header_map(response.headers());
+            Ok(match status {
+                Some(status)
+                    if status.code() == tonic::Code::OutOfRange
+                        && status.message().contains("message length too large") =>
+                {
+                    Status::resource_exhausted(format!(
+                        "the message is larger than this server accepts (4 × --max-payload-bytes + 1 MiB): {}",
+                        status.message()
+                    ))
+                    .into_http()
+                }
+                _ => response,
+            })
+        })
+    }
+}
+
 /// A service whose calls each hold a permit of a shared semaphore until their
 /// response body ends: a bound on concurrent streams of services that need no
 /// token (health `Watch`, reflection).

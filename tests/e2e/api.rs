@@ -350,6 +350,13 @@ async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
         data: vec![7u8; 5 * 1024 * 1024],
     });
     refused(&mut client, big, Code::ResourceExhausted, "limit").await;
+    // Past the message limit itself (not only the payload's), the same code.
+    let mut huge = request("t", "wf", "huge");
+    huge.input = Some(Payload {
+        content_type: "application/octet-stream".into(),
+        data: vec![7u8; 20 * 1024 * 1024],
+    });
+    refused(&mut client, huge, Code::ResourceExhausted, "larger").await;
     let mut ok = request("t", "wf", "fine");
     ok.input = Some(Payload {
         content_type: "application/octet-stream".into(),

@@ -176,15 +176,45 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::NoHandlers | Error::InvalidEndpoint(_) => true,
-            Error::Rejected(status) => matches!(
-                status.code(),
-                tonic::Code::InvalidArgument
-                    | tonic::Code::FailedPrecondition
-                    | tonic::Code::Unauthenticated
-                    | tonic::Code::PermissionDenied
-                    | tonic::Code::Unimplemented
-            ),
+            Error::Rejected(status) => {
+                matches!(
+                    status.code(),
+                    tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                        | tonic::Code::Unauthenticated
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::Unimplemented
+                ) && !broke_before_hello(status)
+            }
             Error::Connect(_) | Error::Protocol(_) => false,
         }
+    }
+}
+
+/// Servers before this version answered a stream that broke or stalled before
+/// its Hello with INVALID_ARGUMENT: a fault of the connection, not of the
+/// worker's configuration, and worth another try.
+fn broke_before_hello(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::InvalidArgument
+        && [
+            "no Hello within",
+            "the stream failed before Hello",
+            "the stream ended before Hello",
+        ]
+        .iter()
+        .any(|p| status.message().starts_with(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_broken_before_its_hello_is_retried_and_a_bad_hello_is_not() {
+        let rejected = |message: &str| Error::Rejected(tonic::Status::invalid_argument(message));
+        assert!(!rejected("no Hello within 10s of opening the stream").is_permanent());
+        assert!(!rejected("the stream failed before Hello: h2 reset").is_permanent());
+        assert!(rejected("namespace \"bad ns\" is not valid").is_permanent());
+        assert!(!Error::Rejected(tonic::Status::unavailable("reconnect")).is_permanent());
     }
 }

@@ -316,6 +316,7 @@ impl Worker {
                     }
                 }
                 Err(e) if e.is_permanent() => {
+                    tracing::error!(error = %e, "the server refused this worker; stopping: reconnecting cannot help until its configuration (namespace, token, activity types, protocol) changes");
                     carry.stop();
                     self.set_connection(Connection::Stopped);
                     return Err(e);

@@ -399,11 +399,14 @@ pub async fn handshake<S>(inbound: &mut S) -> Result<v1::Hello, Error>
 where
     S: Stream<Item = Result<WorkerMessage, Status>> + Unpin,
 {
+    // A stream that breaks or stalls before its Hello says nothing about the
+    // worker's configuration: UNAVAILABLE, which a worker retries. Only a first
+    // message that is not a Hello is the worker's mistake.
     let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
         .await
         .map_err(|_| {
-            Error::InvalidArgument(format!(
-                "no Hello within {}s of opening the stream",
+            Error::Unavailable(format!(
+                "no Hello within {}s of opening the stream; reconnect",
                 HELLO_TIMEOUT.as_secs()
             ))
         })?;
@@ -414,12 +417,23 @@ where
         Some(Ok(_)) => Err(Error::InvalidArgument(
             "the first message of a Session must be a Hello".to_owned(),
         )),
-        Some(Err(status)) => Err(Error::InvalidArgument(format!(
-            "the stream failed before Hello: {}",
+        Some(Err(status))
+            if matches!(
+                status.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            ) =>
+        {
+            Err(Error::Exhausted(format!(
+                "the Hello is larger than this server accepts: {}",
+                status.message()
+            )))
+        }
+        Some(Err(status)) => Err(Error::Unavailable(format!(
+            "the stream failed before Hello: {}; reconnect",
             status.message()
         ))),
-        None => Err(Error::InvalidArgument(
-            "the stream ended before Hello".to_owned(),
+        None => Err(Error::Unavailable(
+            "the stream ended before Hello; reconnect".to_owned(),
         )),
     }
 }
@@ -1144,4 +1158,39 @@ fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
         .and_then(|d| duration::from_proto(Some(d)).ok().flatten())
         .map(|d| duration::to_proto(d.min(validate::MAX_DURATION)));
     error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream that breaks or ends before its Hello is UNAVAILABLE (a worker
+    /// retries it); one whose first message is too large is RESOURCE_EXHAUSTED;
+    /// only a first message that is not a Hello is INVALID_ARGUMENT.
+    #[tokio::test]
+    async fn a_stream_broken_before_its_hello_is_unavailable() {
+        let code = |first: Vec<Result<WorkerMessage, Status>>| async move {
+            let mut inbound = tokio_stream::iter(first);
+            match handshake(&mut inbound).await {
+                Ok(_) => panic!("no Hello, yet a handshake"),
+                Err(e) => Status::from(e).code(),
+            }
+        };
+        assert_eq!(
+            code(vec![Err(Status::unknown("h2 protocol error"))]).await,
+            tonic::Code::Unavailable
+        );
+        assert_eq!(code(Vec::new()).await, tonic::Code::Unavailable);
+        assert_eq!(
+            code(vec![Err(Status::out_of_range(
+                "Error, decoded message length too large"
+            ))])
+            .await,
+            tonic::Code::ResourceExhausted
+        );
+        let goodbye = WorkerMessage {
+            message: Some(worker_message::Message::Goodbye(v1::Goodbye {})),
+        };
+        assert_eq!(code(vec![Ok(goodbye)]).await, tonic::Code::InvalidArgument);
+    }
 }

@@ -2,20 +2,33 @@
 //! committed batch owes them (published in commit order by a task of its own, so a
 //! slow publication never holds up the next batch), and their events for this node.
 //! On a single node (SQLite) there are none and every method is a no-op.
+//!
+//! The publisher's queue is bounded ([`PUBLISH_QUEUE`] batches): while
+//! publication stalls, a batch's events are dropped rather than queued without
+//! end. Nothing depends on them alone: other nodes re-read due times every few
+//! seconds, waiters re-read, and a cancel reaches its worker at the next lease
+//! renewal.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{collections::HashSet, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use spool_proto::time::UnixMillis;
 use tokio::sync::mpsc;
 
-use crate::store::{Event, Remote, Store};
+use crate::store::{Error, Event, Remote, Store};
+
+/// How many committed batches' events may wait for the publisher.
+const PUBLISH_QUEUE: usize = 1024;
+
+/// Publishes one batch's events to the other nodes.
+type Publish = Arc<
+    dyn Fn(Vec<Event>) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send>> + Send + Sync,
+>;
 
 pub(super) struct Peers {
     /// The task that publishes, in order, and its queue; awaited on stop.
-    publisher: Option<(
-        mpsc::UnboundedSender<Vec<Event>>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    publisher: Option<(mpsc::Sender<Vec<Event>>, tokio::task::JoinHandle<()>)>,
+    /// Whether the queue was found full and not yet logged (once per stretch).
+    full_logged: bool,
     /// Events of the batch being applied, published after it.
     outgoing: Vec<Event>,
     /// Other nodes' events; `None` when no other node shares the store.
@@ -24,14 +37,31 @@ pub(super) struct Peers {
 
 impl Peers {
     pub fn new(store: &Arc<dyn Store>, remote: Option<mpsc::Receiver<Remote>>) -> Self {
-        let publisher = (!store.single_node()).then(|| {
-            // One message per committed batch at most, so the queue is bounded by
-            // the commit rate; a queue keeps publications in commit order.
-            let (events, queue) = mpsc::unbounded_channel();
-            (events, tokio::spawn(publish_loop(store.clone(), queue)))
+        let publish: Option<Publish> = (!store.single_node()).then(|| {
+            let store = store.clone();
+            let publish: Publish = Arc::new(move |events| {
+                let store = store.clone();
+                Box::pin(async move { store.publish(events).await })
+            });
+            publish
+        });
+        Self::with_publisher(publish, PUBLISH_QUEUE, remote)
+    }
+
+    /// Peers published to by `publish` (none: a single node), in order, through a
+    /// queue of `capacity` batches.
+    fn with_publisher(
+        publish: Option<Publish>,
+        capacity: usize,
+        remote: Option<mpsc::Receiver<Remote>>,
+    ) -> Self {
+        let publisher = publish.map(|publish| {
+            let (events, queue) = mpsc::channel(capacity);
+            (events, tokio::spawn(publish_loop(publish, queue)))
         });
         Self {
             publisher,
+            full_logged: false,
             outgoing: Vec::new(),
             remote,
         }
@@ -82,12 +112,27 @@ impl Peers {
                     at,
                 }),
         );
-        match &self.publisher {
-            Some((queue, task)) if queue.send(events).is_err() || task.is_finished() => {
-                Err("the publisher of changes to other nodes stopped")
-            }
-            _ => Ok(()),
+        let Some((queue, task)) = &self.publisher else {
+            return Ok(());
+        };
+        if task.is_finished() {
+            return Err("the publisher of changes to other nodes stopped");
         }
+        match queue.try_send(events) {
+            Ok(()) => self.full_logged = false,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                crate::metrics::peer_events_dropped();
+                if !std::mem::replace(&mut self.full_logged, true) {
+                    tracing::warn!(
+                        "publishing to other nodes falls behind: a commit's events are dropped; other nodes catch up by re-reading within seconds"
+                    );
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err("the publisher of changes to other nodes stopped");
+            }
+        }
+        Ok(())
     }
 
     /// The next event from another node (pending forever on a single node);
@@ -125,11 +170,11 @@ impl Peers {
 
 /// Publishes each committed batch's events in order, retrying a failed publication
 /// a few times; the periodic re-read covers what still fails.
-async fn publish_loop(store: Arc<dyn Store>, mut queue: mpsc::UnboundedReceiver<Vec<Event>>) {
+async fn publish_loop(publish: Publish, mut queue: mpsc::Receiver<Vec<Event>>) {
     while let Some(events) = queue.recv().await {
         let mut pause = Duration::from_millis(50);
         for attempt in 1..=3 {
-            match store.publish(events.clone()).await {
+            match publish(events.clone()).await {
                 Ok(()) => break,
                 Err(e) if attempt == 3 => {
                     tracing::warn!(error = %e, "could not tell other nodes of a commit; they catch up within seconds");
@@ -140,5 +185,32 @@ async fn publish_loop(store: Arc<dyn Store>, mut queue: mpsc::UnboundedReceiver<
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With publication stalled, committed batches' events are dropped once the
+    /// queue is full: commits go on, and the queue stays within its bound.
+    #[tokio::test]
+    async fn a_stalled_publisher_drops_events_instead_of_queueing_them_without_end() {
+        let stalled: Publish = Arc::new(|_| Box::pin(std::future::pending()));
+        let mut peers = Peers::with_publisher(Some(stalled), 4, None);
+        for at in 0..100 {
+            peers.tell(Event::Due {
+                namespace: "default".into(),
+                activity_type: "t".into(),
+                at,
+            });
+            assert_eq!(peers.flush(at), Ok(()), "a commit is never failed by it");
+        }
+        let Some((queue, _)) = &peers.publisher else {
+            panic!("a publisher")
+        };
+        // One batch is being published (taken from the queue), four wait.
+        assert_eq!(queue.capacity(), 0, "full");
+        assert_eq!(queue.max_capacity(), 4);
     }
 }
