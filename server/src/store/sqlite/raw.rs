@@ -30,11 +30,16 @@ pub struct SqliteError {
 
 pub type Result<T> = std::result::Result<T, SqliteError>;
 
-/// A text column whose bytes are not UTF-8.
+/// A column that could not be read.
 #[derive(Debug, thiserror::Error)]
-#[error("column {column} is not valid UTF-8")]
-pub struct NotUtf8 {
-    pub column: c_int,
+pub enum ColumnError {
+    /// A text column whose bytes are not UTF-8 (a damaged row).
+    #[error("column {column} is not valid UTF-8")]
+    NotUtf8 { column: c_int },
+    /// SQLite could not hand the value over (out of memory): the read failed,
+    /// it is not an empty value.
+    #[error(transparent)]
+    Sqlite(SqliteError),
 }
 
 pub struct Connection {
@@ -380,7 +385,7 @@ impl Query<'_> {
 
     /// A text column, or `None` for NULL; bytes that are not UTF-8 are an error
     /// (a damaged row), not repaired.
-    pub fn opt_text(&self, i: c_int) -> std::result::Result<Option<String>, NotUtf8> {
+    pub fn opt_text(&self, i: c_int) -> std::result::Result<Option<String>, ColumnError> {
         if self.is_null(i) {
             return Ok(None);
         }
@@ -390,33 +395,49 @@ impl Query<'_> {
             let len =
                 usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
             if ptr.is_null() {
+                self.out_of_memory()?;
                 return Ok(Some(String::new()));
             }
             String::from_utf8(std::slice::from_raw_parts(ptr, len).to_vec())
                 .map(Some)
-                .map_err(|_| NotUtf8 { column: i })
+                .map_err(|_| ColumnError::NotUtf8 { column: i })
         }
     }
 
     /// A text column; NULL reads as empty.
-    pub fn text(&self, i: c_int) -> std::result::Result<String, NotUtf8> {
+    pub fn text(&self, i: c_int) -> std::result::Result<String, ColumnError> {
         Ok(self.opt_text(i)?.unwrap_or_default())
     }
 
-    pub fn opt_blob(&self, i: c_int) -> Option<Vec<u8>> {
+    pub fn opt_blob(&self, i: c_int) -> std::result::Result<Option<Vec<u8>>, ColumnError> {
         if self.is_null(i) {
-            return None;
+            return Ok(None);
         }
         // Safety: blob pointer and byte count read back to back, copied at once.
         unsafe {
             let ptr = ffi::sqlite3_column_blob(self.stmt.as_ptr(), i);
             let len =
                 usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
-            if ptr.is_null() || len == 0 {
-                return Some(Vec::new());
+            if ptr.is_null() {
+                // A zero-length value is a null pointer too; out of memory is
+                // told apart by the connection's error code.
+                self.out_of_memory()?;
+                return Ok(Some(Vec::new()));
             }
-            Some(std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec())
+            Ok(Some(
+                std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec(),
+            ))
         }
+    }
+
+    /// An error if the last column read ran out of memory.
+    fn out_of_memory(&self) -> std::result::Result<(), ColumnError> {
+        // Safety: an open handle; the code is of the call just made on it.
+        let code = unsafe { ffi::sqlite3_errcode(self.conn.db.as_ptr()) };
+        if code == ffi::SQLITE_NOMEM {
+            return Err(ColumnError::Sqlite(self.conn.error(code)));
+        }
+        Ok(())
     }
 }
 
@@ -427,5 +448,82 @@ impl Drop for Query<'_> {
             ffi::sqlite3_reset(self.stmt.as_ptr());
             ffi::sqlite3_clear_bindings(self.stmt.as_ptr());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reading a value SQLite runs out of memory handing over is an error, not an
+    /// empty value: run in a process of its own, whose heap limit only it sets.
+    #[test]
+    fn an_out_of_memory_read_is_an_error() {
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let out = std::process::Command::new(exe)
+            .args([
+                "store::sqlite::raw::tests::out_of_memory_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("SPOOL_OOM_CHILD", "1")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The child of [`an_out_of_memory_read_is_an_error`]: memory statistics on
+    /// (the build turns them off, and the heap limit needs them), no lookaside
+    /// (small allocations would come from it), a heap limit at what is in use,
+    /// then a read that must allocate to convert: a 16 MiB blob as text.
+    #[test]
+    #[ignore = "run by an_out_of_memory_read_is_an_error in a process of its own"]
+    fn out_of_memory_child() {
+        if std::env::var_os("SPOOL_OOM_CHILD").is_none() {
+            return;
+        }
+        // Safety: before SQLite is first used in this process.
+        let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, 1 as c_int) };
+        assert_eq!(rc, ffi::SQLITE_OK);
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("oom.db");
+        std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        // Safety: an open handle with no statement yet.
+        let rc = unsafe {
+            ffi::sqlite3_db_config(
+                conn.db.as_ptr(),
+                ffi::SQLITE_DBCONFIG_LOOKASIDE,
+                std::ptr::null_mut::<std::ffi::c_void>(),
+                0 as c_int,
+                0 as c_int,
+            )
+        };
+        assert_eq!(rc, ffi::SQLITE_OK);
+        let mut q = conn
+            .query("SELECT zeroblob(16777216)")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(q.step().unwrap_or_else(|e| panic!("{e}")));
+        // Safety: plain settings and queries of the library's allocator.
+        unsafe {
+            ffi::sqlite3_hard_heap_limit64(ffi::sqlite3_memory_used());
+        }
+        assert!(
+            matches!(
+                q.opt_text(0),
+                Err(ColumnError::Sqlite(SqliteError {
+                    code: ffi::SQLITE_NOMEM,
+                    ..
+                }))
+            ),
+            "a text read out of memory came back as a value"
+        );
     }
 }

@@ -26,7 +26,7 @@ use spool_proto::time::UnixMillis;
 use tokio::sync::oneshot;
 
 use super::{
-    raw::{Connection, NotUtf8, Query, SqliteError},
+    raw::{ColumnError, Connection, Query, SqliteError},
     sql,
 };
 use crate::store::{
@@ -202,9 +202,12 @@ fn open(path: &Path) -> Result<Connection, Error> {
     Ok(conn)
 }
 
-impl From<NotUtf8> for Error {
-    fn from(e: NotUtf8) -> Self {
-        Error::Corrupt(e.to_string())
+impl From<ColumnError> for Error {
+    fn from(e: ColumnError) -> Self {
+        match e {
+            ColumnError::NotUtf8 { .. } => Error::Corrupt(e.to_string()),
+            ColumnError::Sqlite(e) => sqlite(e),
+        }
     }
 }
 
@@ -866,9 +869,11 @@ fn claim_unkeyed(
             )));
         }
         // An unreadable row stays RUNNING, undelivered, until its lease lapses;
-        // it must not stop every other claim.
+        // it must not stop every other claim. A read that failed (out of memory)
+        // fails the batch instead, to be tried again.
         match row.and_then(|row| claimed_as(*row, claim, now)) {
             Ok(row) => claimed.push(row),
+            Err(e) if e.class() == crate::store::Class::Transient => return Err(e),
             Err(e) => rows::unreadable("claim", Some(id), &e),
         }
     }
@@ -935,6 +940,7 @@ fn run_claim(
                 let order = (q.int(CLAIM_BAND), q.int(CLAIM_BAND + 1), row.id);
                 taken.push((order, row));
             }
+            Err(e) if e.class() == crate::store::Class::Transient => return Err(e),
             Err(e) => rows::unreadable("claim", Some(q.int(0)), &e),
         }
     }
@@ -993,9 +999,7 @@ fn ready_keys(
         .bind(&now);
     let mut keys = Vec::new();
     while q.step().map_err(sqlite)? {
-        let key = q
-            .text(0)
-            .map_err(|_| Error::Corrupt("a concurrency key that is not UTF-8".to_owned()))?;
+        let key = q.text(0)?;
         keys.push(ReadyKey {
             key,
             room: q.int(1),
@@ -1298,7 +1302,7 @@ impl rows::Columns for Query<'_> {
         let c = column(i)?;
         match self.column_type(c) {
             libsqlite3_sys::SQLITE_NULL => Ok(None),
-            libsqlite3_sys::SQLITE_BLOB | libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_blob(c)),
+            libsqlite3_sys::SQLITE_BLOB | libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_blob(c)?),
             _ => Err(wrong_class(i, "bytes")),
         }
     }
