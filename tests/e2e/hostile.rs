@@ -314,3 +314,58 @@ async fn an_absurd_snooze_is_cut_to_the_limit() {
         .into_inner();
     assert_eq!(page.activities.len(), 1);
 }
+
+/// Large payloads and a slow worker: rows claimed ahead wait in the server, and
+/// tasks of 4 MiB queue behind the worker's HTTP/2 window, yet the session keeps
+/// reading its heartbeats: no attempt times out, none is lost or run twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_tasks_for_a_slow_worker_neither_time_out_nor_run_twice() {
+    use std::sync::{Arc, Mutex};
+    let server = TestServer::one_node().await;
+    let mut client = server.client().await;
+    let runs: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let seen = runs.clone();
+    let _worker = server.worker(move |w| {
+        w.max_concurrency(2).activity("big", move |ctx, input| {
+            let seen = seen.clone();
+            async move {
+                let info = ctx.info().clone();
+                seen.lock()
+                    .unwrap()
+                    .push((info.activity_id.clone(), info.attempt));
+                for _ in 0..4 {
+                    ctx.heartbeat(None);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                spool_worker::json(&input.data.len())
+            }
+        })
+    });
+    let n = 24;
+    for i in 0..n {
+        submit(
+            &mut client,
+            v1::SubmitRequest {
+                input: Some(v1::Payload {
+                    content_type: "application/octet-stream".into(),
+                    data: vec![b'x'; 4 * 1024 * 1024],
+                }),
+                heartbeat_timeout: Some(prost_types_duration(Duration::from_secs(1))),
+                retry_policy: fast_retries(1),
+                ..request("big", "wf", &format!("b{i}"))
+            },
+        )
+        .await;
+    }
+    for i in 0..n {
+        let done = wait(&mut client, key("wf", &format!("b{i}"))).await;
+        assert_eq!(
+            (status(&done), done.attempt),
+            (v1::ActivityStatus::Completed, 1),
+            "{:?}",
+            done.last_error
+        );
+    }
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), n, "each ran once: {runs:?}");
+}

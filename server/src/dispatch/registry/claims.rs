@@ -167,10 +167,11 @@ impl Registry {
             let sent = if worker.running() < worker.max_concurrency && !worker.evict.is_cancelled()
             {
                 worker.deliver(row)
-            } else if worker.takes_tasks() {
+            } else if worker.takes_tasks() && worker.ahead.has_room() {
                 worker.ahead.push_back(row);
                 Ok(())
             } else {
+                // Or over the memory rows ahead may hold (see `MAX_AHEAD_BYTES`).
                 Err(row)
             };
             // The worker never got it: back to SCHEDULED, uncounted (its session

@@ -252,6 +252,9 @@ impl Inflight {
 struct Ahead {
     /// Boxed: rows ahead are moved between queues, and back when a send fails.
     task: Box<v1::ActivityTask>,
+    /// The task's payload bytes (input and heartbeat details): what it holds in
+    /// memory while it waits.
+    bytes: usize,
     attempt: Arc<Attempt>,
     span: tracing::Span,
     /// When the claim handed it over, on the monotonic clock: the wall time of
@@ -264,8 +267,15 @@ impl Ahead {
     fn new(row: crate::store::ActivityRow, worker_id: &str) -> Self {
         let attempt = Arc::new(Attempt::from_row(&row));
         let span = claims::attempt_span(&row, worker_id);
+        let task = Box::new(crate::wire::task(row, &attempt));
+        let bytes = [&task.input, &task.last_heartbeat_details]
+            .into_iter()
+            .flatten()
+            .map(|p| p.data.len())
+            .sum();
         Self {
-            task: Box::new(crate::wire::task(row, &attempt)),
+            task,
+            bytes,
             attempt,
             span,
             claimed_at: Instant::now(),
@@ -274,6 +284,80 @@ impl Ahead {
 
     fn is(&self, id: i64, attempt: u32) -> bool {
         self.attempt.id == id && self.attempt.attempt == attempt
+    }
+}
+
+/// The most payload bytes of rows claimed ahead one worker may hold waiting:
+/// past it, a claim asks for its free slots only, and what a claim brings
+/// beyond them goes back uncounted. Rows ahead carry their input, and room
+/// ahead is counted in rows (up to eight times the slots), so without it a
+/// worker of many slots and large inputs would hold gigabytes here.
+pub const MAX_AHEAD_BYTES: usize = 16 * 1024 * 1024;
+
+/// A worker's rows claimed ahead, in the order they are sent, and the payload
+/// bytes they hold.
+#[derive(Default)]
+struct AheadQueue {
+    rows: VecDeque<Ahead>,
+    bytes: usize,
+}
+
+impl AheadQueue {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether it holds its share of memory: no more rows should wait here.
+    fn full(&self) -> bool {
+        self.bytes >= MAX_AHEAD_BYTES
+    }
+
+    /// Whether one more row may wait here: the budget is not spent yet (so it
+    /// is passed by one row at most, as [`Worker::wanted`] asks for no room
+    /// ahead once it is).
+    fn has_room(&self) -> bool {
+        !self.full()
+    }
+
+    fn push_back(&mut self, row: Ahead) {
+        self.bytes = self.bytes.saturating_add(row.bytes);
+        self.rows.push_back(row);
+    }
+
+    fn push_front(&mut self, row: Ahead) {
+        self.bytes = self.bytes.saturating_add(row.bytes);
+        self.rows.push_front(row);
+    }
+
+    fn pop_front(&mut self) -> Option<Ahead> {
+        let row = self.rows.pop_front()?;
+        self.bytes = self.bytes.saturating_sub(row.bytes);
+        Some(row)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Ahead> {
+        self.rows.iter()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Ahead) -> bool) {
+        let mut bytes = 0;
+        self.rows.retain(|row| {
+            let kept = keep(row);
+            if kept {
+                bytes += row.bytes;
+            }
+            kept
+        });
+        self.bytes = bytes;
+    }
+}
+
+impl IntoIterator for AheadQueue {
+    type Item = Ahead;
+    type IntoIter = std::collections::vec_deque::IntoIter<Ahead>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.rows.into_iter()
     }
 }
 
@@ -313,7 +397,7 @@ struct Worker {
     reserved: u32,
     /// Rows claimed ahead for it, in claim order (priority first): sent as its
     /// slots free.
-    ahead: VecDeque<Ahead>,
+    ahead: AheadQueue,
     /// How many rows it should have claimed ahead: about what its slots free while
     /// a claim commits (see [`Worker::plan_ahead`]).
     ahead_target: u32,
@@ -366,7 +450,7 @@ impl Worker {
             last_seen: Instant::now(),
             inflight: Default::default(),
             reserved: 0,
-            ahead: VecDeque::new(),
+            ahead: AheadQueue::default(),
             ahead_target: 0,
             answered: 0,
             outbound,
@@ -392,9 +476,15 @@ impl Worker {
             .saturating_sub(u32::try_from(self.ahead.len()).unwrap_or(u32::MAX))
     }
 
-    /// Rows a claim should bring it now: its free slots, plus room ahead.
+    /// Rows a claim should bring it now: its free slots, plus room ahead while
+    /// its rows ahead hold less than [`MAX_AHEAD_BYTES`].
     fn wanted(&self) -> u32 {
-        (self.max_concurrency + self.ahead_target)
+        let ahead_target = if self.ahead.full() {
+            0
+        } else {
+            self.ahead_target
+        };
+        (self.max_concurrency + ahead_target)
             .saturating_sub(self.reserved)
             .saturating_sub(self.running())
             .saturating_sub(u32::try_from(self.ahead.len()).unwrap_or(u32::MAX))
@@ -443,6 +533,7 @@ impl Worker {
             attempt,
             span,
             claimed_at,
+            bytes: _,
         } = ahead;
         permit.send(Outgoing::message(server_message::Message::Task(*task)));
         let now = Instant::now();
@@ -1872,6 +1963,38 @@ mod tests {
         let woken = registry.woken();
         let mut woken = std::pin::pin!(woken);
         woken.as_mut().enable()
+    }
+
+    /// Rows claimed ahead hold their inputs in memory: past
+    /// [`MAX_AHEAD_BYTES`] a worker keeps no more of them (what a claim brought
+    /// beyond goes back uncounted), and plans ask for its free slots only.
+    #[test]
+    fn rows_ahead_hold_a_bounded_amount_of_memory() {
+        let registry = Registry::new("n");
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        let big = |n: i64| {
+            let mut row = row(n, &format!("r{n}"), &id);
+            row.input.data = vec![0; 4 * 1024 * 1024];
+            row
+        };
+        let released = registry.assign(&claim, (1..=7).map(big).collect());
+        // One runs; four (16 MiB) wait; two go back.
+        assert_eq!(released.len(), 2);
+        assert!(released.iter().all(|op| matches!(
+            op,
+            Op::Finish {
+                transition: Transition::Release,
+                ..
+            }
+        )));
+        assert_eq!(registry.claimed_ahead(None), 4);
+        let lock = registry.lock();
+        let Some(worker) = lock.workers.get(&*id) else {
+            panic!("registered")
+        };
+        assert_eq!(worker.wanted(), 0, "no room ahead, no free slot");
     }
 
     /// With two batches written at once, a claim takes half of a worker's room, so

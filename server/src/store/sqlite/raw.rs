@@ -456,19 +456,24 @@ mod tests {
     use super::*;
 
     /// Reading a value SQLite runs out of memory handing over is an error, not an
-    /// empty value: run in a process of its own, whose heap limit only it sets.
+    /// empty value: run again in a process of its own, whose heap limit only it
+    /// sets.
     #[test]
     fn an_out_of_memory_read_is_an_error() {
+        const CHILD: &str = "SPOOL_OOM_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            out_of_memory_read();
+            return;
+        }
         let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
         let out = std::process::Command::new(exe)
             .args([
-                "store::sqlite::raw::tests::out_of_memory_child",
+                "store::sqlite::raw::tests::an_out_of_memory_read_is_an_error",
                 "--exact",
-                "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env("SPOOL_OOM_CHILD", "1")
+            .env(CHILD, "1")
             .output()
             .unwrap_or_else(|e| panic!("{e}"));
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -479,16 +484,11 @@ mod tests {
         );
     }
 
-    /// The child of [`an_out_of_memory_read_is_an_error`]: memory statistics on
-    /// (the build turns them off, and the heap limit needs them), no lookaside
-    /// (small allocations would come from it), a heap limit at what is in use,
-    /// then a read that must allocate to convert: a 16 MiB blob as text.
-    #[test]
-    #[ignore = "run by an_out_of_memory_read_is_an_error in a process of its own"]
-    fn out_of_memory_child() {
-        if std::env::var_os("SPOOL_OOM_CHILD").is_none() {
-            return;
-        }
+    /// In the child: memory statistics on (the build turns them off, and the heap
+    /// limit needs them), no lookaside (small allocations would come from it), a
+    /// heap limit at what is in use, then a read that must allocate to convert: a
+    /// 16 MiB blob as text.
+    fn out_of_memory_read() {
         // Safety: before SQLite is first used in this process.
         let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_MEMSTATUS, 1 as c_int) };
         assert_eq!(rc, ffi::SQLITE_OK);
