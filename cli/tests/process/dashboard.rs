@@ -635,3 +635,52 @@ async fn a_read_only_token_cannot_redrive_from_the_dashboard() {
     );
     drop(server);
 }
+
+/// A server without tokens opens its dashboard straight onto the app: no
+/// sign-in form, no sign-out button, the activities view reachable at once. A
+/// server with tokens still asks for one.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(spool_test_browser),
+    ignore = "needs Chromium: apt-get install chromium chromium-driver"
+)]
+async fn a_server_without_tokens_needs_no_sign_in() {
+    let env = Env::new();
+    let ui = format!("127.0.0.1:{}", free_port());
+    let server = env.server(&["--ui-listen", &ui]);
+    let mut client = server.client().await;
+    crate::support::submit(&mut client, sleep_request("open", 0, None)).await;
+    let browser = Browser::start(screenshots(&env)).await;
+    browser.goto(&format!("http://{ui}/#/activities")).await;
+    browser.find("#app-view:not([hidden])").await;
+    browser
+        .until(
+            "the activities view to list the activity",
+            "return document.body.innerText.includes('open')",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return [document.getElementById('sign-in-view').hidden, \
+                 document.getElementById('sign-out').hidden]"
+            )
+            .await,
+        serde_json::json!([true, true]),
+        "no sign-in form, no sign-out"
+    );
+    drop(browser);
+
+    let env = Env::new();
+    let (_server, base, _client) = dashboard(&env, &[]).await;
+    let browser = Browser::start(screenshots(&env)).await;
+    browser.goto(&format!("{base}/")).await;
+    browser.find("#sign-in-view:not([hidden])").await;
+    assert_eq!(
+        browser
+            .eval("return document.getElementById('sign-in-error').hidden")
+            .await,
+        serde_json::json!(true),
+        "asked for a token without an error"
+    );
+}

@@ -247,6 +247,11 @@ fn load(path: &Path) -> Result<Vec<(String, Principal)>, TokensFileError> {
 
 impl Auth {
     /// Who presents `bearer` (the token of an `authorization: Bearer` header).
+    /// Whether calls must present a token (the server has tokens configured).
+    pub fn required(&self) -> bool {
+        self.tokens.is_some()
+    }
+
     pub fn principal(&self, bearer: Option<&str>) -> Result<Principal, Error> {
         let Some(tokens) = &self.tokens else {
             return Ok(Principal::everything("anonymous"));

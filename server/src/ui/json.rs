@@ -19,6 +19,9 @@ pub struct Session {
     pub can_write: bool,
     pub can_admin: bool,
     pub read_only: bool,
+    /// Whether the server checks tokens: without, there is nothing to sign in
+    /// or out of.
+    pub auth_required: bool,
 }
 
 #[derive(Serialize)]

@@ -208,6 +208,7 @@ async fn session(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Answer {
         can_write: !ui.read_only && principal.may(Role::Client),
         can_admin: !ui.read_only && everywhere && principal.may(Role::Admin),
         read_only: ui.read_only,
+        auth_required: ui.auth.required(),
     })
     .into_response())
 }

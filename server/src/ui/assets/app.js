@@ -170,8 +170,9 @@
   }
 
   // GET when body is undefined, else POST with a JSON body. A 401 anywhere
-  // means the token is no good any more, so go straight back to sign-in.
-  async function api(path, body) {
+  // means the token is no good any more, so go straight back to sign-in
+  // (unless `quiet`: asking whether a token is needed at all).
+  async function api(path, body, quiet) {
     const opts = {
       method: body === undefined ? "GET" : "POST",
       headers: { Authorization: "Bearer " + (state.token || "") },
@@ -193,7 +194,7 @@
     try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
     if (!res.ok) {
       const msg = (data && data.error) || `HTTP ${res.status} ${res.statusText}`.trim();
-      if (res.status === 401) showSignIn(msg);
+      if (res.status === 401 && !quiet) showSignIn(msg);
       throw new ApiError(res.status, msg, data && data.code);
     }
     return data || {};
@@ -271,6 +272,7 @@
     if (s.read_only || !s.can_write) who += " · read-only";
     $("whoami").textContent = who;
     $("nav-drain").hidden = !s.can_admin;
+    $("sign-out").hidden = !s.auth_required;
 
     // Suggest the namespaces the token may see; start in one of them when
     // "default" is not allowed and the user never picked one.
@@ -951,7 +953,16 @@
     nsInput.addEventListener("input", () => { clearTimeout(nsTimer); nsTimer = setTimeout(applyNamespace, 600); });
 
     const token = sessionStorage.getItem(TOKEN_KEY);
-    if (token === null) { showSignIn(""); return; }
+    if (token === null) {
+      // A server without tokens opens straight onto the app; one with them
+      // asks for one.
+      try {
+        enterApp(await api("/api/session", undefined, true));
+      } catch (e) {
+        showSignIn(e.status === 401 ? "" : e.message);
+      }
+      return;
+    }
     state.token = token;
     try {
       enterApp(await api("/api/session"));
