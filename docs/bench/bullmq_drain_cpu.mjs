@@ -1,7 +1,7 @@
 // BullMQ's drain alone, with the CPU it costs: the node process (the Worker)
 // and redis-server, read at the drain's first and last instant.
 //
-// The set-up is the peers harness's (docs/BENCHMARKS.md, "Side by side"): Redis
+// The set-up is the peers harness's (docs/BENCHMARKS.md, "How to reproduce"): Redis
 // with AOF `appendfsync everysec`, jobs removed on completion, N no-op jobs
 // stored with addBulk in 1,000s, then one Worker with 50 slots. Copy this file
 // into the harness's folder (it imports its node_modules), start Redis with its

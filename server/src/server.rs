@@ -476,7 +476,7 @@ async fn observe(core: Arc<crate::dispatch::Core>, shutdown: CancellationToken) 
 /// between autovacuum's visits: passes a minute apart drifted against those
 /// visits, so that some visits came just before a pass and its dead rows waited
 /// a minute more, and the queue table grew by two fifths after seven minutes of
-/// steady churn (docs/BENCHMARKS.md, "The queue table under churn").
+/// steady churn (measured on PostgreSQL; docs/BENCHMARKS.md, "Current figures").
 fn idle_prune_pause(retention: Duration) -> Duration {
     (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
