@@ -1,0 +1,432 @@
+//! How a worker's session comes and goes: registration, the end of a stream
+//! (detached for the grace, or removed), a resume on this node with its ticket,
+//! a session taken over from another node, and what a resumed worker lacks.
+//! A stream's end removes its worker only while it still owns it, so a resume
+//! that comes between the check and the removal keeps its attempts.
+
+use super::*;
+
+impl Registry {
+    /// Adds a worker; returns its id and the receiving end of its outbound channel,
+    /// which starts with `welcome(worker_id)`, ahead of any task.
+    pub fn register(
+        &self,
+        reg: Registration,
+        now: UnixMillis,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> (
+        Arc<str>,
+        mpsc::Sender<Outgoing>,
+        mpsc::Receiver<Outgoing>,
+        CancellationToken,
+    ) {
+        let id: Arc<str> = uuid::Uuid::now_v7().to_string().into();
+        let max = reg.max_concurrency.max(1);
+        let capacity = 2 * max as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(&id)));
+        let evict = CancellationToken::new();
+        let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
+        let mut inner = self.lock();
+        // A worker registering after a drain began is told at once, under the same
+        // lock that `begin_drain` broadcasts under, so none is missed.
+        if let Some(drain) = &inner.drain {
+            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        }
+        inner
+            .groups
+            .entry(group.clone())
+            .or_default()
+            .workers
+            .push(id.clone());
+        // A new worker may be able to take rows that were waiting for one.
+        if let Some(g) = inner.groups.get_mut(&group) {
+            g.refresh();
+        }
+        let worker = Worker::new(id.clone(), group, reg, now, tx.clone(), evict.clone());
+        inner.workers.insert(id.clone(), worker);
+        drop(inner);
+        self.wake.notify_one();
+        (id, tx, rx, evict)
+    }
+
+    /// Removes a worker; returns the attempts it still ran that the server had not
+    /// already ended, for the caller to fail or release.
+    pub fn unregister(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
+        self.unregister_if(worker_id, |_| true).unwrap_or_default()
+    }
+
+    /// [`Registry::unregister`] by the session writing to `tx`, only while that
+    /// session still owns the worker: checked under the same lock, since a resume
+    /// may hand the worker to a new stream at any moment. `None` if it does not.
+    pub fn unregister_owned(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+    ) -> Option<Vec<Arc<Attempt>>> {
+        self.unregister_if(worker_id, |w| w.outbound.same_channel(tx))
+    }
+
+    /// [`Registry::unregister_owned`] for a session that is lost: its attempts
+    /// come back to be ended only where still this node's, since the worker may
+    /// have resumed its session on another node, which took the rows over.
+    pub fn unregister_lost_owned(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+    ) -> Option<Vec<Arc<Attempt>>> {
+        self.unregister_owned(worker_id, tx)
+            .map(|attempts| self.lost(attempts))
+    }
+
+    /// Removes the worker if `still` holds of it, under the lock that checks it.
+    pub(super) fn unregister_if(
+        &self,
+        worker_id: &str,
+        still: impl FnOnce(&Worker) -> bool,
+    ) -> Option<Vec<Arc<Attempt>>> {
+        let mut inner = self.lock();
+        if !inner.workers.get(worker_id).is_some_and(still) {
+            return None;
+        }
+        let (worker, releasing) = inner.remove_worker(worker_id, |_| false)?;
+        drop(inner);
+        if releasing {
+            self.wake.notify_one();
+        }
+        self.answered.notify_waiters();
+        Some(
+            worker
+                .inflight
+                .into_values()
+                .filter(|i| !i.cancel_sent)
+                .map(|i| i.attempt)
+                .collect(),
+        )
+    }
+
+    /// Sends a resumed worker the task of an attempt it lacked, read again from
+    /// the store, only while the attempt is still in flight for it and not
+    /// stopped by the server (a task sent after its cancel would run, unasked;
+    /// one stopped is forgotten, freeing its slot), and only on the stream `tx`
+    /// of the resume that found it lacking (a later resume sends what it lacks
+    /// itself).
+    pub fn send_lacked(
+        &self,
+        worker_id: &str,
+        tx: &mpsc::Sender<Outgoing>,
+        attempt: &Attempt,
+        task: v1::ActivityTask,
+    ) {
+        let inner = self.lock();
+        let Some(worker) = inner
+            .workers
+            .get(worker_id)
+            .filter(|w| w.outbound.same_channel(tx))
+        else {
+            return;
+        };
+        let key = attempt_key(
+            &attempt.key.workflow_id,
+            &attempt.key.activity_id,
+            attempt.attempt,
+        );
+        let stopped = match worker.inflight.get(&key) {
+            Some(inflight) if !inflight.cancel_sent => {
+                let _ = worker
+                    .outbound
+                    .try_send(Outgoing::message(server_message::Message::Task(task)));
+                return;
+            }
+            Some(_) => true,
+            None => false,
+        };
+        drop(inner);
+        // Stopped while it was read: the worker, never having had it, will not
+        // answer its cancel either.
+        if stopped {
+            self.forget_unsent(worker_id, attempt);
+        }
+    }
+
+    /// A resumed worker lacked this attempt, and it is not sent again: its row
+    /// ended meanwhile. The worker never had it, so it will never answer it, nor
+    /// a cancel for it: the slot is freed here.
+    pub fn forget_unsent(&self, worker_id: &str, attempt: &Attempt) {
+        let mut inner = self.lock();
+        let paused = inner.paused;
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return;
+        };
+        let key = attempt_key(
+            &attempt.key.workflow_id,
+            &attempt.key.activity_id,
+            attempt.attempt,
+        );
+        if worker.inflight.remove(&key).is_none() {
+            return;
+        }
+        worker.fill(paused);
+        drop(inner);
+        self.wake.notify_one();
+        // The attempt no longer counts as running: a drain may be waiting on that.
+        self.answered.notify_waiters();
+    }
+
+    /// Whether the session writing to `tx` still owns the worker (a resume hands
+    /// it to a new stream).
+    pub fn owns(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>) -> bool {
+        self.lock()
+            .workers
+            .get(worker_id)
+            .is_some_and(|w| w.outbound.same_channel(tx))
+    }
+
+    /// The stream of the session writing to `tx` dropped: keep the worker, its
+    /// attempts and their slots for `grace`, for the worker to resume. False (and
+    /// nothing kept) when the session cannot be resumed, or need not be: no grace,
+    /// no ticket, no attempt held, the worker was evicted, or another stream owns
+    /// it already. A worker that said Goodbye is kept too: cut off while it
+    /// finishes, it resumes to report what it ran.
+    pub fn detach(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>, grace: Duration) -> bool {
+        let mut inner = self.lock();
+        let Some(w) = inner.workers.get_mut(worker_id) else {
+            return false;
+        };
+        // Holding nothing, there is nothing to keep: the worker may simply start a
+        // new session.
+        if grace.is_zero()
+            || w.ticket.is_none()
+            || w.inflight.is_empty()
+            || w.evict.is_cancelled()
+            || !w.outbound.same_channel(tx)
+        {
+            return false;
+        }
+        w.detached_until = Some(Instant::now() + grace);
+        true
+    }
+
+    /// Hands the session of `worker_id` to a new stream, if `secret` is its ticket,
+    /// presented by the token that opened it, with the same registration. The
+    /// stream that held it (if its drop went unnoticed) is told to end; the ticket
+    /// becomes `next`. `held` are the attempts the worker says it still has.
+    pub fn resume_session(
+        &self,
+        worker_id: &str,
+        secret: &str,
+        reg: &Registration,
+        held: &HashSet<AttemptKey>,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> Result<Resumption, ResumeRefused> {
+        let mut inner = self.lock();
+        let drain = inner.drain.clone();
+        let paused = inner.paused;
+        let Some(worker) = inner.workers.get_mut(worker_id) else {
+            return Err(ResumeRefused::Unknown);
+        };
+        // A leaving session resumes leaving: it is planned no claim, and its
+        // worker, which says Goodbye again on the new stream, hears Drain again.
+        if worker.evict.is_cancelled() {
+            return Err(ResumeRefused::Unknown);
+        }
+        let (Some(ticket), Some(next)) = (&worker.ticket, &reg.ticket) else {
+            return Err(ResumeRefused::Ticket);
+        };
+        if !ticket.admits(secret, &next.caller) {
+            return Err(ResumeRefused::Ticket);
+        }
+        if worker.group.0 != reg.namespace
+            || worker.group.1 != reg.activity_types
+            || worker.max_concurrency != reg.max_concurrency.max(1)
+        {
+            return Err(ResumeRefused::Changed);
+        }
+        let capacity = 2 * worker.max_concurrency as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        if let Some(drain) = drain {
+            let _ = tx.try_send(Outgoing::message(drain));
+        }
+        // The old stream, if it still reads, ends now; it no longer owns the worker.
+        worker.evict.cancel();
+        let evict = CancellationToken::new();
+        worker.evict = evict.clone();
+        worker.outbound = tx.clone();
+        worker.ticket = reg.ticket.clone();
+        worker.detached_until = None;
+        worker.last_seen = Instant::now();
+        worker.identity = reg.identity.as_str().into();
+        let (resend, cancels, reattached) = reconcile(worker, held);
+        // What it lacks is sent first (by the session, in `resend`), then what was
+        // claimed ahead for it fills the slots left.
+        worker.fill(paused);
+        drop(inner);
+        self.wake.notify_one();
+        self.answered.notify_waiters();
+        Ok(Resumption {
+            tx,
+            rx,
+            evict,
+            resend,
+            cancels,
+            reattached,
+        })
+    }
+
+    /// Whether this worker's session can be resumed (it has a ticket).
+    pub fn resumable(&self, worker_id: &str) -> bool {
+        self.lock()
+            .workers
+            .get(worker_id)
+            .is_some_and(|w| w.ticket.is_some())
+    }
+
+    /// Whether a worker of this id is registered here (live, detached or ending).
+    pub fn knows(&self, worker_id: &str) -> bool {
+        self.lock().workers.contains_key(worker_id)
+    }
+
+    /// Registers a session another node held, resumed here: `rows` are its RUNNING
+    /// rows, which the store made this node's. As a local resume, the worker is told
+    /// again what it lacks (`held`: what it says it has). What this node still
+    /// kept of the session (it held it before) is stale and replaced, under the
+    /// same lock: its rows claimed ahead go back, but for those among `rows`,
+    /// which are this session's now (given back apart, a release fenced to this
+    /// node would pass and end an attempt the worker runs).
+    pub fn adopt(
+        &self,
+        worker_id: &str,
+        reg: Registration,
+        rows: Vec<crate::store::ActivityRow>,
+        held: &HashSet<AttemptKey>,
+        now_wall: UnixMillis,
+        welcome: impl FnOnce(&str) -> server_message::Message,
+    ) -> Resumption {
+        let id: Arc<str> = worker_id.into();
+        let adopted: foldhash::HashSet<(i64, u32)> =
+            rows.iter().map(|row| (row.id, row.attempt)).collect();
+        let max = reg.max_concurrency.max(1);
+        let capacity = 2 * max as usize + ACK_WINDOW + 8;
+        let (tx, rx) = mpsc::channel(capacity);
+        // The channel is new and empty: this cannot fail.
+        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        let evict = CancellationToken::new();
+        let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
+        let now = Instant::now();
+        let mut inflight = foldhash::HashMap::default();
+        // What the worker runs first; then rows it lacks, up to its slots (to send
+        // again). The rest were claimed ahead on the node it left and never sent:
+        // they go back, uncounted, for any worker (the rows read for a takeover
+        // carry no payloads to send them with).
+        let (has, lacks): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| {
+            held.contains(&attempt_key(
+                &row.key.workflow_id,
+                &row.key.activity_id,
+                row.attempt,
+            ))
+        });
+        let mut unsent = Vec::new();
+        for row in has.into_iter().chain(lacks) {
+            let attempt = Arc::new(Attempt::from_row(&row));
+            if inflight.len() >= max as usize {
+                unsent.push(attempt);
+                continue;
+            }
+            let span = claims::attempt_span(&row, &id);
+            inflight.insert(
+                attempt_key(&row.key.workflow_id, &row.key.activity_id, row.attempt),
+                Inflight::new(attempt, now, now_wall, span),
+            );
+        }
+        let mut worker = Worker::new(
+            id.clone(),
+            group.clone(),
+            reg,
+            now_wall,
+            tx.clone(),
+            evict.clone(),
+        );
+        worker.inflight = inflight;
+        let (resend, cancels, reattached) = reconcile(&mut worker, held);
+        let mut inner = self.lock();
+        inner.remove_worker(worker_id, |a| adopted.contains(&(a.id, a.attempt)));
+        inner.released.extend(unsent);
+        if let Some(drain) = &inner.drain {
+            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        }
+        let g = inner.groups.entry(group).or_default();
+        g.workers.push(id.clone());
+        g.refresh();
+        inner.workers.insert(id, worker);
+        drop(inner);
+        self.wake.notify_one();
+        self.answered.notify_waiters();
+        Resumption {
+            tx,
+            rx,
+            evict,
+            resend,
+            cancels,
+            reattached,
+        }
+    }
+
+    /// The worker takes no more tasks (it said Goodbye).
+    pub fn leave(&self, worker_id: &str) {
+        if let Some(w) = self.lock().workers.get_mut(worker_id) {
+            w.leaving = true;
+        }
+    }
+}
+
+/// What a worker resuming with `held` must be told: the tasks of attempts the
+/// session holds that it lacks (to send again), cancels for attempts it has that
+/// the server ended, and how many it still runs. Attempts the server ended that the
+/// worker no longer has are forgotten (nothing would ever free their slots).
+fn reconcile(
+    worker: &mut Worker,
+    held: &HashSet<AttemptKey>,
+) -> (Vec<Arc<Attempt>>, Vec<v1::CancelActivity>, usize) {
+    let mut resend = Vec::new();
+    let mut cancels = Vec::new();
+    let mut reattached = 0;
+    let mut forgotten = Vec::new();
+    // Only what this resume lists: a worker that resumes again lists again what it
+    // still has to send.
+    worker.ended_away.clear();
+    for (key, inflight) in &worker.inflight {
+        let has = held.contains(key);
+        match (&inflight.cancel, has) {
+            (Some(cancel), true) => cancels.push(cancel.clone()),
+            // Ended by the server, and the worker has nothing to answer with:
+            // its slot would never be freed.
+            (Some(_), false) => forgotten.push(key.clone()),
+            (None, true) => reattached += 1,
+            (None, false) => resend.push(inflight.attempt.clone()),
+        }
+    }
+    for key in forgotten {
+        worker.inflight.remove(&key);
+    }
+    // What a worker can still have to answer: its running attempts, the results
+    // they came to while it was away, and those it sent whose acks it never saw.
+    let answerable = 2 * worker.max_concurrency as usize + ACK_WINDOW;
+    for key in held {
+        if !worker.inflight.contains_key(key) {
+            if worker.ended_away.len() < answerable {
+                worker.ended_away.insert(key.clone());
+            }
+            cancels.push(v1::CancelActivity {
+                workflow_id: key.0.clone(),
+                activity_id: key.1.clone(),
+                attempt: key.2,
+                reason: "the attempt ended while the worker was disconnected".to_owned(),
+                kind: v1::CancelKind::EndedElsewhere as i32,
+            });
+        }
+    }
+    (resend, cancels, reattached)
+}
