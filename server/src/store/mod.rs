@@ -1028,7 +1028,7 @@ pub trait Store: Send + Sync + 'static {
     /// The time every write is stamped with and judged by: what `apply`'s `now`,
     /// leases and due times mean. SQLite's is the wall clock read when it opened
     /// (never behind the newest time stored), PostgreSQL's the database's, each
-    /// read forward by the monotonic clock ([`Anchored`]): a step of this
+    /// read forward by the monotonic clock (`Anchored`): a step of this
     /// machine's wall clock neither holds a due row back nor expires one, and
     /// clock skew between nodes cannot reclaim a live attempt.
     fn now(&self) -> UnixMillis {
