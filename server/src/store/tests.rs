@@ -1,5 +1,6 @@
 //! Tests of the store's shared types.
 
+use super::error::postgres_class;
 use super::*;
 
 #[test]
