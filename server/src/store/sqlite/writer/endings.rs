@@ -1,0 +1,238 @@
+//! Writes that move a row out of RUNNING or SCHEDULED: an attempt's ending
+//! (fenced by attempt, status and node), a cancel, a re-drive, the concurrency
+//! strategy's cancels, an expiry, and heartbeat details while a row runs.
+
+use super::*;
+
+pub(super) fn expire_scheduled(
+    conn: &mut Connection,
+    limit: u32,
+    now: UnixMillis,
+) -> Result<Vec<Key>, Error> {
+    let error = change::schedule_to_close_error();
+    let ending = Ending::finished(ActivityStatus::Failed, now, Some(&error));
+    let q = conn.query(sql::EXPIRE).map_err(sqlite)?;
+    let mut q = bind_ending(q, &ending).bind(&now).bind(&i64::from(limit));
+    let mut keys = Vec::new();
+    while q.step().map_err(sqlite)? {
+        keys.push(Key {
+            namespace: q.text(0)?,
+            workflow_id: q.text(1)?,
+            activity_id: q.text(2)?,
+        });
+    }
+    Ok(keys)
+}
+
+/// `Op::EnforceConcurrency`: cancels the rows of each of `keys` beyond its limit
+/// that its strategy picks (see `concurrency::Strategy`).
+pub(super) fn enforce(
+    conn: &mut Connection,
+    namespace: &str,
+    activity_type: &str,
+    keys: &[String],
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+) -> Result<Outcome, Error> {
+    let names = serde_json::to_string(keys)
+        .map_err(|e| Error::Corrupt(format!("concurrency keys: {e}")))?;
+    let mut over = Vec::new();
+    {
+        let mut q = conn
+            .query(sql::OVER_LIMIT)
+            .map_err(sqlite)?
+            .bind(namespace)
+            .bind(activity_type)
+            .bind(names.as_str());
+        while q.step().map_err(sqlite)? {
+            over.push((q.text(0)?, q.int(1), q.int(2)));
+        }
+    }
+    let mut cancelled = Vec::new();
+    for (key, max_running, code) in over {
+        let strategy = concurrency::Strategy::from_code(code)
+            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
+        let beyond = match strategy {
+            concurrency::Strategy::Queue => continue,
+            concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
+            concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
+        };
+        let mut rows = Vec::new();
+        {
+            let mut q = conn
+                .query(beyond)
+                .map_err(sqlite)?
+                .bind(namespace)
+                .bind(activity_type)
+                .bind(key.as_str())
+                .bind(&max_running);
+            while q.step().map_err(sqlite)? {
+                rows.push(Key {
+                    namespace: namespace.to_owned(),
+                    workflow_id: q.text(0)?,
+                    activity_id: q.text(1)?,
+                });
+            }
+        }
+        let reason = strategy.reason(&key, max_running);
+        for row in rows {
+            if let Outcome::Cancelled { prior, row } = cancel(conn, &row, &reason, now, moves)? {
+                cancelled.push((prior, row));
+            }
+        }
+    }
+    Ok(Outcome::Enforced(cancelled))
+}
+
+pub(super) fn record_heartbeats(
+    conn: &mut Connection,
+    beats: &[HeartbeatDetails],
+) -> Result<u64, Error> {
+    let mut recorded = 0;
+    for beat in beats {
+        recorded += conn
+            .query(sql::RECORD_HEARTBEAT)
+            .map(|q| {
+                q.bind(&beat.id)
+                    .bind(&i64::from(beat.attempt))
+                    .bind(&beat.details.as_ref().map(|d| d.content_type.as_str()))
+                    .bind(&beat.details.as_ref().map(|d| d.data.as_slice()))
+            })
+            .and_then(Query::execute)
+            .map_err(sqlite)?;
+    }
+    Ok(recorded)
+}
+
+/// The row an `UPDATE … RETURNING columns!()` of one row stored.
+pub(super) fn returned(q: &mut Query<'_>) -> Result<ActivityRow, Error> {
+    if q.step().map_err(sqlite)? {
+        decode(q)
+    } else {
+        Err(Error::Corrupt(
+            "a row read in this transaction was not there to update".to_owned(),
+        ))
+    }
+}
+
+pub(super) fn redrive(conn: &mut Connection, key: &Key, now: UnixMillis) -> Result<Outcome, Error> {
+    let Some(row) = select_one(conn, key, sql::SELECT_LIGHT_BY_KEY)? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !crate::store::redrivable(row.status) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    let redrive = change::Redrive::of(&row, now);
+    let mut q = conn
+        .query(sql::REDRIVE)
+        .map_err(sqlite)?
+        .bind(&row.id)
+        .bind(&redrive.next_at)
+        .bind(&redrive.expires_at);
+    let stored = returned(&mut q)?;
+    Ok(Outcome::Redriven { row: stored })
+}
+
+pub(super) fn cancel(
+    conn: &mut Connection,
+    key: &Key,
+    reason: &str,
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+) -> Result<Outcome, Error> {
+    let Some(row) = select_one(conn, key, sql::SELECT_LIGHT_BY_KEY)? else {
+        return Ok(Outcome::NotFound);
+    };
+    if !crate::store::cancellable(row.status) {
+        return Ok(Outcome::WrongStatus(row.status));
+    }
+    let error = change::cancelled_error(reason);
+    let ending = Ending::finished(ActivityStatus::Cancelled, now, Some(&error));
+    let q = conn.query(sql::CANCEL).map_err(sqlite)?;
+    let mut q = bind_ending(q, &ending).bind(&row.id);
+    let stored = returned(&mut q)?;
+    drop(q);
+    // A running row's key is counted here and now: the caller may read the counts
+    // next (the trigger counts a waiting row's).
+    if row.status == ActivityStatus::Running
+        && let Some(key) = &stored.concurrency_key
+    {
+        moves.record(
+            stored.key.namespace.clone(),
+            stored.activity_type.clone(),
+            key.clone(),
+            false,
+        );
+        moves.write(conn)?;
+    }
+    Ok(Outcome::Cancelled {
+        prior: row.status,
+        row: stored,
+    })
+}
+
+/// Binds an ending's values as `?1`…`?14`, the order of `sql::ending!`.
+pub(super) fn bind_ending<'c>(q: Query<'c>, e: &Ending<'_>) -> Query<'c> {
+    let (output_type, output) = e.output_columns();
+    let error = e.error;
+    let details = error.and_then(|e| e.details.as_ref());
+    q.bind(&(e.status as i64))
+        .bind(&e.next_at)
+        .bind(&e.finished_at)
+        .bind(&e.uncounted)
+        .bind(&output_type)
+        .bind(&output)
+        .bind(&i64::from(error.is_some()))
+        .bind(&error.map(|e| i64::from(e.kind)))
+        .bind(&error.map(|e| e.r#type.as_str()))
+        .bind(&error.map(|e| e.message.as_str()))
+        .bind(&details.map(|d| d.content_type.as_str()))
+        .bind(&details.map(|d| d.data.as_slice()))
+        .bind(&e.outcome.name())
+        .bind(&e.ended_at)
+}
+
+/// Whether `sql::FINISH_LEAN` writes what `sql::FINISH` would: the ending keeps
+/// `next_at` (and so the row's place in claim order) and the last error, and
+/// adds nothing to `uncounted`. Every completion does; the shorter statement
+/// leaves out the `CASE`s that would only keep what is stored.
+pub(super) fn lean(e: &Ending<'_>) -> bool {
+    e.next_at.is_none() && e.error.is_none() && e.uncounted == 0
+}
+
+/// Ends an attempt by `transition`, fenced by its attempt, its status and (when
+/// set) its node; the key's counts follow an accepted ending.
+pub(super) fn finish(
+    conn: &mut Connection,
+    attempt: &Attempt,
+    transition: &Transition,
+    lease_expired_by: Option<UnixMillis>,
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+) -> Result<Outcome, Error> {
+    let ending = Ending::of(transition, now);
+    let statement = match ending.status {
+        ActivityStatus::Scheduled => sql::FINISH_AGAIN,
+        _ if lean(&ending) => sql::FINISH_LEAN,
+        _ => sql::FINISH,
+    };
+    let q = conn.query(statement).map_err(sqlite)?;
+    let changed = bind_ending(q, &ending)
+        .bind(&attempt.id)
+        .bind(&i64::from(attempt.attempt))
+        .bind(&lease_expired_by)
+        .bind(&attempt.owner_node.as_deref())
+        .execute()
+        .map_err(sqlite)?;
+    let accepted = changed == 1;
+    // The row was RUNNING with this attempt, so its key is the attempt's.
+    if accepted && let Some(key) = &attempt.concurrency_key {
+        moves.record(
+            attempt.key.namespace.clone(),
+            attempt.activity_type.clone(),
+            key.to_string(),
+            ending.status == ActivityStatus::Scheduled,
+        );
+    }
+    Ok(Outcome::Finished { accepted })
+}
