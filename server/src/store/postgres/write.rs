@@ -22,9 +22,18 @@ use super::{decode, sql};
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Found},
-    concurrency, fairness, rate, rows,
+    concurrency::{self, Strategy},
+    fairness::{self, FairnessWeight},
+    rate::{self, RateLimit},
+    rows,
 };
 use spool_proto::time::UnixMillis;
+
+mod settings;
+mod submits;
+
+use settings::*;
+use submits::*;
 
 type PgQuery<'q> = Query<'q, sqlx::Postgres, PgArguments>;
 
@@ -154,41 +163,13 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
         Op::Claim(claim) => claim_rows(conn, claim, now).await,
         Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
         Op::Redrive { key } => redrive(conn, key, now).await,
-        Op::SetRateLimit(limit) => {
-            let statement = match limit.key {
-                None => sql::SET_RATE_LIMIT,
-                Some(_) => sql::SET_KEY_RATE_LIMIT,
-            };
-            let q = sqlx::query(statement)
-                .bind(&limit.namespace)
-                .bind(&limit.activity_type)
-                .bind(i64::from(limit.per_period))
-                .bind(limit.period_ms())
-                .bind(i64::from(limit.burst))
-                .bind(limit.interval_ns());
-            match &limit.key {
-                None => q,
-                Some(key) => q.bind(key),
-            }
-            .execute(&mut *conn)
-            .await?;
-            Ok(Outcome::RateLimitSet)
-        }
+        Op::SetRateLimit(limit) => set_rate_limit(conn, limit).await,
         Op::SetConcurrencyLimit {
             namespace,
             activity_type,
             max_running,
             strategy,
-        } => {
-            sqlx::query(sql::SET_CONCURRENCY_LIMIT)
-                .bind(namespace)
-                .bind(activity_type)
-                .bind(i64::from(*max_running))
-                .bind(strategy.code())
-                .execute(&mut *conn)
-                .await?;
-            Ok(Outcome::ConcurrencyLimitSet)
-        }
+        } => set_concurrency_limit(conn, namespace, activity_type, *max_running, *strategy).await,
         Op::EnforceConcurrency {
             namespace,
             activity_type,
@@ -200,17 +181,7 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             key,
             max_running,
             weight,
-        } => {
-            sqlx::query(sql::SET_KEY_LIMIT)
-                .bind(namespace)
-                .bind(activity_type)
-                .bind(key)
-                .bind(max_running.map(i64::from))
-                .bind(i64::from(*weight))
-                .execute(&mut *conn)
-                .await?;
-            Ok(Outcome::ConcurrencyLimitSet)
-        }
+        } => set_key_limit(conn, namespace, activity_type, key, *max_running, *weight).await,
         Op::RemoveConcurrencyLimit {
             namespace,
             activity_type,
@@ -224,16 +195,7 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .await
                 .map(Outcome::ConcurrencyLimitRemoved)
         }
-        Op::SetFairnessWeight(set) => {
-            sqlx::query(sql::SET_FAIRNESS_WEIGHT)
-                .bind(&set.namespace)
-                .bind(&set.activity_type)
-                .bind(&set.key)
-                .bind(i64::from(set.weight))
-                .execute(&mut *conn)
-                .await?;
-            Ok(Outcome::FairnessWeightSet)
-        }
+        Op::SetFairnessWeight(set) => set_fairness_weight(conn, set).await,
         Op::RemoveFairnessWeight {
             namespace,
             activity_type,
@@ -261,340 +223,18 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
                 .map(Outcome::RateLimitRemoved)
         }
         Op::Rerank { ids } => rerank(conn, *ids).await.map(Outcome::Reranked),
-        Op::Prune { before, limit } => {
-            let done = sqlx::query(sql::PRUNE)
-                .bind(before)
-                .bind(i64::from(*limit))
-                .execute(&mut *conn)
-                .await?;
-            // Tickets of sessions not opened or resumed since then go too.
-            sqlx::query(sql::PRUNE_TICKETS)
-                .bind(before)
-                .bind(i64::from(*limit))
-                .execute(&mut *conn)
-                .await?;
-            // And the rows of keys that endings left idle (counted with the
-            // rows, so that a full batch of them is followed by another soon).
-            let swept = sqlx::query(sql::SWEEP_KEYS)
-                .bind(i64::from(*limit))
-                .execute(&mut *conn)
-                .await?;
-            // And the chains of fairness keys no row can be placed by any more.
-            let chains = sqlx::query(sql::SWEEP_FAIRNESS)
-                .bind(now)
-                .bind(i64::from(*limit))
-                .execute(&mut *conn)
-                .await?;
-            Ok(Outcome::Pruned(
-                done.rows_affected()
-                    .max(swept.rows_affected())
-                    .max(chains.rows_affected()),
-            ))
-        }
+        Op::Prune { before, limit } => prune(conn, *before, *limit, now).await.map(Outcome::Pruned),
         Op::Renew {
             attempts,
             lease_expires_at,
-        } => {
-            let ids: Vec<i64> = attempts.iter().map(|a| a.0).collect();
-            let numbers: Vec<i64> = attempts.iter().map(|a| i64::from(a.1)).collect();
-            let rows = sqlx::query(sql::RENEW)
-                .bind(lease_expires_at)
-                .bind(ids)
-                .bind(numbers)
-                .fetch_all(&mut *conn)
-                .await?;
-            let renewed = rows
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get::<i64, _>(0)?,
-                        rows::u32_from(r.try_get(1)?, "attempt")?,
-                    ))
-                })
-                .collect::<Result<Vec<_>, Error>>()?;
-            Ok(Outcome::Renewed(renewed))
-        }
+        } => renew(conn, attempts, *lease_expires_at)
+            .await
+            .map(Outcome::Renewed),
         Op::RecordHeartbeats(beats) => record_heartbeats(conn, beats).await.map(Outcome::Recorded),
         Op::ExpireScheduled { limit } => expire_scheduled(conn, *limit, now)
             .await
             .map(Outcome::Expired),
     }
-}
-
-/// A run of submits: every activity inserted by one statement when none of their
-/// keys exists or repeats (the common case); otherwise that insert is undone and
-/// each submit runs on its own, as it would alone.
-/// Deletes a limit of a namespace's type (with `key`, of that key) with
-/// `statement`; true when there was one.
-async fn remove(
-    conn: &mut PgConnection,
-    statement: &'static str,
-    namespace: &str,
-    activity_type: &str,
-    key: Option<&str>,
-) -> Result<bool, Error> {
-    let q = sqlx::query(statement).bind(namespace).bind(activity_type);
-    let done = match key {
-        None => q,
-        Some(key) => q.bind(key),
-    }
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() > 0)
-}
-
-/// One step of the re-ranking pass, if one is left and no other node is taking
-/// its step: the next `ids` ids.
-async fn rerank(
-    conn: &mut PgConnection,
-    ids: u32,
-) -> Result<Option<crate::store::Reranked>, Error> {
-    let pending: Option<(i64, i64)> = sqlx::query_as(sql::RERANK_PENDING)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some((after, to)) = pending else {
-        return Ok(None);
-    };
-    let upto = after.saturating_add(i64::from(ids)).min(to);
-    let rows = sqlx::query(sql::RERANK_RANGE)
-        .bind(after)
-        .bind(upto)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    sqlx::query(sql::RERANK_MOVE)
-        .bind(upto)
-        .execute(&mut *conn)
-        .await?;
-    Ok(Some(crate::store::Reranked {
-        rows,
-        done: upto >= to,
-    }))
-}
-
-async fn submit_run(
-    conn: &mut PgConnection,
-    run: &[&Op],
-    now: UnixMillis,
-) -> Result<Vec<Outcome>, Error> {
-    let batches: Vec<&[NewActivity]> = run
-        .iter()
-        .filter_map(|op| match op {
-            Op::Submit(batch) => Some(batch.as_slice()),
-            _ => None,
-        })
-        .collect();
-    let all: Vec<&NewActivity> = batches.iter().flat_map(|b| b.iter()).collect();
-    let mut keys = HashSet::with_capacity(all.len());
-    if all.len() >= 2 && all.iter().all(|n| keys.insert(&n.key)) {
-        if batches.iter().all(|b| b.len() == 1) {
-            // Submits of one activity each have nothing to undo: what the shared
-            // insert did not insert existed already, and each settles against it
-            // exactly as it would alone. No savepoint, two round trips fewer.
-            let ids = insert(conn, &all, now).await?;
-            let mut outcomes = Vec::with_capacity(batches.len());
-            for batch in batches {
-                outcomes.push(settle(conn, batch, &ids, now).await?);
-            }
-            return Ok(outcomes);
-        }
-        begin(conn, &sql::SUBMIT_RUN).await?;
-        let ids = insert(conn, &all, now).await?;
-        let complete = ids.len() == all.len();
-        end(conn, &sql::SUBMIT_RUN, !complete).await?;
-        if complete {
-            let mut outcomes = Vec::with_capacity(batches.len());
-            for batch in batches {
-                let entries = batch
-                    .iter()
-                    .map(|new| {
-                        ids.get(&new.key)
-                            .map(|&id| change::Entry::Created(id))
-                            .ok_or_else(|| {
-                                Error::Corrupt(format!("inserted {:?} not returned", new.key))
-                            })
-                    })
-                    .collect::<Result<Vec<_>, Error>>()?;
-                outcomes.push(Outcome::Submitted(change::submitted(batch, entries, now)?));
-            }
-            return Ok(outcomes);
-        }
-    }
-    let mut outcomes = Vec::with_capacity(batches.len());
-    for batch in batches {
-        outcomes.push(submit(conn, batch, now).await?);
-    }
-    Ok(outcomes)
-}
-
-/// One submit, all or nothing: inserts what is new, then settles each activity
-/// against what its insert did or found.
-async fn submit(
-    conn: &mut PgConnection,
-    batch: &[NewActivity],
-    now: UnixMillis,
-) -> Result<Outcome, Error> {
-    let atomic = batch.len() > 1;
-    if atomic {
-        begin(conn, &sql::SUBMIT).await?;
-    }
-    let all: Vec<&NewActivity> = batch.iter().collect();
-    let ids = insert(conn, &all, now).await?;
-    let outcome = settle(conn, batch, &ids, now).await?;
-    if atomic {
-        end(
-            conn,
-            &sql::SUBMIT,
-            matches!(outcome, Outcome::Conflict { .. }),
-        )
-        .await?;
-    }
-    Ok(outcome)
-}
-
-/// Settles each activity of one submit against what the insert did (`ids`, the
-/// rows it inserted by key) or what it found in its place. A `Conflict` leaves
-/// undoing the submit's inserts to the caller.
-async fn settle(
-    conn: &mut PgConnection,
-    batch: &[NewActivity],
-    ids: &HashMap<Key, i64>,
-    now: UnixMillis,
-) -> Result<Outcome, Error> {
-    // One activity is answered with its stored row whole; a batch without payloads,
-    // so a batch naming one large stored row many times costs no memory.
-    let lookup = if batch.len() > 1 {
-        sql::SELECT_LIGHT_BY_KEY
-    } else {
-        sql::SELECT_BY_KEY
-    };
-    let mut existing: HashMap<&Key, Option<ActivityRow>> = HashMap::new();
-    for new in batch.iter().filter(|n| !ids.contains_key(&n.key)) {
-        if !existing.contains_key(&new.key) {
-            let row = select_one(conn, &new.key, lookup).await?;
-            existing.insert(&new.key, row);
-        }
-    }
-    let settled = change::settle(batch, |new| {
-        if let Some(&id) = ids.get(&new.key) {
-            return Ok(Found::Inserted(id));
-        }
-        match existing.get_mut(&new.key) {
-            Some(row) => row
-                .take()
-                .map(|row| Found::Existing(Box::new(row)))
-                .ok_or_else(|| {
-                    Error::Corrupt(format!(
-                        "{:?} conflicted on insert but cannot be read",
-                        new.key
-                    ))
-                }),
-            None => Err(Error::Corrupt(format!("{:?} was not looked up", new.key))),
-        }
-    })?;
-    Ok(match settled {
-        Ok(entries) => Outcome::Submitted(change::submitted(batch, entries, now)?),
-        Err(Conflict {
-            index,
-            existing_type,
-        }) => Outcome::Conflict {
-            index,
-            existing_type,
-        },
-    })
-}
-
-/// Opens `savepoint`.
-async fn begin(conn: &mut PgConnection, savepoint: &sql::Savepoint) -> Result<(), Error> {
-    sqlx::query(savepoint.open).execute(&mut *conn).await?;
-    Ok(())
-}
-
-/// Keeps what was written since `savepoint`, or with `undo` rolls it back.
-async fn end(conn: &mut PgConnection, savepoint: &sql::Savepoint, undo: bool) -> Result<(), Error> {
-    if undo {
-        sqlx::query(savepoint.rollback).execute(&mut *conn).await?;
-    }
-    sqlx::query(savepoint.release).execute(&mut *conn).await?;
-    Ok(())
-}
-
-/// Inserts each activity whose key does not exist (a key repeated in `all` once);
-/// the id of each row inserted, by key.
-async fn insert(
-    conn: &mut PgConnection,
-    all: &[&NewActivity],
-    now: UnixMillis,
-) -> Result<HashMap<Key, i64>, Error> {
-    let col = |f: &dyn Fn(&NewActivity) -> String| all.iter().map(|n| f(n)).collect::<Vec<_>>();
-    let int = |f: &dyn Fn(&NewActivity) -> i64| all.iter().map(|n| f(n)).collect::<Vec<_>>();
-    let opt =
-        |f: &dyn Fn(&NewActivity) -> Option<i64>| all.iter().map(|n| f(n)).collect::<Vec<_>>();
-    let fair = all.iter().any(|n| n.fairness.is_some());
-    let statement = if fair { sql::INSERT_FAIR } else { sql::INSERT };
-    let query = sqlx::query(statement)
-        .bind(col(&|n| n.key.namespace.clone()))
-        .bind(col(&|n| n.key.workflow_id.clone()))
-        .bind(col(&|n| n.key.activity_id.clone()))
-        .bind(col(&|n| n.activity_type.clone()))
-        .bind(int(&|n| i64::from(n.retry.max_attempts)))
-        .bind(int(&|n| n.retry.initial_interval_ms))
-        .bind(
-            all.iter()
-                .map(|n| n.retry.backoff_coefficient)
-                .collect::<Vec<_>>(),
-        )
-        .bind(int(&|n| n.retry.max_interval_ms))
-        .bind(
-            all.iter()
-                .map(|n| rows::encode_list(&n.retry.non_retryable))
-                .collect::<Vec<_>>(),
-        )
-        .bind(opt(&|n| n.timeouts.heartbeat_ms))
-        .bind(opt(&|n| n.timeouts.start_to_close_ms))
-        .bind(opt(&|n| n.timeouts.schedule_to_close_ms))
-        .bind(int(&|n| i64::from(n.priority)))
-        .bind(col(&|n| n.input.content_type.clone()))
-        .bind(all.iter().map(|n| n.input.data.clone()).collect::<Vec<_>>())
-        .bind(int(&|n| n.next_at))
-        .bind(now)
-        .bind(opt(&|n| {
-            change::expires_at(now, n.timeouts.schedule_to_close_ms)
-        }))
-        .bind(
-            all.iter()
-                .map(|n| rows::encode_headers(&n.headers))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            all.iter()
-                .map(|n| n.concurrency_key.clone())
-                .collect::<Vec<_>>(),
-        );
-    let query = if fair {
-        query
-            .bind(
-                all.iter()
-                    .map(|n| n.fairness.as_ref().map(|f| f.key.clone()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(opt(&|n| {
-                n.fairness.as_ref().map(|f| fairness::stride_us(f.weight))
-            }))
-    } else {
-        query
-    };
-    let inserted = query.fetch_all(&mut *conn).await?;
-    let mut ids = HashMap::with_capacity(inserted.len());
-    for row in &inserted {
-        let key = Key {
-            namespace: row.try_get(1)?,
-            workflow_id: row.try_get(2)?,
-            activity_id: row.try_get(3)?,
-        };
-        ids.insert(key, row.try_get(0)?);
-    }
-    Ok(ids)
 }
 
 async fn claim_rows(
