@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub(crate) mod args;
 mod cpu;
 mod nodes;
 mod queue_table;

@@ -18,6 +18,7 @@
 //! counts as acknowledged only on OK (or ALREADY_EXISTS for a retried key); the
 //! fault schedule and the workload are a function of the seed.
 
+pub(crate) mod args;
 pub mod check;
 mod cluster;
 pub mod history;
