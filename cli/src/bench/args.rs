@@ -120,7 +120,7 @@ impl BenchArgs {
         if json {
             println!("{report}");
         } else {
-            print!("{}", super::summary(&report));
+            print!("{}", super::report::summary(&report));
         }
         Ok(())
     }
