@@ -7,7 +7,11 @@
 //! is in, and all of SQLite's writes go through it: its seconds are read apart,
 //! to show how near one core it is.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::atomic::Ordering, time::Duration};
+
+use spool_server::store::sqlite::WRITER_THREAD;
+
+use super::{Bench, report::round};
 
 /// The clock ticks of `/proc/<pid>/stat`: Linux reports CPU times in `USER_HZ`,
 /// which is 100 on every architecture it exports to userspace.
@@ -26,13 +30,13 @@ fn stat_seconds(stat: &str) -> Option<f64> {
 
 /// CPU seconds (user and system, every thread) process `pid` has used, or
 /// `None` where `/proc` cannot say.
-pub fn process_seconds(pid: u32) -> Option<f64> {
+fn process_seconds(pid: u32) -> Option<f64> {
     stat_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// CPU seconds used so far by the threads of process `pid` named `name`, or
 /// `None` where it has none. `/proc` keeps a thread's name to its first 15 bytes.
-pub fn threads_seconds(pid: u32, name: &str) -> Option<f64> {
+fn threads_seconds(pid: u32, name: &str) -> Option<f64> {
     let kept = name.get(..name.len().min(15))?;
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     tasks
@@ -50,7 +54,7 @@ pub fn threads_seconds(pid: u32, name: &str) -> Option<f64> {
 /// CPU seconds used so far by each process on this machine named `postgres`
 /// (the server and its backends), by process id: where the database runs here,
 /// its share of the machine is part of what a benchmark costs.
-pub fn local_postgres() -> HashMap<u32, f64> {
+fn local_postgres() -> HashMap<u32, f64> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Default::default();
     };
@@ -62,6 +66,80 @@ pub fn local_postgres() -> HashMap<u32, f64> {
         })
         .filter_map(|pid| Some((pid, process_seconds(pid)?)))
         .collect()
+}
+
+/// CPU seconds used so far: by the bench's processes (this one, then the nodes),
+/// and by each local PostgreSQL process; and the handler calls that had returned.
+pub(super) struct Cpu {
+    ours: Vec<Option<f64>>,
+    /// The SQLite writer thread's, in each of ours that has one.
+    writers: Vec<Option<f64>>,
+    postgres: HashMap<u32, f64>,
+    handled: usize,
+}
+
+impl Bench {
+    /// CPU seconds used so far by each process (`None` where it cannot be read),
+    /// and by each local PostgreSQL process.
+    pub(super) fn cpu(&self) -> Cpu {
+        Cpu {
+            ours: self
+                .processes
+                .iter()
+                .map(|(_, pid)| process_seconds(*pid))
+                .collect(),
+            writers: self
+                .processes
+                .iter()
+                .map(|(_, pid)| threads_seconds(*pid, WRITER_THREAD))
+                .collect(),
+            postgres: local_postgres(),
+            handled: self.handled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// What each process used since `before`, over `wall` seconds: CPU seconds,
+    /// the share of one core, and (where activities ran) the seconds per 10,000
+    /// of them. Local PostgreSQL processes count as one.
+    pub(super) fn cpu_since(&self, before: &Cpu, wall: Duration) -> serde_json::Value {
+        let handled = self
+            .handled
+            .load(Ordering::Relaxed)
+            .saturating_sub(before.handled);
+        let mut out = serde_json::Map::new();
+        let entry = |used: f64| {
+            let mut entry = serde_json::json!({
+                "seconds": round(used),
+                "cores": round(used / wall.as_secs_f64().max(1e-9)),
+            });
+            if handled > 0 {
+                entry["seconds_per_10k"] = round(used * 10_000.0 / handled as f64);
+            }
+            entry
+        };
+        for ((name, pid), then) in self.processes.iter().zip(&before.ours) {
+            let (Some(then), Some(now)) = (then, process_seconds(*pid)) else {
+                continue;
+            };
+            out.insert(name.clone(), entry(now - then));
+        }
+        // The one thread every write of a SQLite server goes through: at one
+        // core it bounds the server, whatever the process has left.
+        for ((name, pid), then) in self.processes.iter().zip(&before.writers) {
+            let (Some(then), Some(now)) = (then, threads_seconds(*pid, WRITER_THREAD)) else {
+                continue;
+            };
+            out.insert(format!("{name} SQLite writer"), entry(now - then));
+        }
+        let postgres: f64 = local_postgres()
+            .iter()
+            .map(|(pid, now)| now - before.postgres.get(pid).copied().unwrap_or(0.0))
+            .sum();
+        if !before.postgres.is_empty() {
+            out.insert("postgres (local)".to_owned(), entry(postgres));
+        }
+        serde_json::Value::Object(out)
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The soak's processes: nodes (`spool serve`) and workers (`spool soak-worker`),
 //! each a child process that can be killed, stopped, continued and started again,
-//! with its output appended to a log file in the run directory.
+//! with its output appended to a log file in the run directory; and the run's
+//! [`Cluster`] of them, brought back after each fault.
 
 use std::{
     net::SocketAddr,
@@ -11,6 +12,13 @@ use std::{
 
 use spool_proto::v1::{StatsRequest, activity_service_client::ActivityServiceClient};
 use tokio::process::{Child, Command};
+
+use super::{
+    DRAIN, Error, LEASE, Options,
+    history::{DriverEvent, Events, now_ms},
+    proxy::Proxy,
+    setup,
+};
 
 /// A child process slot: what to run, and the process running it now (if any).
 pub struct Proc {
@@ -208,5 +216,168 @@ impl Drop for Disk {
             .arg("-l")
             .arg(&self.path)
             .status();
+    }
+}
+
+pub(super) struct Cluster {
+    pub(super) nodes: Vec<Proc>,
+    pub(super) addrs: Vec<SocketAddr>,
+    pub(super) workers: Vec<Proc>,
+    dir: PathBuf,
+    pub(super) disk: Option<Disk>,
+}
+
+impl Cluster {
+    /// Starts `nodes` nodes on `database`, then the workers, reaching the nodes
+    /// through the proxy it returns.
+    pub(super) async fn start(
+        options: &Options,
+        nodes: usize,
+        database: &str,
+        dir: &Path,
+        disk: Option<Disk>,
+    ) -> Result<(Cluster, Proxy), Error> {
+        let mut addrs = Vec::with_capacity(nodes);
+        let mut node_procs = Vec::with_capacity(nodes);
+        for i in 0..nodes {
+            let port = free_port()?;
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            addrs.push(addr);
+            let args = vec![
+                "serve".to_owned(),
+                "--listen".to_owned(),
+                addr.to_string(),
+                "--database".to_owned(),
+                database.to_owned(),
+                "--drain-timeout".to_owned(),
+                format!("{}ms", DRAIN.as_millis()),
+                "--lease-timeout".to_owned(),
+                format!("{}ms", LEASE.as_millis()),
+                "--heartbeat-interval".to_owned(),
+                format!("{}ms", options.heartbeat_interval.as_millis()),
+            ];
+            let mut p =
+                Proc::new(&format!("node{i}"), &options.binary, args, dir).env("RUST_LOG", "info");
+            if !options.breakages.is_empty() {
+                p = p.env(spool_server::breakage::ENV, &options.breakages.join(","));
+            }
+            node_procs.push(p);
+        }
+        let proxy = Proxy::start(addrs.clone()).await?;
+        let worker_procs = (0..options.workers)
+            .map(|i| {
+                Proc::new(
+                    &format!("worker{i}"),
+                    &options.binary,
+                    vec![
+                        "soak-worker".to_owned(),
+                        "--server".to_owned(),
+                        format!("http://{}", proxy.addr),
+                        "--concurrency".to_owned(),
+                        options.concurrency.to_string(),
+                    ],
+                    dir,
+                )
+            })
+            .collect();
+        let mut cluster = Cluster {
+            nodes: node_procs,
+            addrs,
+            workers: worker_procs,
+            dir: dir.to_owned(),
+            disk,
+        };
+        // The first node migrates the schema before the others start.
+        for i in 0..nodes {
+            cluster.start_node(i).await?;
+        }
+        for i in 0..options.workers {
+            cluster.start_worker(i)?;
+        }
+        Ok((cluster, proxy))
+    }
+
+    pub(super) async fn start_node(&mut self, i: usize) -> Result<(), Error> {
+        self.nodes[i].start(&[])?;
+        if ready(self.addrs[i], Duration::from_secs(60)).await {
+            Ok(())
+        } else {
+            Err(setup(format!(
+                "node {i} did not answer within 60 s; see {}",
+                self.dir.join(format!("node{i}.log")).display()
+            )))
+        }
+    }
+
+    pub(super) fn start_worker(&mut self, i: usize) -> Result<(), Error> {
+        let w = &mut self.workers[i];
+        let identity = format!("w{i}.{}", w.starts);
+        let history = self.dir.join(format!("history-{identity}.jsonl"));
+        w.start(&[
+            "--identity".to_owned(),
+            identity,
+            "--history".to_owned(),
+            history.display().to_string(),
+        ])?;
+        Ok(())
+    }
+
+    /// Brings back what died on its own; returns the faults that implies.
+    pub(super) async fn supervise(&mut self, events: &Events) -> Result<(), Error> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].exited() {
+                let t = now_ms();
+                self.nodes[i].reap();
+                self.start_node(i).await?;
+                events.push(DriverEvent::Fault {
+                    kind: "node-exit".to_owned(),
+                    target: format!("node{i}"),
+                    t,
+                    until: now_ms(),
+                });
+            }
+        }
+        for i in 0..self.workers.len() {
+            if self.workers[i].exited() {
+                let t = now_ms();
+                self.workers[i].reap();
+                self.start_worker(i)?;
+                events.push(DriverEvent::Fault {
+                    kind: "worker-exit".to_owned(),
+                    target: format!("worker{i}"),
+                    t,
+                    until: now_ms(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Once the faults stop: every process continued, the disk freed, and what
+    /// died brought back.
+    pub(super) async fn bring_back(&mut self, events: &Events) -> Result<(), Error> {
+        for p in self.nodes.iter().chain(self.workers.iter()) {
+            let _ = p.signal("CONT");
+        }
+        if let Some(disk) = &self.disk {
+            disk.free()?;
+        }
+        self.supervise(events).await
+    }
+
+    /// Stops every process at the end of the run.
+    pub(super) async fn stop(&mut self) {
+        for w in &mut self.workers {
+            w.kill().await;
+        }
+        for n in &mut self.nodes {
+            n.terminate(DRAIN + Duration::from_secs(10)).await;
+        }
+        // The database outlives the small filesystem, for a post-mortem.
+        if let Some(disk) = self.disk.take() {
+            for file in ["soak.db", "soak.db-wal"] {
+                let _ = std::fs::copy(disk.path.join(file), self.dir.join(file));
+            }
+        }
     }
 }

@@ -111,6 +111,66 @@ pub fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> std::io::Result<Vec<T>
     Ok(events)
 }
 
+/// The driver's history: in memory for the checker, and on disk for a reader.
+pub(super) struct Events {
+    list: Mutex<Vec<DriverEvent>>,
+    log: Log,
+}
+
+impl Events {
+    pub(super) fn create(path: &Path) -> std::io::Result<Events> {
+        Ok(Events {
+            list: Mutex::new(Vec::new()),
+            log: Log::create(path)?,
+        })
+    }
+
+    pub(super) fn push(&self, event: DriverEvent) {
+        let _ = self.log.write(&event);
+        if let Ok(mut list) = self.list.lock() {
+            list.push(event);
+        }
+    }
+
+    pub(super) fn take(&self) -> Vec<DriverEvent> {
+        self.list
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
+    }
+
+    /// Faults injected and submits acknowledged so far.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        self.list
+            .lock()
+            .map(|l| {
+                let faults = l
+                    .iter()
+                    .filter(|e| matches!(e, DriverEvent::Fault { .. }))
+                    .count();
+                let acked = l
+                    .iter()
+                    .filter(|e| matches!(e, DriverEvent::Submitted { .. }))
+                    .count();
+                (faults, acked)
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Every worker's history in the run directory `dir`.
+pub(super) fn read_workers(dir: &Path) -> std::io::Result<Vec<WorkerEvent>> {
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("history-") && name.ends_with(".jsonl") {
+            events.extend(read::<WorkerEvent>(&path)?);
+        }
+    }
+    Ok(events)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
