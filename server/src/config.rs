@@ -215,6 +215,14 @@ impl Config {
 
     /// Refuses settings the server cannot run with.
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.check_durations()?;
+        self.check_values()?;
+        self.check_counts()
+    }
+
+    /// Every duration above zero and within the limit; those that bound each
+    /// other in order.
+    fn check_durations(&self) -> Result<(), ConfigError> {
         let fail = |flag: &'static str, reason: String| Err(ConfigError { flag, reason });
         let positive = [
             ("--heartbeat-interval", self.heartbeat_interval),
@@ -279,6 +287,12 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The priority aging, the token and the payload limit.
+    fn check_values(&self) -> Result<(), ConfigError> {
+        let fail = |flag: &'static str, reason: String| Err(ConfigError { flag, reason });
         if let Some(aging) = self.priority_aging
             && !aging.is_zero()
             && (aging < Duration::from_millis(1) || aging > crate::store::MAX_PRIORITY_AGING)
@@ -306,6 +320,12 @@ impl Config {
                 "must be from 1 to 67108864 (64 MiB)".to_owned(),
             );
         }
+        Ok(())
+    }
+
+    /// Every count at least one, and those with a ceiling or a floor within it.
+    fn check_counts(&self) -> Result<(), ConfigError> {
+        let fail = |flag: &'static str, reason: String| Err(ConfigError { flag, reason });
         let counts = [
             ("--max-connections", self.limits.max_connections),
             (

@@ -153,6 +153,12 @@ fn describe() {
         "spool_timeouts_total",
         "Attempts ended by a timeout, by kind."
     );
+    describe_node();
+}
+
+/// HELP of the node-wide families: the committer, connections, sessions.
+fn describe_node() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!("spool_commit_batches_total", "Write transactions.");
     describe_counter!("spool_commit_ops_total", "Writes, in all transactions.");
     describe_counter!(

@@ -116,63 +116,19 @@ async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    if store.single_node() {
-        reclaim(&store).await?;
-    }
-    if let Some(aging) = config.priority_aging
-        && store
-            .set_priority_aging(Some(aging).filter(|d| !d.is_zero()))
-            .await?
-    {
-        // Every node ranks by the stored setting: this one just changed it for all.
-        tracing::info!(
-            priority_aging = %spool_proto::duration::format(aging),
-            "the priority aging changed; waiting rows are ranked again in the background"
-        );
-    }
-    // Several nodes share the store: listen before anything commits, so no change
-    // another node makes from now on goes unheard.
-    let remote = store.subscribe().await?;
-
+    let remote = open_store(&config, &store).await?;
     let node_name = config.node_name.clone().unwrap_or_else(|| {
         let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
         format!("{}:{port}", crate::config::host_name())
     });
-    let registry = Arc::new(
-        Registry::new(&node_name)
-            .with_writers(store.writers())
-            .in_turn(store.beside_min_rows() > 0),
-    );
-    let pending = Arc::new(Pending::with_limits(
-        config.limits.max_waits_per_token,
-        config.limits.max_waits,
-    ));
     // Tasks the node cannot live without report here if they end before the
     // shutdown asked them to.
     let (deaths, mut died) = tokio::sync::mpsc::channel::<(&'static str, String)>(4);
     let root = CancellationToken::new();
-    let (committer, committer_task) = Committer::spawn(
-        store.clone(),
-        registry.clone(),
-        pending.clone(),
-        committer::Options {
-            lease: config.lease_timeout,
-        },
-        remote,
-    );
+    let (core, committer_task) = start_core(&config, store, &node_name, remote);
+    let committer = core.committer.clone();
     let committer_task = supervise("the committer", committer_task, &deaths, &root);
-    // Rows already due wait for the first worker of their type.
-    registry.mark_all_due();
-
     let sessions = TaskTracker::new();
-    let core = Arc::new(Core {
-        store,
-        committer: committer.clone(),
-        registry,
-        pending,
-        config: config.clone(),
-    });
-
     let (health, health_service) = tonic_health::server::health_reporter();
     drain::set_health(&health, ServingStatus::Serving).await;
     let drainer = Arc::new(Drainer::new(core.clone(), health.clone()));
@@ -180,110 +136,26 @@ async fn serve(
         .register_encoded_file_descriptor_set(spool_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-
-    // No request larger than this is read, and no answer larger is sent (List
-    // pages are cut far below it; Get and Wait answer one activity), but for the
-    // activity service's: a SubmitBatch's answer echoes the activities it stored,
-    // each with what the server set on it, so an answer may exceed the request it
-    // answers; refused after the commit, it would report stored activities as not.
-    let max_message = config.max_message_bytes();
     if let Some(addr) = config.ui_listen {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| Error::UiListen(addr, e))?;
-        let ui = crate::ui::Ui::new(
-            ActivityApi::new(core.clone(), root.clone()),
-            AdminApi::new(core.clone(), drainer.clone()),
-            auth.clone(),
-            core.clone(),
-        );
-        tracing::info!(%addr, read_only = config.ui_read_only, "dashboard at http://{addr}/");
-        let shutdown = root.clone();
-        tokio::spawn(async move {
-            if let Err(e) = crate::ui::serve(listener, ui, shutdown).await {
-                tracing::error!(error = %e, "the dashboard stopped");
-            }
-        });
+        start_ui(addr, &core, &drainer, &auth, &root).await?;
     }
     if crate::metrics::enabled() {
         tokio::spawn(observe(core.clone(), root.clone()));
     }
-    let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message.saturating_mul(2));
-    let worker =
-        WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
-            .max_decoding_message_size(max_message)
-            .max_encoding_message_size(max_message);
-    let admin = AdminServiceServer::new(AdminApi::new(core.clone(), drainer.clone()))
-        .max_decoding_message_size(max_message)
-        .max_encoding_message_size(max_message);
+    let background = Background::start(&config, &core, &deaths, &root);
+    drop(deaths);
+    drain_on(
+        shutdown,
+        drainer.clone(),
+        config.drain_timeout,
+        root.clone(),
+    );
+    log_serving(&config, &listener, tls.is_some());
+
+    let (activity, worker, admin) = services(&core, &sessions, drainer, &root);
     let open_streams = Arc::new(tokio::sync::Semaphore::new(
         config.limits.max_open_streams_unauthenticated,
     ));
-
-    let prune = supervise(
-        "the pruner",
-        tokio::spawn(prune_loop(
-            core.store.clone(),
-            committer.clone(),
-            config.retention,
-            root.clone(),
-        )),
-        &deaths,
-        &root,
-    );
-    // Not supervised: it ends of itself once no pass is left (on a store of
-    // one node), and a failed step is tried again.
-    let rerank = tokio::spawn(rerank_loop(
-        committer.clone(),
-        core.store.single_node(),
-        root.clone(),
-    ));
-    let sweeper = tokio::spawn(heartbeat::run(
-        core.store.clone(),
-        core.registry.clone(),
-        committer.clone(),
-        heartbeat::Options {
-            heartbeat_interval: config.heartbeat_interval,
-            lease: config.lease_timeout,
-            tick: config.sweep_tick(),
-        },
-        root.clone(),
-    ));
-    let sweeper = supervise("the liveness sweep", sweeper, &deaths, &root);
-    drop(deaths);
-    {
-        let root = root.clone();
-        let drain_timeout = config.drain_timeout;
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown => {}
-                _ = root.cancelled() => {}
-            }
-            tracing::info!("shutting down: draining first");
-            drainer.drain_to_stop(drain_timeout).await;
-            root.cancel();
-        });
-    }
-
-    let address = listener
-        .local_addr()
-        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    let auth_mode = match (&config.auth_token, &config.tokens_file) {
-        (_, Some(file)) => format!("tokens from {}", file.display()),
-        (Some(_), None) => "one token (--auth-token)".to_owned(),
-        (None, None) => "none: anyone who can connect may call".to_owned(),
-    };
-    tracing::info!(
-        %address,
-        database = %crate::config::shown_database(&config.database),
-        version = env!("CARGO_PKG_VERSION"),
-        tls = tls.is_some(),
-        auth = %auth_mode,
-        "serving on {}://{address}",
-        if tls.is_some() { "https" } else { "http" }
-    );
     let mut builder = transport::builder(&config.limits);
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
@@ -331,9 +203,7 @@ async fn serve(
     sessions.close();
     let stop_by = tokio::time::Instant::now() + STOP_STEP;
     bounded(stop_by, "closing sessions", sessions.wait()).await;
-    bounded(stop_by, "stopping the pruner", prune).await;
-    bounded(stop_by, "stopping the re-ranking", rerank).await;
-    bounded(stop_by, "stopping the liveness sweep", sweeper).await;
+    background.stop(stop_by).await;
     bounded(stop_by, "committing what is queued", committer.stop()).await;
     drop(core);
     drop(committer);
@@ -344,6 +214,221 @@ async fn serve(
     served?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The three Spool services over `core`, with their message limits. No request
+/// larger than the limit is read, and no answer larger is sent (List pages are cut
+/// far below it; Get and Wait answer one activity), but for the activity
+/// service's: a SubmitBatch's answer echoes the activities it stored, each with
+/// what the server set on it, so an answer may exceed the request it answers;
+/// refused after the commit, it would report stored activities as not.
+fn services(
+    core: &Arc<Core>,
+    sessions: &TaskTracker,
+    drainer: Arc<Drainer>,
+    root: &CancellationToken,
+) -> (
+    ActivityServiceServer<ActivityApi>,
+    WorkerServiceServer<WorkerApi>,
+    AdminServiceServer<AdminApi>,
+) {
+    let max_message = core.config.max_message_bytes();
+    let activity = ActivityServiceServer::new(ActivityApi::new(core.clone(), root.clone()))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message.saturating_mul(2));
+    let worker =
+        WorkerServiceServer::new(WorkerApi::new(core.clone(), sessions.clone(), root.clone()))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
+    let admin = AdminServiceServer::new(AdminApi::new(core.clone(), drainer))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    (activity, worker, admin)
+}
+
+/// Readies the store before anything is served: a dead process's RUNNING rows
+/// reclaimed (one node), the priority aging stored when the flag sets it, and
+/// other nodes listened to before anything commits, so no change they make from
+/// now on goes unheard.
+async fn open_store(
+    config: &Config,
+    store: &Arc<dyn Store>,
+) -> Result<Option<tokio::sync::mpsc::Receiver<crate::store::Remote>>, Error> {
+    if store.single_node() {
+        reclaim(store).await?;
+    }
+    if let Some(aging) = config.priority_aging
+        && store
+            .set_priority_aging(Some(aging).filter(|d| !d.is_zero()))
+            .await?
+    {
+        // Every node ranks by the stored setting: this one just changed it for all.
+        tracing::info!(
+            priority_aging = %spool_proto::duration::format(aging),
+            "the priority aging changed; waiting rows are ranked again in the background"
+        );
+    }
+    Ok(store.subscribe().await?)
+}
+
+/// The registry, the waiters and the committer, as the services share them.
+fn start_core(
+    config: &Config,
+    store: Arc<dyn Store>,
+    node_name: &str,
+    remote: Option<tokio::sync::mpsc::Receiver<crate::store::Remote>>,
+) -> (Arc<Core>, tokio::task::JoinHandle<()>) {
+    let registry = Arc::new(
+        Registry::new(node_name)
+            .with_writers(store.writers())
+            .in_turn(store.beside_min_rows() > 0),
+    );
+    let pending = Arc::new(Pending::with_limits(
+        config.limits.max_waits_per_token,
+        config.limits.max_waits,
+    ));
+    let (committer, committer_task) = Committer::spawn(
+        store.clone(),
+        registry.clone(),
+        pending.clone(),
+        committer::Options {
+            lease: config.lease_timeout,
+        },
+        remote,
+    );
+    // Rows already due wait for the first worker of their type.
+    registry.mark_all_due();
+    let core = Arc::new(Core {
+        store,
+        committer,
+        registry,
+        pending,
+        config: config.clone(),
+    });
+    (core, committer_task)
+}
+
+/// The dashboard on its own listener, calling the same services.
+async fn start_ui(
+    addr: std::net::SocketAddr,
+    core: &Arc<Core>,
+    drainer: &Arc<Drainer>,
+    auth: &Auth,
+    root: &CancellationToken,
+) -> Result<(), Error> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::UiListen(addr, e))?;
+    let ui = crate::ui::Ui::new(
+        ActivityApi::new(core.clone(), root.clone()),
+        AdminApi::new(core.clone(), drainer.clone()),
+        auth.clone(),
+        core.clone(),
+    );
+    tracing::info!(%addr, read_only = core.config.ui_read_only, "dashboard at http://{addr}/");
+    let shutdown = root.clone();
+    tokio::spawn(async move {
+        if let Err(e) = crate::ui::serve(listener, ui, shutdown).await {
+            tracing::error!(error = %e, "the dashboard stopped");
+        }
+    });
+    Ok(())
+}
+
+/// The shutdown signal drains first, then stops everything.
+fn drain_on(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    drainer: Arc<Drainer>,
+    drain_timeout: Duration,
+    root: CancellationToken,
+) {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = root.cancelled() => {}
+        }
+        tracing::info!("shutting down: draining first");
+        drainer.drain_to_stop(drain_timeout).await;
+        root.cancel();
+    });
+}
+
+fn log_serving(config: &Config, listener: &TcpListener, tls: bool) {
+    let address = listener
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
+    let auth_mode = match (&config.auth_token, &config.tokens_file) {
+        (_, Some(file)) => format!("tokens from {}", file.display()),
+        (Some(_), None) => "one token (--auth-token)".to_owned(),
+        (None, None) => "none: anyone who can connect may call".to_owned(),
+    };
+    tracing::info!(
+        %address,
+        database = %crate::config::shown_database(&config.database),
+        version = env!("CARGO_PKG_VERSION"),
+        tls,
+        auth = %auth_mode,
+        "serving on {}://{address}",
+        if tls { "https" } else { "http" }
+    );
+}
+
+/// The background tasks beside the committer, stopped in order at the end.
+struct Background {
+    prune: tokio::task::JoinHandle<()>,
+    rerank: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    fn start(
+        config: &Config,
+        core: &Arc<Core>,
+        deaths: &tokio::sync::mpsc::Sender<(&'static str, String)>,
+        root: &CancellationToken,
+    ) -> Self {
+        let prune = supervise(
+            "the pruner",
+            tokio::spawn(prune_loop(
+                core.store.clone(),
+                core.committer.clone(),
+                config.retention,
+                root.clone(),
+            )),
+            deaths,
+            root,
+        );
+        // Not supervised: it ends of itself once no pass is left (on a store of
+        // one node), and a failed step is tried again.
+        let rerank = tokio::spawn(rerank_loop(
+            core.committer.clone(),
+            core.store.single_node(),
+            root.clone(),
+        ));
+        let sweeper = tokio::spawn(heartbeat::run(
+            core.store.clone(),
+            core.registry.clone(),
+            core.committer.clone(),
+            heartbeat::Options {
+                heartbeat_interval: config.heartbeat_interval,
+                lease: config.lease_timeout,
+                tick: config.sweep_tick(),
+            },
+            root.clone(),
+        ));
+        let sweeper = supervise("the liveness sweep", sweeper, deaths, root);
+        Self {
+            prune,
+            rerank,
+            sweeper,
+        }
+    }
+
+    async fn stop(self, stop_by: tokio::time::Instant) {
+        bounded(stop_by, "stopping the pruner", self.prune).await;
+        bounded(stop_by, "stopping the re-ranking", self.rerank).await;
+        bounded(stop_by, "stopping the liveness sweep", self.sweeper).await;
+    }
 }
 
 /// Watches a task the node cannot live without: if it ends (or panics) before the

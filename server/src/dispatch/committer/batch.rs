@@ -108,95 +108,108 @@ impl Loop {
             }
             Err(e) => {
                 tracing::warn!(error = %e, ops = ops.len(), "batch failed; retrying its requests one by one");
-                for claim in store::claims(&ops[first_claim..]) {
-                    self.registry.unreserve(claim);
-                }
-                // Whether any retry below commits: if one does, the store works and
-                // the failure was one request's own; no pause is due.
-                let mut committed = false;
-                // Ops outside any request (carried releases) are retried on their own.
-                let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
-                if owned_end > 0 {
-                    let mine = &ops[..owned_end];
-                    match self
-                        .store
-                        .apply(
-                            crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
-                            now,
-                        )
-                        .await
-                    {
-                        Ok(mut outcomes) => {
-                            committed = true;
-                            self.apply_effects(mine, &mut outcomes, now);
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
-                        }
-                    }
-                }
-                for request in requests {
-                    let mine = &ops[request.range.clone()];
-                    let result = match self
-                        .store
-                        .apply(
-                            crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
-                            now,
-                        )
-                        .await
-                    {
-                        Ok(mut outcomes) => {
-                            committed = true;
-                            self.apply_effects(mine, &mut outcomes, now);
-                            Ok(outcomes)
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "request failed");
-                            Err(CommitError::Store(Arc::new(e)))
-                        }
-                    };
-                    if let Some(reply) = request.reply {
-                        reply(result);
-                    }
-                }
-                // Dispatch must not wait on a neighbour's failure: the claims are
-                // planned again and committed on their own.
-                if first_claim < ops.len() {
-                    let claims: Vec<Op> = self
-                        .registry
-                        .plan_claims(now.saturating_add(self.lease_ms), &[])
-                        .into_iter()
-                        .map(Op::Claim)
-                        .collect();
-                    if !claims.is_empty() {
-                        self.claimed_alone = true;
-                        match self.store.apply(Arc::from(claims.as_slice()), now).await {
-                            Ok(mut outcomes) => {
-                                committed = true;
-                                self.apply_effects(&claims, &mut outcomes, now);
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "claims failed");
-                                for claim in store::claims(&claims) {
-                                    self.registry.unreserve(claim);
-                                }
-                            }
-                        }
-                    }
-                }
-                self.publish_outgoing();
-                if committed {
-                    self.failure_pause = FIRST_FAILURE_PAUSE;
-                } else {
-                    // Nothing commits: the store itself is failing. Pause (doubling,
-                    // up to 2 s) so a broken disk does not turn the loop into a spin.
-                    tokio::time::sleep(self.failure_pause).await;
-                    self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
-                }
+                self.retry_alone(&ops, requests, first_claim, now).await;
                 return;
             }
         }
         self.publish_outgoing();
+    }
+
+    /// A failed batch, retried request by request so one bad request cannot fail
+    /// its neighbours; its claims are planned again and committed on their own,
+    /// so dispatch does not wait on it. Pauses only when nothing commits at all.
+    async fn retry_alone(
+        &mut self,
+        ops: &[Op],
+        requests: Vec<Request>,
+        first_claim: usize,
+        now: UnixMillis,
+    ) {
+        for claim in store::claims(&ops[first_claim..]) {
+            self.registry.unreserve(claim);
+        }
+        // Whether any retry below commits: if one does, the store works and
+        // the failure was one request's own; no pause is due.
+        let mut committed = false;
+        // Ops outside any request (carried releases) are retried on their own.
+        let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
+        if owned_end > 0 {
+            let mine = &ops[..owned_end];
+            match self
+                .store
+                .apply(
+                    crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
+                    now,
+                )
+                .await
+            {
+                Ok(mut outcomes) => {
+                    committed = true;
+                    self.apply_effects(mine, &mut outcomes, now);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
+                }
+            }
+        }
+        for request in requests {
+            let mine = &ops[request.range.clone()];
+            let result = match self
+                .store
+                .apply(
+                    crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
+                    now,
+                )
+                .await
+            {
+                Ok(mut outcomes) => {
+                    committed = true;
+                    self.apply_effects(mine, &mut outcomes, now);
+                    Ok(outcomes)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "request failed");
+                    Err(CommitError::Store(Arc::new(e)))
+                }
+            };
+            if let Some(reply) = request.reply {
+                reply(result);
+            }
+        }
+        // Dispatch must not wait on a neighbour's failure: the claims are
+        // planned again and committed on their own.
+        if first_claim < ops.len() {
+            let claims: Vec<Op> = self
+                .registry
+                .plan_claims(now.saturating_add(self.lease_ms), &[])
+                .into_iter()
+                .map(Op::Claim)
+                .collect();
+            if !claims.is_empty() {
+                self.claimed_alone = true;
+                match self.store.apply(Arc::from(claims.as_slice()), now).await {
+                    Ok(mut outcomes) => {
+                        committed = true;
+                        self.apply_effects(&claims, &mut outcomes, now);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claims failed");
+                        for claim in store::claims(&claims) {
+                            self.registry.unreserve(claim);
+                        }
+                    }
+                }
+            }
+        }
+        self.publish_outgoing();
+        if committed {
+            self.failure_pause = FIRST_FAILURE_PAUSE;
+        } else {
+            // Nothing commits: the store itself is failing. Pause (doubling,
+            // up to 2 s) so a broken disk does not turn the loop into a spin.
+            tokio::time::sleep(self.failure_pause).await;
+            self.failure_pause = (self.failure_pause * 2).min(Duration::from_secs(2));
+        }
     }
 }
 
