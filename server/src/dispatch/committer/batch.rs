@@ -52,6 +52,7 @@ impl Loop {
             claims = ops.len() - first_claim,
             "batch"
         );
+
         let ops: Arc<[Op]> = ops.into();
         let fenced = crate::breakage::unfence(&*self.store, ops.clone()).await;
         let batch = Batch {

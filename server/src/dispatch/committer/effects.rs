@@ -116,6 +116,7 @@ impl Loop {
             );
         }
         let released = self.registry.assign(claim, rows);
+
         self.carry.extend(released);
     }
 

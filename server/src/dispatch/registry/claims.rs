@@ -160,6 +160,7 @@ impl Registry {
         let mut undelivered = Vec::new();
         for row in rows {
             let row = Ahead::new(row, &worker.id);
+
             // Claims planned before a drain paused dispatch still land in free
             // slots; what does not fit waits ahead. A worker evicted meanwhile
             // gets none: its attempts are about to be lost, counted, where a row

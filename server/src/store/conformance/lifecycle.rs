@@ -176,3 +176,56 @@ pub(super) async fn cancel_and_redrive(store: &dyn Store, _raw: &Raw) {
         other => panic!("expected NotFound, got {other:?}"),
     }
 }
+
+/// An activity with an input at the payload limit moves like any other: each
+/// way of leaving RUNNING that rewrites its row (a retry, a release, a snooze,
+/// a cancel, a completion) is written, whatever the row holds.
+pub(super) async fn a_row_at_the_payload_limit_moves_like_any_other(store: &dyn Store, _raw: &Raw) {
+    let mut big = new("big", "t");
+    big.input.data = vec![b'x'; 4 * 1024 * 1024];
+    submit(store, big).await;
+    let error = server_error(ErrorKind::Retryable, "Boom", "again".into());
+    let steps = [
+        Transition::Retry { next_at: T0, error },
+        Transition::Release,
+        Transition::Snooze { next_at: T0 },
+        output("done"),
+    ];
+    for (n, transition) in steps.into_iter().enumerate() {
+        let row = claim(store, &["t"], 1, T0).await.remove(0);
+        assert_eq!(row.input.data.len(), 4 * 1024 * 1024);
+        assert!(
+            finish(store, &row, transition, T0).await,
+            "step {n} was not written"
+        );
+    }
+    let done = store
+        .get(&key("big"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("gone"));
+    assert_eq!(done.status, ActivityStatus::Completed);
+    assert_eq!(done.input.data.len(), 4 * 1024 * 1024);
+}
+
+/// Several such rows ended in one batch (a drain's release, rows claimed ahead
+/// given back): SQLite's statement journal of the batch outgrew its spill
+/// threshold, and its spill to a temporary file failed the batch.
+pub(super) async fn rows_at_the_payload_limit_release_together(store: &dyn Store, _raw: &Raw) {
+    for id in ["b1", "b2", "b3"] {
+        let mut big = new(id, "t");
+        big.input.data = vec![b'x'; 4 * 1024 * 1024];
+        submit(store, big).await;
+    }
+    let rows = claim(store, &["t"], 3, T0).await;
+    let ops: Vec<Op> = rows
+        .iter()
+        .map(|row| Op::Finish {
+            attempt: std::sync::Arc::new(Attempt::from_row(row)),
+            transition: Transition::Release,
+            lease_expired_by: None,
+        })
+        .collect();
+    let outcomes = store.apply(ops.into(), T0).await;
+    assert!(outcomes.is_ok(), "{outcomes:?}");
+}

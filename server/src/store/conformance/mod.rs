@@ -169,6 +169,8 @@ conformance!(
         finish_is_fenced_by_attempt_and_status,
         retry_and_snooze_reschedule,
         cancel_and_redrive,
+        a_row_at_the_payload_limit_moves_like_any_other,
+        rows_at_the_payload_limit_release_together,
     ],
     leases: [
         renew_extends_only_attempts_still_running,

@@ -97,10 +97,15 @@ impl Connection {
         // index: checkpointing every 4,000 frames (~16 MB of WAL) rather than
         // SQLite's 1,000 writes each hot page once per four times as much work.
         // A WAL grown past 64 MiB by one large transaction is cut back after the
-        // next checkpoint.
+        // next checkpoint. A statement's journal (the pages it changed, so it can
+        // fail alone inside the batch) stays in memory: spilled to a temporary
+        // file past SQLITE_STMTJRNL_SPILL, the journal of a batch rewriting
+        // several rows of megabytes failed with SQLITE_FULL, and a row's pages are
+        // in memory already while the writer reads or claims it.
         conn.batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-             PRAGMA wal_autocheckpoint = 4000; PRAGMA journal_size_limit = 67108864;",
+             PRAGMA wal_autocheckpoint = 4000; PRAGMA journal_size_limit = 67108864; \
+             PRAGMA temp_store = MEMORY;",
         )?;
         conn.disable_reprepare();
         Ok(conn)
