@@ -26,8 +26,13 @@
 
 #![deny(missing_docs)]
 
+mod error;
+mod retry;
+
 use std::time::Duration;
 
+pub use error::Error;
+pub use retry::Retry;
 pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1};
 use spool_proto::{
     duration,
@@ -40,130 +45,6 @@ use tonic::{
     metadata::{Ascii, MetadataValue},
     transport::Channel,
 };
-
-/// What went wrong.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The endpoint cannot be dialled as given (a malformed URL, or TLS settings for
-    /// an `http://` address).
-    #[error("invalid endpoint: {0}")]
-    InvalidEndpoint(String),
-    /// No connection could be made; `reason` is the innermost cause.
-    #[error("cannot reach the Spool server at {server}: {reason}")]
-    Unreachable {
-        /// The endpoint as given.
-        server: String,
-        /// Why, as the transport said it.
-        reason: String,
-    },
-    /// The token cannot be sent as a header value.
-    #[error("the token is not a valid header value")]
-    InvalidToken,
-    /// The call failed below gRPC: what answers at the address does not speak gRPC
-    /// (another service's port), or the connection broke mid-call.
-    #[error(
-        "{server} does not speak gRPC, or dropped the connection ({reason}): is it a Spool server's port?"
-    )]
-    NotGrpc {
-        /// The endpoint as given.
-        server: String,
-        /// What the transport said.
-        reason: String,
-    },
-    /// The server answered with an error status.
-    #[error("{:?}: {}", .0.code(), .0.message())]
-    Status(#[from] Status),
-    /// A typed input could not be encoded (nothing was sent).
-    #[error("the input of {activity} cannot be encoded: {reason}")]
-    Encode {
-        /// The activity type.
-        activity: &'static str,
-        /// serde's message.
-        reason: String,
-    },
-    /// A typed output is not the type the activity declares.
-    #[error("the output of {activity} is not a valid {expected}: {reason}")]
-    Decode {
-        /// The activity type.
-        activity: &'static str,
-        /// The output type declared.
-        expected: &'static str,
-        /// Why it does not decode.
-        reason: String,
-    },
-    /// The activity finished without completing: FAILED (its last error says why)
-    /// or CANCELLED.
-    #[error("{} ended {}: {}", display_key(.activity.key.as_ref()), status_name(.activity.status), last_error(.activity))]
-    NotCompleted {
-        /// The activity as it ended.
-        activity: Box<v1::Activity>,
-    },
-}
-
-fn display_key(key: Option<&v1::ActivityKey>) -> String {
-    let key = key.cloned().unwrap_or_default();
-    format!("{}/{}/{}", key.namespace, key.workflow_id, key.activity_id)
-}
-
-fn status_name(status: i32) -> &'static str {
-    v1::ActivityStatus::try_from(status)
-        .map(|s| s.as_str_name().trim_start_matches("ACTIVITY_STATUS_"))
-        .unwrap_or("UNKNOWN")
-}
-
-fn last_error(activity: &v1::Activity) -> String {
-    activity.last_error.as_ref().map_or_else(
-        || "no error recorded".to_owned(),
-        |e| format!("{}: {}", e.r#type, e.message),
-    )
-}
-
-impl Error {
-    /// A failed call's status, told apart: a status the transport made up (it
-    /// carries the transport's error as its source; one a server sent never does)
-    /// is [`Error::NotGrpc`].
-    fn from_call(server: &str, status: Status) -> Self {
-        let local = matches!(
-            status.code(),
-            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
-        ) && std::error::Error::source(&status).is_some();
-        if local {
-            Error::NotGrpc {
-                server: server.to_owned(),
-                reason: status.message().to_owned(),
-            }
-        } else {
-            Error::Status(status)
-        }
-    }
-}
-
-/// How calls that may safely be sent again are retried when the server (or the
-/// way to it) is UNAVAILABLE: a node draining or restarting, a store failure that
-/// may pass, a connection lost. Only reads and submits are retried; a submit is
-/// idempotent by key, and the client fills in empty ids before the first try so a
-/// retry names the same key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retry {
-    /// Tries in all, the first included (1: never retry).
-    pub attempts: u32,
-    /// The wait before the first retry; each next one doubles, up to `max_delay`,
-    /// each spread to between half and all of it.
-    pub initial_delay: Duration,
-    /// The longest wait between tries.
-    pub max_delay: Duration,
-}
-
-impl Default for Retry {
-    /// 5 tries, from 100 ms up to 2 s apart.
-    fn default() -> Self {
-        Self {
-            attempts: 5,
-            initial_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(2),
-        }
-    }
-}
 
 /// Settings for a connection; [`Builder::connect`] makes it.
 #[derive(Debug, Clone)]
@@ -289,27 +170,12 @@ impl Client {
 
     /// Runs `call` (one gRPC call, made afresh each try), retrying UNAVAILABLE as
     /// [`Retry`] says; for calls that may safely be sent again.
-    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, Error>
+    async fn retrying<T, F, Fut>(&self, call: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let mut delay = self.retry.initial_delay;
-        let mut tried = 1;
-        loop {
-            match call().await {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status)
-                    if status.code() == tonic::Code::Unavailable && tried < self.retry.attempts =>
-                {
-                    let spread = delay.mul_f64(0.5 + rand_half());
-                    tokio::time::sleep(spread).await;
-                    delay = delay.saturating_mul(2).min(self.retry.max_delay);
-                    tried += 1;
-                }
-                Err(status) => return Err(self.failed(status)),
-            }
-        }
+        self.retry.run(call).await.map_err(|s| self.failed(s))
     }
 
     /// A failed call as an [`Error`].
@@ -1093,14 +959,6 @@ fn fill_ids(workflow_id: &mut String, activity_id: &mut String) {
             *id = uuid::Uuid::now_v7().to_string();
         }
     }
-}
-
-/// A number in `[0, 0.5)` that differs between calls and processes: the spread of
-/// a retry's delay, so clients that failed together do not retry together.
-fn rand_half() -> f64 {
-    use std::hash::{BuildHasher, RandomState};
-    let bits = RandomState::new().hash_one(std::time::Instant::now());
-    (bits % 1_000) as f64 / 2_000.0
 }
 
 #[cfg(test)]
