@@ -20,7 +20,12 @@ use spool_proto::{
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status, metadata::MetadataValue};
+use tonic::{
+    Request, Status,
+    metadata::MetadataValue,
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
 use tracing::Instrument;
 
 use crate::{
@@ -141,6 +146,30 @@ impl Carry {
         self.unacked.clear();
     }
 
+    /// The session `welcome` started or resumed is the one a next stream resumes.
+    fn adopt(&mut self, welcome: &v1::Welcome) {
+        if welcome.resumed {
+            tracing::info!(worker_id = %welcome.worker_id, running = self.running.len(), unacknowledged = self.unacked.len(), "reconnected: session resumed");
+        } else {
+            // With or without a session to resume (a server without a resume grace
+            // gives none), a new one means the old one's attempts are not this
+            // worker's any more: the server ended them when the stream dropped.
+            if !(self.running.is_empty() && self.unacked.is_empty()) {
+                let why = if welcome.resume_refused.is_empty() {
+                    "the server cannot resume sessions"
+                } else {
+                    welcome.resume_refused.as_str()
+                };
+                tracing::warn!(worker_id = %welcome.worker_id, running = self.running.len(), "connected with a new session ({why}): the attempts of the old one are lost to this worker");
+                self.forget(why);
+            }
+            tracing::info!(worker_id = %welcome.worker_id, "connected");
+        }
+        self.resume = (!welcome.resume_token.is_empty())
+            .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
+        self.welcomed = true;
+    }
+
     /// Every handler is told to stop: the worker stops for good.
     pub(crate) fn stop(&self) {
         self.cancel.cancel();
@@ -154,6 +183,46 @@ pub(crate) async fn run(
     carry: &mut Carry,
     shutdown: &CancellationToken,
 ) -> Result<Ended, Error> {
+    let Some(channel) = dial(worker, carry, shutdown).await? else {
+        return Ok(Ended);
+    };
+    let mut client = service(worker, channel)?;
+    let capacity = 2 * worker.max_concurrency as usize + 64;
+    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity + carry.unacked.len());
+    out_tx
+        .send(WorkerMessage {
+            message: Some(worker_message::Message::Hello(hello(worker, carry))),
+        })
+        .await
+        .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
+    let mut inbound = client
+        .session(ReceiverStream::new(out_rx))
+        .await
+        .map_err(Error::Rejected)?
+        .into_inner();
+    let welcome = welcome(&mut inbound).await?;
+    carry.adopt(&welcome);
+    worker.set_connection(crate::Connection::Connected {
+        worker_id: welcome.worker_id.clone(),
+        resumed: welcome.resumed,
+    });
+
+    let mut session = Loop::new(worker, out_tx, carry);
+    session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
+    if welcome.resumed {
+        session.send_unacked().await;
+    }
+    session
+        .serve(&mut inbound, heartbeat_interval(&welcome), shutdown)
+        .await
+}
+
+/// A channel to the server; `None` when the worker stopped first.
+async fn dial(
+    worker: &Worker,
+    carry: &Carry,
+    shutdown: &CancellationToken,
+) -> Result<Option<Channel>, Error> {
     // A black-holed connection is noticed by its pings going unanswered, well
     // before the server counts this worker silent (three heartbeat intervals).
     let endpoint = spool_proto::endpoint::endpoint(&worker.endpoint, &worker.tls)
@@ -170,10 +239,17 @@ pub(crate) async fn run(
             shutdown.cancelled().await;
         }
     };
-    let channel = tokio::select! {
-        c = endpoint.connect() => c?,
-        () = stopped => return Ok(Ended),
-    };
+    tokio::select! {
+        c = endpoint.connect() => Ok(Some(c?)),
+        () = stopped => Ok(None),
+    }
+}
+
+/// The worker service over `channel`, the worker's token on every call.
+fn service(
+    worker: &Worker,
+    channel: Channel,
+) -> Result<WorkerServiceClient<InterceptedService<Channel, impl Interceptor>>, Error> {
     let token: Option<MetadataValue<_>> =
         match &worker.token {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
@@ -181,24 +257,26 @@ pub(crate) async fn run(
             })?),
             None => None,
         };
-    let mut client =
-        WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
-            if let Some(token) = &token {
-                request
-                    .metadata_mut()
-                    .insert("authorization", token.clone());
-            }
-            Ok::<_, Status>(request)
-        })
+    let client = WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
+        if let Some(token) = &token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok::<_, Status>(request)
+    });
+    Ok(client
         .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(usize::MAX))
+}
 
-    let capacity = 2 * worker.max_concurrency as usize + 64;
-    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity + carry.unacked.len());
+/// The `Hello` that opens a stream: what this worker runs, and the session it
+/// resumes with what it still holds of it.
+fn hello(worker: &Worker, carry: &Carry) -> v1::Hello {
     let mut activity_types: Vec<String> = worker.handlers.keys().cloned().collect();
     activity_types.sort();
     let (resume_worker_id, resume_token) = carry.resume.clone().unwrap_or_default();
-    let hello = worker_message::Message::Hello(v1::Hello {
+    v1::Hello {
         namespace: worker.namespace.clone(),
         identity: worker.identity.clone(),
         activity_types,
@@ -207,74 +285,32 @@ pub(crate) async fn run(
         resume_worker_id,
         resume_token,
         held: carry.held(),
-    });
-    out_tx
-        .send(WorkerMessage {
-            message: Some(hello),
-        })
-        .await
-        .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
-    let mut inbound = client
-        .session(ReceiverStream::new(out_rx))
-        .await
-        .map_err(Error::Rejected)?
-        .into_inner();
-    let welcome = match inbound.message().await {
+    }
+}
+
+/// The server's first message, which must be its `Welcome`.
+async fn welcome(inbound: &mut tonic::Streaming<ServerMessage>) -> Result<v1::Welcome, Error> {
+    match inbound.message().await {
         Ok(Some(ServerMessage {
             message: Some(server_message::Message::Welcome(w)),
-        })) => w,
-        Ok(Some(_)) => {
-            return Err(Error::Protocol(
-                "the server did not start with Welcome".to_owned(),
-            ));
-        }
-        Ok(None) => {
-            return Err(Error::Protocol(
-                "the server closed the stream before Welcome".to_owned(),
-            ));
-        }
-        Err(status) => return Err(Error::Rejected(status)),
-    };
-    if welcome.resumed {
-        tracing::info!(worker_id = %welcome.worker_id, running = carry.running.len(), unacknowledged = carry.unacked.len(), "reconnected: session resumed");
-    } else {
-        // With or without a session to resume (a server without a resume grace
-        // gives none), a new one means the old one's attempts are not this
-        // worker's any more: the server ended them when the stream dropped.
-        if !(carry.running.is_empty() && carry.unacked.is_empty()) {
-            let why = if welcome.resume_refused.is_empty() {
-                "the server cannot resume sessions"
-            } else {
-                welcome.resume_refused.as_str()
-            };
-            tracing::warn!(worker_id = %welcome.worker_id, running = carry.running.len(), "connected with a new session ({why}): the attempts of the old one are lost to this worker");
-            carry.forget(why);
-        }
-        tracing::info!(worker_id = %welcome.worker_id, "connected");
+        })) => Ok(w),
+        Ok(Some(_)) => Err(Error::Protocol(
+            "the server did not start with Welcome".to_owned(),
+        )),
+        Ok(None) => Err(Error::Protocol(
+            "the server closed the stream before Welcome".to_owned(),
+        )),
+        Err(status) => Err(Error::Rejected(status)),
     }
-    worker.set_connection(crate::Connection::Connected {
-        worker_id: welcome.worker_id.clone(),
-        resumed: welcome.resumed,
-    });
-    carry.resume = (!welcome.resume_token.is_empty())
-        .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
-    carry.welcomed = true;
-    let interval = duration::from_proto(welcome.heartbeat_interval.as_ref())
+}
+
+/// The heartbeat interval the server asks for (5 s when it names none).
+fn heartbeat_interval(welcome: &v1::Welcome) -> Duration {
+    duration::from_proto(welcome.heartbeat_interval.as_ref())
         .ok()
         .flatten()
         .filter(|d| !d.is_zero())
-        .unwrap_or(Duration::from_secs(5));
-
-    let mut session = Loop::new(worker, out_tx, carry);
-    session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
-    if welcome.resumed {
-        // Results the server may not have: an ack was not seen for them.
-        let unacked: Vec<v1::ActivityResult> = session.carry.unacked.values().cloned().collect();
-        for result in unacked {
-            session.send(worker_message::Message::Result(result)).await;
-        }
-    }
-    session.serve(&mut inbound, interval, shutdown).await
+        .unwrap_or(Duration::from_secs(5))
 }
 
 struct Loop<'a> {
@@ -459,6 +495,14 @@ impl<'a> Loop<'a> {
                     message: Some(message),
                 })
                 .await;
+        }
+    }
+
+    /// Sends again the results the server may not have: no ack was seen for them.
+    async fn send_unacked(&mut self) {
+        let unacked: Vec<v1::ActivityResult> = self.carry.unacked.values().cloned().collect();
+        for result in unacked {
+            self.send(worker_message::Message::Result(result)).await;
         }
     }
 
