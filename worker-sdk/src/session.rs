@@ -8,6 +8,8 @@
 //! The loop owns the only sender of the outbound stream; handlers report through
 //! channels the loop drains, so closing the stream is dropping that one sender.
 
+mod attempt;
+
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use spool_proto::{
@@ -20,13 +22,16 @@ use spool_proto::{
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status, metadata::MetadataValue};
-use tracing::Instrument;
-
-use crate::{
-    ActivityContext, ActivityError, ActivityInfo, CancelReason, Error, Worker,
-    context::{Cancel, system_time},
+use tonic::{
+    Request, Status,
+    metadata::MetadataValue,
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
 };
+
+use crate::{CancelReason, Error, Worker, context::Cancel};
+
+use attempt::{Attempt, too_large};
 
 /// `after` from now; a duration too long for the clock is a year.
 fn later(after: Duration) -> tokio::time::Instant {
@@ -141,6 +146,30 @@ impl Carry {
         self.unacked.clear();
     }
 
+    /// The session `welcome` started or resumed is the one a next stream resumes.
+    fn adopt(&mut self, welcome: &v1::Welcome) {
+        if welcome.resumed {
+            tracing::info!(worker_id = %welcome.worker_id, running = self.running.len(), unacknowledged = self.unacked.len(), "reconnected: session resumed");
+        } else {
+            // With or without a session to resume (a server without a resume grace
+            // gives none), a new one means the old one's attempts are not this
+            // worker's any more: the server ended them when the stream dropped.
+            if !(self.running.is_empty() && self.unacked.is_empty()) {
+                let why = if welcome.resume_refused.is_empty() {
+                    "the server cannot resume sessions"
+                } else {
+                    welcome.resume_refused.as_str()
+                };
+                tracing::warn!(worker_id = %welcome.worker_id, running = self.running.len(), "connected with a new session ({why}): the attempts of the old one are lost to this worker");
+                self.forget(why);
+            }
+            tracing::info!(worker_id = %welcome.worker_id, "connected");
+        }
+        self.resume = (!welcome.resume_token.is_empty())
+            .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
+        self.welcomed = true;
+    }
+
     /// Every handler is told to stop: the worker stops for good.
     pub(crate) fn stop(&self) {
         self.cancel.cancel();
@@ -154,6 +183,46 @@ pub(crate) async fn run(
     carry: &mut Carry,
     shutdown: &CancellationToken,
 ) -> Result<Ended, Error> {
+    let Some(channel) = dial(worker, carry, shutdown).await? else {
+        return Ok(Ended);
+    };
+    let mut client = service(worker, channel)?;
+    let capacity = 2 * worker.max_concurrency as usize + 64;
+    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity + carry.unacked.len());
+    out_tx
+        .send(WorkerMessage {
+            message: Some(worker_message::Message::Hello(hello(worker, carry))),
+        })
+        .await
+        .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
+    let mut inbound = client
+        .session(ReceiverStream::new(out_rx))
+        .await
+        .map_err(Error::Rejected)?
+        .into_inner();
+    let welcome = welcome(&mut inbound).await?;
+    carry.adopt(&welcome);
+    worker.set_connection(crate::Connection::Connected {
+        worker_id: welcome.worker_id.clone(),
+        resumed: welcome.resumed,
+    });
+
+    let mut session = Loop::new(worker, out_tx, carry);
+    session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
+    if welcome.resumed {
+        session.send_unacked().await;
+    }
+    session
+        .serve(&mut inbound, heartbeat_interval(&welcome), shutdown)
+        .await
+}
+
+/// A channel to the server; `None` when the worker stopped first.
+async fn dial(
+    worker: &Worker,
+    carry: &Carry,
+    shutdown: &CancellationToken,
+) -> Result<Option<Channel>, Error> {
     // A black-holed connection is noticed by its pings going unanswered, well
     // before the server counts this worker silent (three heartbeat intervals).
     let endpoint = spool_proto::endpoint::endpoint(&worker.endpoint, &worker.tls)
@@ -170,10 +239,17 @@ pub(crate) async fn run(
             shutdown.cancelled().await;
         }
     };
-    let channel = tokio::select! {
-        c = endpoint.connect() => c?,
-        () = stopped => return Ok(Ended),
-    };
+    tokio::select! {
+        c = endpoint.connect() => Ok(Some(c?)),
+        () = stopped => Ok(None),
+    }
+}
+
+/// The worker service over `channel`, the worker's token on every call.
+fn service(
+    worker: &Worker,
+    channel: Channel,
+) -> Result<WorkerServiceClient<InterceptedService<Channel, impl Interceptor>>, Error> {
     let token: Option<MetadataValue<_>> =
         match &worker.token {
             Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| {
@@ -181,24 +257,26 @@ pub(crate) async fn run(
             })?),
             None => None,
         };
-    let mut client =
-        WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
-            if let Some(token) = &token {
-                request
-                    .metadata_mut()
-                    .insert("authorization", token.clone());
-            }
-            Ok::<_, Status>(request)
-        })
+    let client = WorkerServiceClient::with_interceptor(channel, move |mut request: Request<()>| {
+        if let Some(token) = &token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok::<_, Status>(request)
+    });
+    Ok(client
         .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(usize::MAX))
+}
 
-    let capacity = 2 * worker.max_concurrency as usize + 64;
-    let (out_tx, out_rx) = mpsc::channel::<WorkerMessage>(capacity + carry.unacked.len());
+/// The `Hello` that opens a stream: what this worker runs, and the session it
+/// resumes with what it still holds of it.
+fn hello(worker: &Worker, carry: &Carry) -> v1::Hello {
     let mut activity_types: Vec<String> = worker.handlers.keys().cloned().collect();
     activity_types.sort();
     let (resume_worker_id, resume_token) = carry.resume.clone().unwrap_or_default();
-    let hello = worker_message::Message::Hello(v1::Hello {
+    v1::Hello {
         namespace: worker.namespace.clone(),
         identity: worker.identity.clone(),
         activity_types,
@@ -207,74 +285,32 @@ pub(crate) async fn run(
         resume_worker_id,
         resume_token,
         held: carry.held(),
-    });
-    out_tx
-        .send(WorkerMessage {
-            message: Some(hello),
-        })
-        .await
-        .map_err(|_| Error::Protocol("outbound stream closed before Hello".to_owned()))?;
-    let mut inbound = client
-        .session(ReceiverStream::new(out_rx))
-        .await
-        .map_err(Error::Rejected)?
-        .into_inner();
-    let welcome = match inbound.message().await {
+    }
+}
+
+/// The server's first message, which must be its `Welcome`.
+async fn welcome(inbound: &mut tonic::Streaming<ServerMessage>) -> Result<v1::Welcome, Error> {
+    match inbound.message().await {
         Ok(Some(ServerMessage {
             message: Some(server_message::Message::Welcome(w)),
-        })) => w,
-        Ok(Some(_)) => {
-            return Err(Error::Protocol(
-                "the server did not start with Welcome".to_owned(),
-            ));
-        }
-        Ok(None) => {
-            return Err(Error::Protocol(
-                "the server closed the stream before Welcome".to_owned(),
-            ));
-        }
-        Err(status) => return Err(Error::Rejected(status)),
-    };
-    if welcome.resumed {
-        tracing::info!(worker_id = %welcome.worker_id, running = carry.running.len(), unacknowledged = carry.unacked.len(), "reconnected: session resumed");
-    } else {
-        // With or without a session to resume (a server without a resume grace
-        // gives none), a new one means the old one's attempts are not this
-        // worker's any more: the server ended them when the stream dropped.
-        if !(carry.running.is_empty() && carry.unacked.is_empty()) {
-            let why = if welcome.resume_refused.is_empty() {
-                "the server cannot resume sessions"
-            } else {
-                welcome.resume_refused.as_str()
-            };
-            tracing::warn!(worker_id = %welcome.worker_id, running = carry.running.len(), "connected with a new session ({why}): the attempts of the old one are lost to this worker");
-            carry.forget(why);
-        }
-        tracing::info!(worker_id = %welcome.worker_id, "connected");
+        })) => Ok(w),
+        Ok(Some(_)) => Err(Error::Protocol(
+            "the server did not start with Welcome".to_owned(),
+        )),
+        Ok(None) => Err(Error::Protocol(
+            "the server closed the stream before Welcome".to_owned(),
+        )),
+        Err(status) => Err(Error::Rejected(status)),
     }
-    worker.set_connection(crate::Connection::Connected {
-        worker_id: welcome.worker_id.clone(),
-        resumed: welcome.resumed,
-    });
-    carry.resume = (!welcome.resume_token.is_empty())
-        .then(|| (welcome.worker_id.clone(), welcome.resume_token.clone()));
-    carry.welcomed = true;
-    let interval = duration::from_proto(welcome.heartbeat_interval.as_ref())
+}
+
+/// The heartbeat interval the server asks for (5 s when it names none).
+fn heartbeat_interval(welcome: &v1::Welcome) -> Duration {
+    duration::from_proto(welcome.heartbeat_interval.as_ref())
         .ok()
         .flatten()
         .filter(|d| !d.is_zero())
-        .unwrap_or(Duration::from_secs(5));
-
-    let mut session = Loop::new(worker, out_tx, carry);
-    session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
-    if welcome.resumed {
-        // Results the server may not have: an ack was not seen for them.
-        let unacked: Vec<v1::ActivityResult> = session.carry.unacked.values().cloned().collect();
-        for result in unacked {
-            session.send(worker_message::Message::Result(result)).await;
-        }
-    }
-    session.serve(&mut inbound, interval, shutdown).await
+        .unwrap_or(Duration::from_secs(5))
 }
 
 struct Loop<'a> {
@@ -462,6 +498,14 @@ impl<'a> Loop<'a> {
         }
     }
 
+    /// Sends again the results the server may not have: no ack was seen for them.
+    async fn send_unacked(&mut self) {
+        let unacked: Vec<v1::ActivityResult> = self.carry.unacked.values().cloned().collect();
+        for result in unacked {
+            self.send(worker_message::Message::Result(result)).await;
+        }
+    }
+
     fn on_message(&mut self, message: server_message::Message) {
         match message {
             server_message::Message::Task(task) => self.start(task),
@@ -498,6 +542,8 @@ impl<'a> Loop<'a> {
         }
     }
 
+    /// Runs `task` on a task of its own, watched as running until its result
+    /// comes; while stopping, hands it back instead.
     fn start(&mut self, task: v1::ActivityTask) {
         if self.stopping {
             self.hand_back(task);
@@ -512,220 +558,14 @@ impl<'a> Loop<'a> {
         self.carry.running.insert(key, cancel.clone());
         crate::telemetry::task_received(&task.activity_type);
         let handler = self.worker.handlers.get(&task.activity_type).cloned();
-        let info = Arc::new(ActivityInfo {
-            namespace: task.namespace,
-            workflow_id: task.workflow_id.clone(),
-            activity_id: task.activity_id.clone(),
-            activity_type: task.activity_type.clone(),
-            attempt: task.attempt,
-            max_attempts: task.max_attempts,
-            counted_attempts: task.counted_attempts,
-            scheduled_at: task.scheduled_at.as_ref().and_then(system_time),
-            started_at: task.started_at.as_ref().and_then(system_time),
-            deadline: task.deadline.as_ref().and_then(system_time),
-            heartbeat_timeout: duration::from_proto(task.heartbeat_timeout.as_ref())
-                .ok()
-                .flatten(),
-            headers: task.headers.into_iter().collect(),
-        });
-        // One span per attempt: what the handler logs carries the activity's
-        // identity and its trace.
-        let span = tracing::info_span!(
-            "activity",
-            namespace = %info.namespace,
-            workflow_id = %info.workflow_id,
-            activity_id = %info.activity_id,
-            activity_type = %info.activity_type,
-            attempt = info.attempt,
-            trace_id = %info.trace_id().unwrap_or_default(),
-        );
-        spool_proto::trace::join_trace(&span, &info.headers);
-        let cancelled = cancel.token.clone();
-        let ctx = ActivityContext::new(
-            info,
-            cancel,
-            task.last_heartbeat_details,
-            self.carry.heartbeats.0.clone(),
-        );
-        let results = self.carry.results.0.clone();
-        let input = task.input.unwrap_or_default();
-        let max_payload = self.max_payload;
         let limit = self.worker.type_limits.get(&task.activity_type).cloned();
-        // The attempt's future is allocated and moved once per activity: it takes
-        // only the task's ids, not the whole task.
-        let (workflow_id, activity_id, attempt) =
-            (task.workflow_id, task.activity_id, task.attempt);
-        tokio::spawn(async move {
-            // A type with its own concurrency limit waits for a permit here. An
-            // attempt cancelled meanwhile ends without running: the server holds
-            // its slot until it is answered, which waiting for the permit would
-            // put off until a running handler of its type ends.
-            let permit = match &limit {
-                Some(limit) => tokio::select! {
-                    biased;
-                    permit = limit.clone().acquire_owned() => Ok(permit.ok()),
-                    () = cancelled.cancelled() => Err(()),
-                },
-                None => Ok(None),
-            };
-            let activity_type = ctx.info().activity_type.clone();
-            let started = permit.is_ok();
-            if started {
-                crate::telemetry::handler_started(&activity_type, ctx.info().scheduled_at);
-            }
-            let began = std::time::Instant::now();
-            let outcome = match (permit, handler) {
-                (Err(()), _) => Err(ActivityError::retryable(
-                    "Cancelled",
-                    format!(
-                        "cancelled before it started, while it waited for a handler of \
-                         {activity_type:?} to end (type_concurrency): {:?}",
-                        ctx.cancel_reason()
-                    ),
-                )),
-                // A panicking handler still yields a result, whether it panics
-                // when called or when its future is polled.
-                (Ok(_permit), Some(handler)) => match unwind::call(|| handler(ctx, input)) {
-                    Ok(running) => unwind::Caught(running.instrument(span.clone()))
-                        .await
-                        .unwrap_or_else(|panic| Err(unwind::error(panic))),
-                    Err(panic) => Err(unwind::error(panic)),
-                },
-                (Ok(_), None) => Err(ActivityError::retryable(
-                    "NoHandler",
-                    format!("this worker has no handler for {activity_type:?}"),
-                )),
-            };
-            let outcome = match outcome {
-                Ok(output) if too_large(output.data.len(), max_payload) => ActivityError::terminal(
-                    "PayloadTooLarge",
-                    format!(
-                        "the output is {} bytes, over the server's limit of {max_payload} bytes \
-                         (--max-payload-bytes); it was not sent",
-                        output.data.len()
-                    ),
-                )
-                .into_outcome(),
-                Ok(output) => activity_result::Outcome::Output(output),
-                Err(e) => within_limit(e.into_outcome(), max_payload),
-            };
-            if let activity_result::Outcome::Error(e) = &outcome {
-                span.in_scope(|| tracing::info!(error_type = %e.r#type, "attempt failed"));
-            }
-            if started {
-                crate::telemetry::handler_ended(
-                    &activity_type,
-                    match &outcome {
-                        activity_result::Outcome::Output(_) => "completed",
-                        _ if cancelled.is_cancelled() => "cancelled",
-                        _ => "failed",
-                    },
-                    began.elapsed(),
-                );
-            }
-            // A reserved slot, then the result: `send` would hold the result
-            // inside its own future, beside the outcome already held here.
-            if let Ok(slot) = results.reserve().await {
-                slot.send(v1::ActivityResult {
-                    workflow_id,
-                    activity_id,
-                    attempt,
-                    outcome: Some(outcome),
-                });
-            }
-        });
-    }
-}
-
-/// A handler's panic caught where it happens, in this task: a task of its own
-/// per attempt would cost a second allocation and wake-up for every activity.
-mod unwind {
-    use std::{
-        any::Any,
-        future::Future,
-        panic::{AssertUnwindSafe, catch_unwind},
-        pin::Pin,
-        task::{Context, Poll},
-    };
-
-    use crate::ActivityError;
-
-    type Panic = Box<dyn Any + Send>;
-
-    /// Calls `f`, catching a panic.
-    pub(super) fn call<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
-        // Nothing `f` touches is looked at again after a panic: the attempt ends
-        // with the panic as its error.
-        catch_unwind(AssertUnwindSafe(f))
-    }
-
-    /// A future whose panic, when polled, becomes its output.
-    pub(super) struct Caught<F>(pub(super) F);
-
-    impl<F: Future + Unpin> Future for Caught<F> {
-        type Output = Result<F::Output, Panic>;
-
-        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-            match call(|| Pin::new(&mut self.0).poll(cx)) {
-                Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-                Ok(Poll::Pending) => Poll::Pending,
-                Err(panic) => Poll::Ready(Err(panic)),
-            }
-        }
-    }
-
-    /// The retryable error an attempt whose handler panicked ends with.
-    pub(super) fn error(panic: Panic) -> ActivityError {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".to_owned());
-        ActivityError::retryable("Panic", format!("the handler panicked: {message}"))
-    }
-}
-
-/// Whether `bytes` is over the server's payload limit (0: unknown, nothing is).
-fn too_large(bytes: usize, limit: usize) -> bool {
-    limit > 0 && bytes > limit
-}
-
-/// What the server keeps of an error's type and message (longer ones it cuts).
-/// Cut here too: a message over the transport's limit (16 MiB at least) would
-/// fail the stream it is sent on, and every stream it is sent again on.
-const ERROR_TYPE_BYTES: usize = 255;
-const ERROR_MESSAGE_BYTES: usize = 32 * 1024;
-
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn cut(text: &mut String, max: usize) {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-}
-
-/// An error's type and message cut to what the server keeps, and its details
-/// dropped, and said so, when over the server's payload limit.
-fn within_limit(outcome: activity_result::Outcome, limit: usize) -> activity_result::Outcome {
-    match outcome {
-        activity_result::Outcome::Error(mut e) => {
-            cut(&mut e.r#type, ERROR_TYPE_BYTES);
-            cut(&mut e.message, ERROR_MESSAGE_BYTES);
-            if e.details
-                .as_ref()
-                .is_some_and(|d| too_large(d.data.len(), limit))
-            {
-                e.details = None;
-                e.message.push_str(
-                    " (its details were over the server's payload limit and were left out)",
-                );
-            }
-            activity_result::Outcome::Error(e)
-        }
-        other => other,
+        let attempt = Attempt::new(task, cancel, self.carry.heartbeats.0.clone());
+        tokio::spawn(attempt.run(
+            handler,
+            limit,
+            self.carry.results.0.clone(),
+            self.max_payload,
+        ));
     }
 }
 

@@ -216,39 +216,6 @@ async fn a_task_cancelled_while_waiting_for_its_types_limit_is_answered_at_once(
     );
 }
 
-/// An error's type and message are cut to what the server keeps, on a
-/// character boundary: a message over the transport's limit would fail every
-/// stream the result is sent on.
-#[test]
-fn an_errors_type_and_message_are_cut_to_what_the_server_keeps() {
-    let error = |r#type: String, message: String| {
-        activity_result::Outcome::Error(v1::ActivityError {
-            r#type,
-            message,
-            ..Default::default()
-        })
-    };
-    let huge = "é".repeat(10 * 1024 * 1024);
-    match within_limit(error("T".repeat(300), huge), 0) {
-        activity_result::Outcome::Error(e) => {
-            assert_eq!(e.r#type.len(), ERROR_TYPE_BYTES);
-            assert!(
-                e.message.len() <= ERROR_MESSAGE_BYTES && e.message.len() > ERROR_MESSAGE_BYTES - 2,
-                "{}",
-                e.message.len()
-            );
-            assert!(e.message.chars().all(|c| c == 'é'));
-        }
-        other => panic!("{other:?}"),
-    }
-    match within_limit(error("T".into(), "short".into()), 0) {
-        activity_result::Outcome::Error(e) => {
-            assert_eq!((e.r#type.as_str(), e.message.as_str()), ("T", "short"))
-        }
-        other => panic!("{other:?}"),
-    }
-}
-
 /// A server's cancel reaches the handler of exactly that attempt.
 #[tokio::test]
 async fn a_cancel_reaches_the_handler_of_its_attempt() {
