@@ -44,11 +44,17 @@ use super::{
 };
 use crate::dispatch::{CommitError, Core};
 use crate::{
-    dispatch::registry::{ACK_WINDOW, Answer, Outgoing, ResumeRefused, Resumption, Ticket},
+    dispatch::registry::{
+        ACK_WINDOW, Answer, AttemptKey, Outgoing, Registration, ResumeRefused, Resumption, Ticket,
+    },
     lifecycle,
     store::Attempt,
     store::{ActivityError, HeartbeatDetails, Op, Outcome, SessionTicket, TakeSession, Transition},
 };
+
+mod results;
+
+use results::*;
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -165,102 +171,15 @@ impl WorkerService for WorkerApi {
             )
         });
         let held = validate::held(std::mem::take(&mut hello.held))?;
-        let mut registration =
-            validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
+        let registration = validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
         authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
-        let grace = self.core.config.resume_grace();
-        let ticket = match &principal {
-            Some(p) if !grace.is_zero() => Some(Ticket::new(p.caller().clone())),
-            _ => None,
-        };
-        let secret = ticket
-            .as_ref()
-            .map(|t| t.secret.clone())
-            .unwrap_or_default();
-        registration.ticket = ticket;
-        let heartbeat_interval = self.core.config.heartbeat_interval;
-        let max_payload_bytes = self.core.config.max_payload_bytes;
-        let granted = registration.max_concurrency;
-        let welcome = |id: &str, resumed: bool, refused: &str| {
-            server_message::Message::Welcome(v1::Welcome {
-                worker_id: id.to_owned(),
-                heartbeat_interval: Some(duration::to_proto(heartbeat_interval)),
-                protocol_version: 1,
-                max_concurrency: granted,
-                max_payload_bytes: max_payload_bytes as u64,
-                resume_token: secret.clone(),
-                resume_grace: (!secret.is_empty()).then(|| duration::to_proto(grace)),
-                resumed,
-                resume_refused: refused.to_owned(),
-            })
-        };
-        let shared = !self.core.store.single_node() && !secret.is_empty();
-        let caller = principal
-            .as_ref()
-            .map(|p| p.caller().to_string())
-            .unwrap_or_default();
-        let fingerprint = format!(
-            "{}|{}|{}",
-            registration.namespace,
-            registration.activity_types.join(","),
-            registration.max_concurrency
-        );
-        let ticket_row = |worker_id: &str| SessionTicket {
-            worker_id: worker_id.to_owned(),
-            secret: secret.clone(),
-            caller: caller.clone(),
-            registration: fingerprint.clone(),
-            at: self.core.store.now(),
-        };
+        let setup = Setup::new(&self.core, principal.as_ref(), registration, held);
         // A draining node takes no new session, but resumes one it holds: its
         // worker, back from a blip, delivers what the drain is waiting for rather
         // than having it released to run again.
-        let is_draining = self.core.registry.is_draining();
         let mut refused = None;
         if let Some((old_id, old_secret)) = resume {
-            let local = self.core.registry.resume_session(
-                &old_id,
-                &old_secret,
-                &registration,
-                &held,
-                |id| welcome(id, true, ""),
-            );
-            let resumed = match local {
-                Ok(resumed) => Ok(resumed),
-                // Not held here, or held with an older ticket (the session moved to
-                // another node and back): with other nodes, the database decides.
-                Err(why @ (ResumeRefused::Unknown | ResumeRefused::Ticket))
-                    if shared
-                        && !is_draining
-                        && (why == ResumeRefused::Ticket || !self.core.registry.knows(&old_id)) =>
-                {
-                    let take = TakeSession {
-                        ticket: ticket_row(&old_id),
-                        old_secret,
-                        node: self.core.registry.node().to_string(),
-                    };
-                    match self.core.store.take_session(&take).await {
-                        Ok(Some(rows)) => {
-                            tracing::info!(worker_id = %old_id, attempts = rows.len(), "taking over a session from another node");
-                            Ok(self.core.registry.adopt(
-                                &old_id,
-                                registration.clone(),
-                                rows,
-                                &held,
-                                self.core.store.now(),
-                                |id| welcome(id, true, ""),
-                            ))
-                        }
-                        Ok(None) => Err(why),
-                        Err(e) => {
-                            tracing::warn!(worker_id = %old_id, error = %e, "cannot read the session to resume");
-                            Err(ResumeRefused::Unknown)
-                        }
-                    }
-                }
-                Err(why) => Err(why),
-            };
-            match resumed {
+            match self.resume(&setup, &old_id, old_secret).await {
                 Ok(resumed) => {
                     crate::metrics::session_resumed(resumed.reattached, resumed.resend.len());
                     tracing::info!(
@@ -270,13 +189,13 @@ impl WorkerService for WorkerApi {
                         cancelled = resumed.cancels.len(),
                         "worker resumed its session"
                     );
-                    let row = shared.then(|| ticket_row(&old_id));
+                    let row = setup.shared.then(|| setup.ticket_row(&self.core, &old_id));
                     // The session runs, and owns the registration's clean-up, before
                     // the ticket's save awaits: a connection reset meanwhile drops
                     // this call, and must not leave the worker registered for ever.
                     let response = self.start_session(
                         old_id.into(),
-                        registration.namespace.clone(),
+                        setup.registration.namespace.clone(),
                         resumed,
                         place,
                         inbound,
@@ -293,17 +212,21 @@ impl WorkerService for WorkerApi {
                 }
             }
         }
-        if is_draining {
+        if self.core.registry.is_draining() {
             return Err(draining().into());
         }
         let refused = refused.map_or("", |r| r.explain());
-        let namespace = registration.namespace.clone();
+        let namespace = setup.registration.namespace.clone();
         let (worker_id, tx, rx, evict) =
             self.core
                 .registry
-                .register(registration, now_millis(), |id| welcome(id, false, refused));
+                .register(setup.registration.clone(), now_millis(), |id| {
+                    setup.welcome(id, false, refused)
+                });
         tracing::info!(%worker_id, "worker connected");
-        let row = shared.then(|| ticket_row(&worker_id));
+        let row = setup
+            .shared
+            .then(|| setup.ticket_row(&self.core, &worker_id));
         // As above: the session owns the registration before anything awaits.
         let response = self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound);
         if let Some(row) = row {
@@ -313,7 +236,139 @@ impl WorkerService for WorkerApi {
     }
 }
 
+/// What a session's set-up settled from its Hello and the server's config: the
+/// registration (with its ticket), what the worker says it holds, and what its
+/// Welcome and its stored ticket say.
+struct Setup {
+    registration: Registration,
+    held: std::collections::HashSet<AttemptKey>,
+    secret: String,
+    grace: Duration,
+    heartbeat_interval: Duration,
+    max_payload_bytes: usize,
+    /// Other nodes share the store and the session has a ticket: it is saved
+    /// where they can check it.
+    shared: bool,
+    caller: String,
+    fingerprint: String,
+}
+
+impl Setup {
+    fn new(
+        core: &Core,
+        principal: Option<&Principal>,
+        mut registration: Registration,
+        held: std::collections::HashSet<AttemptKey>,
+    ) -> Self {
+        let grace = core.config.resume_grace();
+        let ticket = match principal {
+            Some(p) if !grace.is_zero() => Some(Ticket::new(p.caller().clone())),
+            _ => None,
+        };
+        let secret = ticket
+            .as_ref()
+            .map(|t| t.secret.clone())
+            .unwrap_or_default();
+        registration.ticket = ticket;
+        let fingerprint = format!(
+            "{}|{}|{}",
+            registration.namespace,
+            registration.activity_types.join(","),
+            registration.max_concurrency
+        );
+        Self {
+            shared: !core.store.single_node() && !secret.is_empty(),
+            caller: principal
+                .map(|p| p.caller().to_string())
+                .unwrap_or_default(),
+            registration,
+            held,
+            secret,
+            grace,
+            heartbeat_interval: core.config.heartbeat_interval,
+            max_payload_bytes: core.config.max_payload_bytes,
+            fingerprint,
+        }
+    }
+
+    fn welcome(&self, id: &str, resumed: bool, refused: &str) -> server_message::Message {
+        server_message::Message::Welcome(v1::Welcome {
+            worker_id: id.to_owned(),
+            heartbeat_interval: Some(duration::to_proto(self.heartbeat_interval)),
+            protocol_version: 1,
+            max_concurrency: self.registration.max_concurrency,
+            max_payload_bytes: self.max_payload_bytes as u64,
+            resume_token: self.secret.clone(),
+            resume_grace: (!self.secret.is_empty()).then(|| duration::to_proto(self.grace)),
+            resumed,
+            resume_refused: refused.to_owned(),
+        })
+    }
+
+    fn ticket_row(&self, core: &Core, worker_id: &str) -> SessionTicket {
+        SessionTicket {
+            worker_id: worker_id.to_owned(),
+            secret: self.secret.clone(),
+            caller: self.caller.clone(),
+            registration: self.fingerprint.clone(),
+            at: core.store.now(),
+        }
+    }
+}
+
 impl WorkerApi {
+    /// The session `old_id` resumed on this stream: held here, or, with other
+    /// nodes, taken over from the node that held it (the database decides).
+    async fn resume(
+        &self,
+        setup: &Setup,
+        old_id: &str,
+        old_secret: String,
+    ) -> Result<Resumption, ResumeRefused> {
+        let local = self.core.registry.resume_session(
+            old_id,
+            &old_secret,
+            &setup.registration,
+            &setup.held,
+            |id| setup.welcome(id, true, ""),
+        );
+        match local {
+            Ok(resumed) => Ok(resumed),
+            // Not held here, or held with an older ticket (the session moved to
+            // another node and back): with other nodes, the database decides.
+            Err(why @ (ResumeRefused::Unknown | ResumeRefused::Ticket))
+                if setup.shared
+                    && !self.core.registry.is_draining()
+                    && (why == ResumeRefused::Ticket || !self.core.registry.knows(old_id)) =>
+            {
+                let take = TakeSession {
+                    ticket: setup.ticket_row(&self.core, old_id),
+                    old_secret,
+                    node: self.core.registry.node().to_string(),
+                };
+                match self.core.store.take_session(&take).await {
+                    Ok(Some(rows)) => {
+                        tracing::info!(worker_id = %old_id, attempts = rows.len(), "taking over a session from another node");
+                        Ok(self.core.registry.adopt(
+                            old_id,
+                            setup.registration.clone(),
+                            rows,
+                            &setup.held,
+                            self.core.store.now(),
+                            |id| setup.welcome(id, true, ""),
+                        ))
+                    }
+                    Ok(None) => Err(why),
+                    Err(e) => {
+                        tracing::warn!(worker_id = %old_id, error = %e, "cannot read the session to resume");
+                        Err(ResumeRefused::Unknown)
+                    }
+                }
+            }
+            Err(why) => Err(why),
+        }
+    }
+
     /// Keeps a session's ticket where the other nodes can check it. Without it the
     /// session can still be resumed here, only not elsewhere. The session already
     /// runs (its Welcome waits in its channel until this call answers), so a call
@@ -465,27 +520,6 @@ struct Session {
     evict: CancellationToken,
     /// This session's place under `--max-sessions-per-token`.
     _place: SessionPlace,
-}
-
-/// A result the reader has taken from the worker, on its way to the committer.
-enum Forward {
-    /// The result decides an attempt the worker held: commit these ops, then ack.
-    Commit {
-        ops: Vec<Op>,
-        ack: v1::ResultAck,
-        /// Keeps the result unsettled (for a drain) until the commit's reply.
-        committing: crate::dispatch::registry::Committing,
-    },
-    /// The result answers nothing the worker holds: ack it, not accepted.
-    Refuse(v1::ResultAck),
-    /// The result answers an attempt that ended while the worker was away, which it
-    /// said it still had when it resumed: perhaps this result, sent again because
-    /// its ack was lost with the old stream. The store tells (see
-    /// [`ended_by_own_result`]).
-    Recheck(v1::ResultAck),
-    /// The worker said Goodbye: once every claim planned for it has landed, tell it
-    /// that nothing more comes (Drain).
-    Goodbye,
 }
 
 impl Session {
@@ -744,420 +778,8 @@ impl Session {
     }
 }
 
-/// Commits a session's results in the order they were read, and acks each after
-/// its commit. Takes an ack-window permit per result (the bound on acks queued for
-/// the worker); once the session is `over`, results are still committed but acks
-/// wait for no room.
-async fn forward_results(
-    core: Arc<Core>,
-    (worker_id, namespace): (Arc<str>, Arc<str>),
-    tx: mpsc::Sender<Outgoing>,
-    window: Arc<Semaphore>,
-    mut queue: mpsc::Receiver<Forward>,
-    over: CancellationToken,
-) {
-    while let Some(item) = queue.recv().await {
-        let permit = tokio::select! {
-            biased;
-            permit = window.clone().acquire_owned() => permit.ok(),
-            _ = over.cancelled() => window.clone().try_acquire_owned().ok(),
-        };
-        match item {
-            Forward::Refuse(ack) => send_ack(&tx, ack, false, permit),
-            Forward::Recheck(ack) => {
-                tokio::spawn(recheck(
-                    core.clone(),
-                    (worker_id.clone(), namespace.clone()),
-                    Unsettled {
-                        tx: tx.clone(),
-                        ack,
-                        permit,
-                        _committing: None,
-                    },
-                    over.clone(),
-                ));
-            }
-            Forward::Goodbye => {
-                drop(permit);
-                // An empty commit is a barrier: claims planned for this worker
-                // before it left have been assigned when it returns.
-                let _ = core.committer.commit(Vec::new()).await;
-                let _ = tx.try_send(Outgoing::message(server_message::Message::Drain(
-                    v1::Drain { deadline: None },
-                )));
-            }
-            Forward::Commit {
-                ops,
-                ack,
-                committing,
-            } => {
-                let tx = tx.clone();
-                if crate::breakage::active(crate::breakage::Breakage::AckBeforeCommit) {
-                    send_ack(&tx, ack.clone(), true, permit);
-                    let reply = Box::new(move |_: Result<Vec<Outcome>, _>| drop(committing));
-                    let _ = core.committer.commit_with(ops, reply).await;
-                    continue;
-                }
-                let retry = (core.clone(), ops.clone());
-                let who = (worker_id.clone(), namespace.clone(), over.clone());
-                let reply = Box::new(move |outcome: Result<Vec<Outcome>, CommitError>| {
-                    match outcome {
-                        Ok(outcomes) if finished(&outcomes) => {
-                            send_ack(&tx, ack, true, permit);
-                            drop(committing);
-                        }
-                        // The row had moved on: perhaps by this very result,
-                        // written by the node the session moved from.
-                        Ok(_) => {
-                            let (worker_id, namespace, over) = who;
-                            let unsettled = Unsettled {
-                                tx,
-                                ack,
-                                permit,
-                                _committing: Some(committing),
-                            };
-                            tokio::spawn(recheck(retry.0, (worker_id, namespace), unsettled, over));
-                        }
-                        Err(CommitError::Store(why)) => {
-                            let (core, ops) = retry;
-                            tokio::spawn(retry_result(
-                                core,
-                                ops,
-                                who,
-                                Unsettled {
-                                    tx,
-                                    ack,
-                                    permit,
-                                    _committing: Some(committing),
-                                },
-                                why,
-                            ));
-                        }
-                        // No ack: the worker keeps the result and sends it again
-                        // to the node it resumes on.
-                        Err(CommitError::Closed) => drop(committing),
-                    }
-                });
-                if core.committer.commit_with(ops, reply).await.is_err() {
-                    // The committer is gone (shutdown); the reply, and with it the
-                    // ack, is dropped. The row stays RUNNING and is reclaimed later.
-                    tracing::warn!("result not recorded: shutting down");
-                }
-            }
-        }
-    }
-}
-
-/// Acks a result whose attempt was not the worker's to end any more when the
-/// result came: one the worker sends again after a resume for an attempt that ended
-/// while it was away, or one whose ending the store refused (the row had moved
-/// on). Such a result may still be the one the attempt ended with, its first ack
-/// lost with the old stream, or its write made by the node the session moved from;
-/// then the worker hears it was accepted. Runs apart from the session's forwarder,
-/// which it would hold up; a result that was committed stays unsettled (for a
-/// drain) until its ack is sent. Nothing is sent if the session is `over` or the
-/// server stops first: the worker sends the result again where it resumes.
-async fn recheck(
-    core: Arc<Core>,
-    (worker_id, namespace): (Arc<str>, Arc<str>),
-    unsettled: Unsettled,
-    over: CancellationToken,
-) {
-    let answer = tokio::select! {
-        answer = ended_by_own_result(&core, &namespace, &worker_id, &unsettled.ack) => answer,
-        _ = over.cancelled() => None,
-    };
-    let Some(accepted) = answer else {
-        return;
-    };
-    if !accepted {
-        crate::metrics::result_refused();
-    }
-    let Unsettled {
-        tx, ack, permit, ..
-    } = unsettled;
-    send_ack(&tx, ack, accepted, permit);
-}
-
-/// Whether attempt `ack.attempt` ended with this worker's own result (`None`: the
-/// server stops before it is known). A worker sends one result per attempt, and
-/// only a result ends an attempt as completed, retried, failed or snoozed (the
-/// server's own endings are timeouts, lost workers, cancels and releases), so such
-/// an ending under this worker's id was this result.
-///
-/// While the row still runs the attempt for this worker, the result's first write
-/// may be on its way: queued behind others, tried again after a failed commit, or
-/// made by another node. That is waited for, and so, if it never comes, is the
-/// attempt's reclaim once its lease (renewed by no one: the registry no longer
-/// holds it) lapses. Reads the store failed are tried again meanwhile.
-async fn ended_by_own_result(
-    core: &Core,
-    namespace: &str,
-    worker_id: &str,
-    ack: &v1::ResultAck,
-) -> Option<bool> {
-    use crate::store::{ActivityStatus, AttemptOutcome, Key};
-    let key = Key {
-        namespace: namespace.to_owned(),
-        workflow_id: ack.workflow_id.clone(),
-        activity_id: ack.activity_id.clone(),
-    };
-    // Past the lease and a sweep or two, the attempt is reclaimed if its write
-    // never came.
-    let give_up = tokio::time::Instant::now() + core.config.lease_timeout.saturating_mul(2);
-    let mut pause = RESULT_RETRY_FIRST;
-    loop {
-        let row = match core.store.get(&key).await {
-            Ok(Some(row)) if row.attempt < ack.attempt => return Some(false),
-            Ok(Some(row)) => Some(row),
-            Ok(None) => return Some(false),
-            Err(e) => {
-                tracing::warn!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, error = %e, "cannot read whether a result sent again was recorded");
-                None
-            }
-        };
-        match row {
-            Some(row)
-                if row.attempt == ack.attempt
-                    && row.status == ActivityStatus::Running
-                    && row.worker_id.as_deref() != Some(worker_id) =>
-            {
-                return Some(false);
-            }
-            // Still this worker's: its result's write may be on its way.
-            Some(row) if row.attempt == ack.attempt && row.status == ActivityStatus::Running => {}
-            Some(row) => match core.store.history(row.id).await {
-                Ok(history) => {
-                    return Some(history.iter().any(|record| {
-                        record.attempt == ack.attempt
-                            && record.worker_id.as_deref() == Some(worker_id)
-                            && matches!(
-                                AttemptOutcome::parse(&record.outcome),
-                                Some(
-                                    AttemptOutcome::Completed
-                                        | AttemptOutcome::Retried
-                                        | AttemptOutcome::Failed
-                                        | AttemptOutcome::Snoozed
-                                )
-                            )
-                    }));
-                }
-                Err(e) => {
-                    tracing::warn!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, error = %e, "cannot read the attempt history of a result sent again");
-                }
-            },
-            None => {}
-        }
-        if tokio::time::Instant::now() >= give_up {
-            return Some(false);
-        }
-        // A write queued before now has landed once an empty commit has.
-        if let Err(CommitError::Closed) = core.committer.commit(Vec::new()).await {
-            return None;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(RESULT_RETRY_MAX);
-    }
-}
-
 fn draining() -> Error {
     Error::Unavailable("the server is draining for a restart: reconnect with backoff".to_owned())
-}
-
-/// Sends a resumed worker a task it lacks, read again from the store (the
-/// registry keeps no payloads). A read that fails is tried again while the
-/// session lasts: the attempt holds a slot and its lease is renewed, so given up
-/// it would hold both until the session ends.
-async fn resend_task(core: &Core, tx: &mpsc::Sender<Outgoing>, worker_id: &str, attempt: &Attempt) {
-    let mut pause = RESULT_RETRY_FIRST;
-    loop {
-        match core.store.get(&attempt.key).await {
-            Ok(Some(row))
-                if row.attempt == attempt.attempt
-                    && row.status == crate::store::ActivityStatus::Running =>
-            {
-                // Through the registry: the server may have stopped the attempt
-                // (a cancel, a timeout, a drain's deadline) while the row was read.
-                let task = crate::wire::task(row, attempt);
-                core.registry.send_lacked(worker_id, tx, attempt, task);
-                return;
-            }
-            // Ended meanwhile: a cancel sent for it would go unanswered, since
-            // the worker never had it.
-            Ok(_) => {
-                core.registry.forget_unsent(worker_id, attempt);
-                return;
-            }
-            Err(e) if !tx.is_closed() => {
-                tracing::warn!(error = %e, activity_id = %attempt.key.activity_id, retry_in = %duration::format(pause), "cannot read a task to send again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RESULT_RETRY_MAX);
-            }
-            // The session is over; what it held is ended with it.
-            Err(_) => return,
-        }
-    }
-}
-
-/// Whether a result's commit ended its attempt (its `Finish` comes last).
-fn finished(outcomes: &[Outcome]) -> bool {
-    matches!(outcomes.last(), Some(Outcome::Finished { accepted: true }))
-}
-
-/// A result whose commit failed, and what its ack needs.
-struct Unsettled {
-    tx: mpsc::Sender<Outgoing>,
-    ack: v1::ResultAck,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// Held until the result settles: a drain waits for it.
-    _committing: Option<crate::dispatch::registry::Committing>,
-}
-
-/// Commits a result again after the store failed it, until it is written or
-/// refused by its fence (the attempt ended otherwise meanwhile, e.g. its lease ran
-/// out while the store was down). Refusing it for the store's failure would tell
-/// the worker its attempt had ended and lose the outcome. The result's ops are
-/// fenced by attempt, so a commit that failed after writing cannot write twice;
-/// a refusal is checked as the first commit's is ([`recheck`]), since the commit
-/// reported failed may have written this very result (its reply lost with the
-/// connection).
-/// A failure that is not transient is tried [`RESULT_TRIES_UNLESS_TRANSIENT`]
-/// times in all: then no ack is sent, the worker keeps the result for its next
-/// session, and the attempt, whose lease no longer renews, is reclaimed as lost.
-async fn retry_result(
-    core: Arc<Core>,
-    ops: Vec<Op>,
-    (worker_id, namespace, over): (Arc<str>, Arc<str>, CancellationToken),
-    unsettled: Unsettled,
-    mut why: Arc<crate::store::Error>,
-) {
-    let mut pause = RESULT_RETRY_FIRST;
-    let mut tries = 1;
-    loop {
-        if why.class() != crate::store::Class::Transient && tries >= RESULT_TRIES_UNLESS_TRANSIENT {
-            tracing::error!(workflow_id = %unsettled.ack.workflow_id, activity_id = %unsettled.ack.activity_id, attempt = unsettled.ack.attempt, "result not recorded, given up: {why}; the worker keeps it, and the attempt is reclaimed when its lease lapses");
-            return;
-        }
-        tries += 1;
-        tracing::warn!(workflow_id = %unsettled.ack.workflow_id, activity_id = %unsettled.ack.activity_id, attempt = unsettled.ack.attempt, retry_in = %duration::format(pause), "result not recorded: {why}");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(RESULT_RETRY_MAX);
-        match core.committer.commit(ops.clone()).await {
-            Ok(outcomes) if finished(&outcomes) => {
-                let Unsettled {
-                    tx, ack, permit, ..
-                } = unsettled;
-                send_ack(&tx, ack, true, permit);
-                return;
-            }
-            Ok(_) => {
-                recheck(core, (worker_id, namespace), unsettled, over).await;
-                return;
-            }
-            Err(CommitError::Store(again)) => why = again,
-            Err(CommitError::Closed) => return,
-        }
-    }
-}
-
-fn send_ack(
-    tx: &mpsc::Sender<Outgoing>,
-    mut ack: v1::ResultAck,
-    accepted: bool,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-) {
-    // Without a permit the session is over and the window full: the ack has no
-    // room, and nobody is reading it.
-    let Some(permit) = permit else { return };
-    ack.accepted = accepted;
-    // Room is guaranteed by the ack window; closed means the worker is gone.
-    let _ = tx.try_send(Outgoing {
-        message: Ok(ServerMessage {
-            message: Some(server_message::Message::Ack(ack)),
-        }),
-        permit: Some(permit),
-    });
-}
-
-/// The transition a worker's result asks for, after checking what it carries.
-fn decide(
-    attempt: &Attempt,
-    outcome: Option<activity_result::Outcome>,
-    max_payload: usize,
-    now: UnixMillis,
-) -> Transition {
-    match outcome {
-        Some(activity_result::Outcome::Output(mut output)) => {
-            match validate::check_size("output", &output, max_payload) {
-                Ok(()) => {
-                    validate::worker_content_type(&mut output);
-                    Transition::Complete { output }
-                }
-                // Retrying would most likely produce the same output again.
-                Err(e) => Transition::Fail {
-                    error: crate::store::server_error(
-                        ErrorKind::Terminal,
-                        "PayloadTooLarge",
-                        e.to_string(),
-                    ),
-                },
-            }
-        }
-        Some(activity_result::Outcome::Error(error)) => {
-            let error = worker_error(error, max_payload);
-            lifecycle::on_failure(attempt, error, now, rand::random())
-        }
-        Some(activity_result::Outcome::Snooze(snooze)) => {
-            let delay = validate::worker_delay(Some(&snooze));
-            Transition::Snooze {
-                next_at: now.saturating_add(validate::millis(delay)),
-            }
-        }
-        None => lifecycle::on_failure(
-            attempt,
-            crate::store::server_error(
-                ErrorKind::Retryable,
-                "InvalidResult",
-                "the worker's result carried no output, error or snooze".to_owned(),
-            ),
-            now,
-            rand::random(),
-        ),
-    }
-}
-
-/// A worker's error as it will be stored: workers may only send RETRYABLE or
-/// TERMINAL (anything else counts as RETRYABLE); its texts are sanitised (see
-/// `validate`), oversized details are dropped with a note, and `next_retry_delay`
-/// is bounded like any delay.
-fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
-    let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
-    if kind != ErrorKind::Terminal {
-        error.kind = ErrorKind::Retryable as i32;
-    }
-    error.r#type =
-        validate::worker_text(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
-    error.message = validate::worker_text(
-        std::mem::take(&mut error.message),
-        validate::MAX_MESSAGE_BYTES,
-    );
-    if let Some(details) = &mut error.details {
-        if validate::check_size("error.details", details, max_payload).is_err() {
-            error
-                .message
-                .push_str(" [error details dropped: over the payload limit]");
-            error.details = None;
-        } else {
-            validate::worker_content_type(details);
-        }
-    }
-    // An invalid delay is ignored (the policy's backoff applies); a long one is cut.
-    error.next_retry_delay = error
-        .next_retry_delay
-        .as_ref()
-        .and_then(|d| duration::from_proto(Some(d)).ok().flatten())
-        .map(|d| duration::to_proto(d.min(validate::MAX_DURATION)));
-    error
 }
 
 #[cfg(test)]
