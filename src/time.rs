@@ -10,8 +10,13 @@ pub type UnixMillis = i64;
 pub fn now_millis() -> UnixMillis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .map(millis)
         .unwrap_or(0)
+}
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+pub fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Unix milliseconds as a protobuf timestamp.

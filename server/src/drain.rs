@@ -117,11 +117,7 @@ impl Drainer {
         let _one = tokio::time::timeout_at(deadline, self.running.lock())
             .await
             .ok();
-        let deadline_ms = self
-            .core
-            .store
-            .now()
-            .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
+        let deadline_ms = self.core.store.now().saturating_add(time::millis(timeout));
 
         // Phase 1. Stop dispatch first, then let any claim already in the
         // committer's current batch land (the empty commit is a barrier), so the

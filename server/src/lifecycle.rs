@@ -31,7 +31,7 @@ pub fn on_failure(
         (Some(d), _) => spool_proto::duration::from_proto(Some(d))
             .ok()
             .flatten()
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            .map_or(0, spool_proto::time::millis),
         // A lost worker is no fault of the activity's: run it again at once.
         (None, ErrorKind::WorkerLost) => 0,
         (None, _) => backoff_ms(&attempt.retry, counted, jitter),
@@ -59,19 +59,25 @@ pub fn backoff_ms(retry: &RetrySpec, counted: u32, jitter: f64) -> i64 {
 }
 
 /// An error the server records on its own behalf (lost worker, timeouts).
+/// The transition of an attempt whose worker is gone (`why` says how): a
+/// failure like any other, counted, retried while attempts remain.
+pub fn lost(attempt: &Attempt, why: String, now: UnixMillis) -> Transition {
+    on_failure(attempt, lost_error(why), now, rand::random())
+}
+
+/// The error an attempt whose worker is gone ends with.
+pub fn lost_error(why: String) -> ActivityError {
+    server_error(ErrorKind::WorkerLost, "WorkerLost", why)
+}
+
 /// The transition of an attempt a draining server gives up: back to SCHEDULED,
 /// uncounted (unless the `release-counted` breakage is on; see `breakage`).
 pub fn release(attempt: &Attempt, now: UnixMillis) -> Transition {
     if crate::breakage::active(crate::breakage::Breakage::ReleaseCounted) {
-        return on_failure(
+        return lost(
             attempt,
-            server_error(
-                ErrorKind::WorkerLost,
-                "WorkerLost",
-                "released by a draining server (counted: deliberately broken)".to_owned(),
-            ),
+            "released by a draining server (counted: deliberately broken)".to_owned(),
             now,
-            rand::random(),
         );
     }
     Transition::Release

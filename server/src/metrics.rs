@@ -426,10 +426,6 @@ pub fn liveness(workers: usize, running: usize) {
     metrics::gauge!("spool_attempts_running").set(running as f64);
 }
 
-pub fn row_unreadable(read: &'static str) {
-    metrics::counter!("spool_rows_unreadable_total", "read" => read).increment(1);
-}
-
 /// A committed batch's events for other nodes were dropped: the publisher's
 /// queue was full.
 pub fn peer_events_dropped() {

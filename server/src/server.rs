@@ -31,7 +31,7 @@ use crate::{
     drain::{self, Drainer},
     lifecycle,
     store::Attempt,
-    store::{self, ErrorKind, Op, Outcome, Store},
+    store::{self, Op, Outcome, Store},
     transport,
 };
 
@@ -482,12 +482,11 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
             .iter()
             .map(|row| {
                 let attempt = Arc::new(Attempt::from_row(row));
-                let error = crate::store::server_error(
-                    ErrorKind::WorkerLost,
-                    "WorkerLost",
+                let transition = lifecycle::lost(
+                    &attempt,
                     "the server stopped while the attempt ran".to_owned(),
+                    now,
                 );
-                let transition = lifecycle::on_failure(&attempt, error, now, rand::random());
                 Op::Finish {
                     attempt,
                     transition,
@@ -617,7 +616,7 @@ async fn prune_loop(
     shutdown: CancellationToken,
 ) {
     const LIMIT: u32 = 500;
-    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let retention_ms = spool_proto::time::millis(retention);
     loop {
         let before = store.now().saturating_sub(retention_ms);
         let pruned = match committer

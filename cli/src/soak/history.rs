@@ -54,7 +54,7 @@ pub enum DriverEvent {
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .map_or(0, spool_proto::time::millis)
 }
 
 /// An append-only JSON-lines file; each line goes out in one `write`.

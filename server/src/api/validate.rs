@@ -313,9 +313,7 @@ fn optional_ms(field: &str, value: Option<&prost_types::Duration>) -> Result<Opt
     Ok(duration(field, value)?.filter(|d| !d.is_zero()).map(millis))
 }
 
-pub fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+pub use spool_proto::time::millis;
 
 pub fn retry_policy(
     policy: Option<&v1::RetryPolicy>,

@@ -29,7 +29,7 @@ use super::{Committer, Registry, registry::Sweep};
 use crate::{
     lifecycle,
     store::Attempt,
-    store::{ErrorKind, Op, Outcome, Store, Transition},
+    store::{Op, Outcome, Store, Transition},
 };
 
 /// Most rows expired or reclaimed per tick; the rest wait for the next tick.
@@ -51,7 +51,7 @@ pub async fn run(
 ) {
     let tick = options.tick;
     let silence = options.heartbeat_interval.saturating_mul(3);
-    let lease_ms = millis(options.lease).max(1);
+    let lease_ms = spool_proto::time::millis(options.lease).max(1);
     // Rows claimed ahead are sent within milliseconds while their worker keeps
     // pace; one that waited a quarter of the lease goes back for any worker.
     let hold_ahead = options.lease / 4;
@@ -153,13 +153,9 @@ fn plan(sweep: Sweep, now: UnixMillis, renew_for: Option<i64>, jitter: f64) -> P
         tracing::info!(%worker_id, lost = attempts.len(), "worker did not resume its session within the grace: its attempts are lost");
         crate::metrics::worker_lost();
         for attempt in attempts {
-            let error = crate::store::server_error(
-                ErrorKind::WorkerLost,
-                "WorkerLost",
-                format!(
-                    "worker {worker_id} dropped its stream and did not resume within the grace"
-                ),
-            );
+            let error = lifecycle::lost_error(format!(
+                "worker {worker_id} dropped its stream and did not resume within the grace"
+            ));
             ops.push(Op::Finish {
                 transition: lifecycle::on_failure(&attempt, error, now, jitter),
                 attempt,
@@ -205,9 +201,7 @@ fn reclaims(
         .filter(|row| !held(row.id, row.attempt))
         .map(|row| {
             let attempt = Arc::new(Attempt::from_row(row));
-            let error = crate::store::server_error(
-                ErrorKind::WorkerLost,
-                "WorkerLost",
+            let error = lifecycle::lost_error(
                 "the attempt's lease expired with no live worker holding it".to_owned(),
             );
             tracing::warn!(activity_id = %attempt.key.activity_id, attempt = attempt.attempt, "reclaiming an attempt whose lease expired");
@@ -218,10 +212,6 @@ fn reclaims(
             }
         })
         .collect()
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -391,7 +381,7 @@ mod tests {
                     Transition::Retry { error, .. } | Transition::Fail { error } => error,
                     other => panic!("a lost worker's ending, got {other:?}"),
                 };
-                assert_eq!(error.kind, ErrorKind::WorkerLost as i32);
+                assert_eq!(error.kind, crate::store::ErrorKind::WorkerLost as i32);
             }
             other => panic!("expected an ending, got {other:?}"),
         }

@@ -15,6 +15,8 @@
 
 #[macro_use]
 mod sql_macros;
+#[macro_use]
+mod reads;
 mod error;
 mod model;
 mod ops;
@@ -54,7 +56,7 @@ impl Anchored {
 
     pub(crate) fn now(&self) -> UnixMillis {
         self.at
-            .saturating_add(i64::try_from(self.instant.elapsed().as_millis()).unwrap_or(i64::MAX))
+            .saturating_add(spool_proto::time::millis(self.instant.elapsed()))
     }
 }
 

@@ -86,7 +86,7 @@ where
 /// Reports a row left out of a read because it cannot be decoded.
 pub(super) fn unreadable(read: &'static str, id: Option<i64>, error: &Error) {
     tracing::error!(read, id, %error, "a stored row cannot be read; it is left out");
-    crate::metrics::row_unreadable(read);
+    count_unreadable(read);
 }
 
 /// The rows of a page: as many of `sizes` (`(id, bytes)` in id order, one more
@@ -413,7 +413,7 @@ pub(super) fn status_counts(
                 rows = n,
                 "rows with an unknown status are left out of Stats"
             );
-            crate::metrics::row_unreadable("stats");
+            count_unreadable("stats");
             continue;
         };
         match status {
@@ -516,4 +516,11 @@ fn count(row: &impl Columns, i: usize) -> Result<u64, Error> {
 /// dialects' `CONCURRENCY_KEY`.
 pub(super) fn key_counts(row: &impl Columns) -> Result<(u64, u64), Error> {
     Ok((count(row, 0)?, count(row, 1)?))
+}
+
+/// Counts a row left out of a read (`spool_rows_unreadable_total`, described with
+/// the server's other metrics): the store counts through the metrics facade, so
+/// it needs nothing of the server's metrics module.
+fn count_unreadable(read: &'static str) {
+    metrics::counter!("spool_rows_unreadable_total", "read" => read).increment(1);
 }

@@ -745,15 +745,10 @@ impl Session {
             .map(|attempt| {
                 let transition = match &end {
                     End::Shutdown | End::Superseded => lifecycle::release(&attempt, now),
-                    End::Lost(why) | End::Dropped(why) => lifecycle::on_failure(
+                    End::Lost(why) | End::Dropped(why) => lifecycle::lost(
                         &attempt,
-                        crate::store::server_error(
-                            ErrorKind::WorkerLost,
-                            "WorkerLost",
-                            format!("worker {} was lost: {why}", self.worker_id),
-                        ),
+                        format!("worker {} was lost: {why}", self.worker_id),
                         now,
-                        rand::random(),
                     ),
                 };
                 Op::Finish {

@@ -120,7 +120,7 @@ impl Committer {
             store,
             registry,
             pending,
-            lease_ms: i64::try_from(options.lease.as_millis()).unwrap_or(i64::MAX),
+            lease_ms: spool_proto::time::millis(options.lease),
             rx,
             timer,
             failure_pause: FIRST_FAILURE_PAUSE,

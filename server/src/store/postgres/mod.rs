@@ -406,6 +406,8 @@ fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
     rows::decode(&rows::Sqlx(row))
 }
 
+shared_reads!(sqlx::PgPool);
+
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
@@ -466,54 +468,23 @@ impl Store for PostgresStore {
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        let rows = sqlx::query(sql::STATS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        let pairs = rows
-            .iter()
-            .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        rows::status_counts(pairs)
+        reads::stats(&self.readers, namespace).await
     }
 
     async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
-        let rows = sqlx::query(sql::HISTORY)
-            .bind(id)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(rows::decode_attempts(rows.iter().map(rows::Sqlx)))
+        reads::history(&self.readers, id).await
     }
 
     async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
-        let rows = sqlx::query(sql::TYPE_COUNTS)
-            .bind(now)
-            .fetch_all(&self.readers)
-            .await?;
-        rows::type_counts(rows.iter().map(rows::Sqlx))
+        reads::type_counts(&self.readers, now).await
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        let rows = sqlx::query(sql::RUNNING)
-            .bind(after_id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(RunningPage {
-            next_after: (rows.len() == limit as usize)
-                .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
-                .flatten(),
-            rows: rows::decode_all(&rows, "running"),
-        })
+        reads::running(&self.pool, after_id, limit).await
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        let rows = sqlx::query(sql::EXPIRED_LEASES)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows::decode_all(&rows, "expired_leases"))
+        reads::expired_leases(&self.pool, now, limit).await
     }
 
     async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
@@ -584,16 +555,7 @@ impl Store for PostgresStore {
     }
 
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        let rows = sqlx::query(sql::DUE_TIMES)
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        let rows = rows
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        Ok(rows::due_times(rows, limit))
+        reads::due_times(&self.pool, after, limit).await
     }
 
     async fn rate_limits(
@@ -601,48 +563,21 @@ impl Store for PostgresStore {
         namespace: Option<&str>,
         now: UnixMillis,
     ) -> Result<Vec<rate::RateLimitUse>, Error> {
-        let rows = sqlx::query(sql::RATE_LIMITS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.iter()
-            .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
-            .collect()
+        reads::rate_limits(&self.readers, namespace, now).await
     }
 
     async fn concurrency_limits(
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
-        let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.iter()
-            .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
-            .collect()
+        reads::concurrency_limits(&self.readers, namespace).await
     }
 
     async fn fairness_weights(
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<super::fairness::FairnessWeightUse>, Error> {
-        let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        let weights = rows
-            .iter()
-            .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
-            .collect::<Result<Vec<_>, _>>()?;
-        super::fairness::with_waiting(weights, |namespace, activity_type| async move {
-            Ok(sqlx::query_as(sql::WAITING_BY_FAIRNESS_KEY)
-                .bind(namespace)
-                .bind(activity_type)
-                .fetch_all(&self.readers)
-                .await?)
-        })
-        .await
+        reads::fairness_weights(&self.readers, namespace).await
     }
 
     async fn concurrency_key(
@@ -651,13 +586,7 @@ impl Store for PostgresStore {
         activity_type: &str,
         key: &str,
     ) -> Result<Option<(u64, u64)>, Error> {
-        let row = sqlx::query(sql::CONCURRENCY_KEY)
-            .bind(namespace)
-            .bind(activity_type)
-            .bind(key)
-            .fetch_optional(&self.readers)
-            .await?;
-        row.map(|r| rows::key_counts(&rows::Sqlx(&r))).transpose()
+        reads::concurrency_key(&self.readers, namespace, activity_type, key).await
     }
 
     async fn set_priority_aging(

@@ -448,13 +448,13 @@ async fn fill(conn: &mut PgConnection, n: i64, status: i64) {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout() {
-    let store = store_with(&[("statement_timeout", "300ms")]).await;
+    let store = store_with(&[("statement_timeout", "1s")]).await;
     let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
     sqlx::query("SET LOCAL statement_timeout = 0")
         .execute(&mut *tx)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    fill(&mut tx, 100_000, 1).await;
+    fill(&mut tx, 250_000, 1).await;
     sqlx::query("UPDATE activities SET priority = id % 5, claim_band = -(id % 5)")
         .execute(&mut *tx)
         .await
@@ -480,7 +480,7 @@ async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout
     assert!(changed);
     let mut ranked = 0;
     loop {
-        let ops: Arc<[Op]> = Arc::from(vec![Op::Rerank { ids: 2_000 }]);
+        let ops: Arc<[Op]> = Arc::from(vec![Op::Rerank { ids: 1_000 }]);
         match store.apply(ops, store.now()).await.as_deref() {
             Ok([Outcome::Reranked(Some(step))]) => {
                 ranked += step.rows;
@@ -491,7 +491,7 @@ async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout
             other => panic!("a step failed: {other:?}"),
         }
     }
-    assert_eq!(ranked, 100_000);
+    assert_eq!(ranked, 250_000);
     let stale: i64 = sqlx::query_scalar(concat!(
         "SELECT COUNT(*) FROM activities WHERE status = 1 AND (claim_band <> ",
         band!("priority", "concurrency_key"),

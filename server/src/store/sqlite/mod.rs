@@ -219,6 +219,8 @@ impl SqliteStore {
     }
 }
 
+shared_reads!(sqlx::SqlitePool);
+
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
@@ -271,54 +273,23 @@ impl Store for SqliteStore {
     }
 
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        let rows = sqlx::query(sql::STATS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        let pairs = rows
-            .iter()
-            .map(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        rows::status_counts(pairs)
+        reads::stats(&self.readers, namespace).await
     }
 
     async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
-        let rows = sqlx::query(sql::HISTORY)
-            .bind(id)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(rows::decode_attempts(rows.iter().map(rows::Sqlx)))
+        reads::history(&self.readers, id).await
     }
 
     async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
-        let rows = sqlx::query(sql::TYPE_COUNTS)
-            .bind(now)
-            .fetch_all(&self.readers)
-            .await?;
-        rows::type_counts(rows.iter().map(rows::Sqlx))
+        reads::type_counts(&self.readers, now).await
     }
 
     async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        let rows = sqlx::query(sql::RUNNING)
-            .bind(after_id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.internal)
-            .await?;
-        Ok(RunningPage {
-            next_after: (rows.len() == limit as usize)
-                .then(|| rows.last().and_then(|r| r.try_get::<i64, _>("id").ok()))
-                .flatten(),
-            rows: rows::decode_all(&rows, "running"),
-        })
+        reads::running(&self.internal, after_id, limit).await
     }
 
     async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        let rows = sqlx::query(sql::EXPIRED_LEASES)
-            .bind(now)
-            .bind(i64::from(limit))
-            .fetch_all(&self.internal)
-            .await?;
-        Ok(rows::decode_all(&rows, "expired_leases"))
+        reads::expired_leases(&self.internal, now, limit).await
     }
 
     fn single_node(&self) -> bool {
@@ -340,16 +311,7 @@ impl Store for SqliteStore {
     }
 
     async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        let rows = sqlx::query(sql::DUE_TIMES)
-            .bind(after)
-            .bind(i64::from(limit))
-            .fetch_all(&self.internal)
-            .await?;
-        let rows = rows
-            .iter()
-            .map(|r| Ok((rows::int(r, "next_at")?, r.try_get(1)?, r.try_get(2)?)))
-            .collect::<Result<Vec<_>, Error>>()?;
-        Ok(rows::due_times(rows, limit))
+        reads::due_times(&self.internal, after, limit).await
     }
 
     async fn rate_limits(
@@ -357,48 +319,21 @@ impl Store for SqliteStore {
         namespace: Option<&str>,
         now: UnixMillis,
     ) -> Result<Vec<rate::RateLimitUse>, Error> {
-        let rows = sqlx::query(sql::RATE_LIMITS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.iter()
-            .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
-            .collect()
+        reads::rate_limits(&self.readers, namespace, now).await
     }
 
     async fn concurrency_limits(
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
-        let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.iter()
-            .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
-            .collect()
+        reads::concurrency_limits(&self.readers, namespace).await
     }
 
     async fn fairness_weights(
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<super::fairness::FairnessWeightUse>, Error> {
-        let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
-            .bind(namespace)
-            .fetch_all(&self.readers)
-            .await?;
-        let weights = rows
-            .iter()
-            .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
-            .collect::<Result<Vec<_>, _>>()?;
-        super::fairness::with_waiting(weights, |namespace, activity_type| async move {
-            Ok(sqlx::query_as(sql::WAITING_BY_FAIRNESS_KEY)
-                .bind(namespace)
-                .bind(activity_type)
-                .fetch_all(&self.readers)
-                .await?)
-        })
-        .await
+        reads::fairness_weights(&self.readers, namespace).await
     }
 
     async fn concurrency_key(
@@ -407,13 +342,7 @@ impl Store for SqliteStore {
         activity_type: &str,
         key: &str,
     ) -> Result<Option<(u64, u64)>, Error> {
-        let row = sqlx::query(sql::CONCURRENCY_KEY)
-            .bind(namespace)
-            .bind(activity_type)
-            .bind(key)
-            .fetch_optional(&self.readers)
-            .await?;
-        row.map(|r| rows::key_counts(&rows::Sqlx(&r))).transpose()
+        reads::concurrency_key(&self.readers, namespace, activity_type, key).await
     }
 
     async fn set_priority_aging(
