@@ -184,6 +184,19 @@ fn request<T>(principal: &Principal, message: T) -> tonic::Request<T> {
     request
 }
 
+/// Calls a gRPC service implementation as `principal`: the page can do exactly
+/// what the token can, and a refusal comes back as the API's.
+async fn call<T, R, F, Fut>(principal: &Principal, message: T, rpc: F) -> Result<R, Failure>
+where
+    F: FnOnce(tonic::Request<T>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+{
+    Ok(rpc(request(principal, message))
+        .await
+        .map_err(from_status)?
+        .into_inner())
+}
+
 /// Refuses a change when the dashboard is read-only.
 fn writable(ui: &Ui) -> Result<(), Failure> {
     if ui.read_only {
@@ -227,17 +240,14 @@ async fn overview(
     let principal = caller(&ui, &headers)?;
     let namespace =
         crate::api::validate::namespace(&q.namespace).map_err(|e| from_status(e.into()))?;
-    let stats = ui
-        .activity
-        .stats(request(
-            &principal,
-            v1::StatsRequest {
-                namespace: namespace.clone(),
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
+    let stats = call(
+        &principal,
+        v1::StatsRequest {
+            namespace: namespace.clone(),
+        },
+        |r| ui.activity.stats(r),
+    )
+    .await?;
     let counts = ui
         .core
         .store
@@ -295,22 +305,19 @@ async fn activities(
         .into_response());
     }
     let status = json::status_from_name(&q.status).map_err(|e| from_status(e.into()))?;
-    let page = ui
-        .activity
-        .list(request(
-            &principal,
-            v1::ListRequest {
-                namespace: q.namespace,
-                status: status as i32,
-                activity_type: q.activity_type,
-                page_size: q.page_size.unwrap_or(50),
-                page_token: q.page_token,
-                newest_first: true,
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
+    let page = call(
+        &principal,
+        v1::ListRequest {
+            namespace: q.namespace,
+            status: status as i32,
+            activity_type: q.activity_type,
+            page_size: q.page_size.unwrap_or(50),
+            page_token: q.page_token,
+            newest_first: true,
+        },
+        |r| ui.activity.list(r),
+    )
+    .await?;
     // A workflow id alone narrows the page: List has no such filter.
     let activities = page
         .activities
@@ -354,18 +361,15 @@ async fn activity(
     Query(q): Query<KeyQuery>,
 ) -> Answer {
     let principal = caller(&ui, &headers)?;
-    let found = ui
-        .activity
-        .get(request(
-            &principal,
-            v1::GetRequest {
-                key: Some(key(&q.namespace, &q.workflow_id, &q.activity_id)),
-                include_history: true,
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
+    let found = call(
+        &principal,
+        v1::GetRequest {
+            key: Some(key(&q.namespace, &q.workflow_id, &q.activity_id)),
+            include_history: true,
+        },
+        |r| ui.activity.get(r),
+    )
+    .await?;
     Ok(Json(json::detail(found)).into_response())
 }
 
@@ -375,17 +379,14 @@ async fn workers(
     Query(q): Query<NamespaceQuery>,
 ) -> Answer {
     let principal = caller(&ui, &headers)?;
-    let listed = ui
-        .admin
-        .list_workers(request(
-            &principal,
-            v1::ListWorkersRequest {
-                namespace: q.namespace,
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
+    let listed = call(
+        &principal,
+        v1::ListWorkersRequest {
+            namespace: q.namespace,
+        },
+        |r| ui.admin.list_workers(r),
+    )
+    .await?;
     Ok(Json(json::workers(listed)).into_response())
 }
 
@@ -397,39 +398,30 @@ async fn limits(
     Query(q): Query<NamespaceQuery>,
 ) -> Answer {
     let principal = caller(&ui, &headers)?;
-    let rate = ui
-        .admin
-        .list_rate_limits(request(
-            &principal,
-            v1::ListRateLimitsRequest {
-                namespace: q.namespace.clone(),
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
-    let concurrency = ui
-        .admin
-        .list_concurrency_limits(request(
-            &principal,
-            v1::ListConcurrencyLimitsRequest {
-                namespace: q.namespace.clone(),
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
-    let fairness = ui
-        .admin
-        .list_fairness_weights(request(
-            &principal,
-            v1::ListFairnessWeightsRequest {
-                namespace: q.namespace,
-            },
-        ))
-        .await
-        .map_err(from_status)?
-        .into_inner();
+    let rate = call(
+        &principal,
+        v1::ListRateLimitsRequest {
+            namespace: q.namespace.clone(),
+        },
+        |r| ui.admin.list_rate_limits(r),
+    )
+    .await?;
+    let concurrency = call(
+        &principal,
+        v1::ListConcurrencyLimitsRequest {
+            namespace: q.namespace.clone(),
+        },
+        |r| ui.admin.list_concurrency_limits(r),
+    )
+    .await?;
+    let fairness = call(
+        &principal,
+        v1::ListFairnessWeightsRequest {
+            namespace: q.namespace,
+        },
+        |r| ui.admin.list_fairness_weights(r),
+    )
+    .await?;
     Ok(Json(json::limits(rate, concurrency, fairness)).into_response())
 }
 
