@@ -365,12 +365,15 @@ pub fn limits(
 }
 
 /// Used and free slots of a worker group (`namespace`, its types).
-pub fn worker_slots(groups: &[(String, String, u64, u64)], seen: &mut HashSet<(String, String)>) {
+pub fn worker_slots(
+    groups: &[crate::dispatch::registry::GroupSlots],
+    seen: &mut HashSet<(String, String)>,
+) {
     let mut totals: std::collections::HashMap<(String, String), (u64, u64)> = Default::default();
-    for (namespace, group, used, free) in groups {
-        let t = totals.entry(labels(namespace, group)).or_default();
-        t.0 += used;
-        t.1 += free;
+    for g in groups {
+        let t = totals.entry(labels(&g.namespace, &g.group)).or_default();
+        t.0 += g.used;
+        t.1 += g.free;
     }
     for pair in seen.iter() {
         totals.entry(pair.clone()).or_default();

@@ -684,7 +684,7 @@ impl Session {
             ops.push(Op::RecordHeartbeats(vec![HeartbeatDetails {
                 id: attempt.id,
                 attempt: attempt.attempt,
-                details,
+                details: Some(details),
             }]));
         }
         ops.push(Op::Finish {

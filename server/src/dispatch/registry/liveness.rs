@@ -43,7 +43,7 @@ impl Registry {
                 i.last_heartbeat = now;
                 // No details: the attempt is alive; what it reported last stands.
                 if details.is_some() {
-                    i.details = Some(details);
+                    i.details = details;
                     i.unflushed = true;
                 }
                 true
@@ -120,7 +120,7 @@ impl Registry {
                 sweep.heartbeats.push(HeartbeatDetails {
                     id: attempt.id,
                     attempt: attempt.attempt,
-                    details: details.clone(),
+                    details: Some(details.clone()),
                 });
                 sweep.flushed.push((
                     worker.id.clone(),

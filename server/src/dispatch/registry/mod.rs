@@ -191,7 +191,7 @@ pub enum Answer {
     /// latest heartbeat details it reported come along unless they are known
     /// stored, to be written with the result (again, if a flush took them already:
     /// that flush may land after the result's ending, and be fenced out).
-    Held(Arc<Attempt>, Option<Option<Payload>>),
+    Held(Arc<Attempt>, Option<Payload>),
     /// The attempt was the worker's, but the server already ended it (cancel,
     /// timeout): the result only frees the slot.
     Ended,
@@ -305,6 +305,16 @@ impl Inner {
         let releasing = self.released.len() > before;
         Some((worker, releasing))
     }
+}
+
+/// The slots of the workers serving one set of types in one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSlots {
+    pub namespace: String,
+    /// The types, joined by `+`.
+    pub group: String,
+    pub used: u64,
+    pub free: u64,
 }
 
 /// What [`Registry::end_all`] did.
@@ -670,9 +680,8 @@ impl Registry {
             .sum()
     }
 
-    /// Used and free slots of each worker group: `(namespace, types joined by '+',
-    /// used, free)`.
-    pub fn slots(&self) -> Vec<(String, String, u64, u64)> {
+    /// Used and free slots of each worker group.
+    pub fn slots(&self) -> Vec<GroupSlots> {
         let inner = self.lock();
         let mut by_group: BTreeMap<&GroupKey, (u64, u64)> = BTreeMap::new();
         for w in inner.workers.values() {
@@ -685,7 +694,12 @@ impl Registry {
             .into_iter()
             .map(|((ns, types), (used, free))| {
                 let group: Vec<&str> = types.iter().map(|t| &**t).collect();
-                (ns.to_string(), group.join("+"), used, free)
+                GroupSlots {
+                    namespace: ns.to_string(),
+                    group: group.join("+"),
+                    used,
+                    free,
+                }
             })
             .collect()
     }

@@ -999,11 +999,11 @@ fn a_heartbeat_without_details_keeps_what_was_reported() {
     );
     // The result still carries them: the sweep's write of them may land after
     // the result's ending, which fences it out.
-    assert_eq!(carried(&registry, &id), Some(Some(details)));
+    assert_eq!(carried(&registry, &id), Some(details));
 }
 
 /// The details attempt 1 of `a` answers with.
-fn carried(registry: &Registry, id: &str) -> Option<Option<Payload>> {
+fn carried(registry: &Registry, id: &str) -> Option<Payload> {
     match registry.answer(id, "wf", "a", 1) {
         Answer::Held(_, carried) => carried,
         _ => panic!("the attempt is held"),

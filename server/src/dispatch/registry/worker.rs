@@ -34,7 +34,7 @@ pub(super) struct Inflight {
     /// The latest details the attempt reported, until they are known stored: they
     /// go with its result, written just before its ending, while a flush of them
     /// may still land after the ending, and be fenced out.
-    pub(super) details: Option<Option<Payload>>,
+    pub(super) details: Option<Payload>,
     /// `details` changed since the sweep last took them to store.
     pub(super) unflushed: bool,
     /// The sweep took `details` to store, and its write has not been confirmed.
