@@ -119,7 +119,7 @@ struct LimitArgs {
     #[arg(long, env = "SPOOL_MAX_SESSIONS_PER_TOKEN", default_value_t = 4096)]
     max_sessions_per_token: usize,
     /// The most slots a worker session is granted (its Hello may ask for fewer).
-    #[arg(long, env = "SPOOL_MAX_WORKER_CONCURRENCY", default_value_t = spool_server::api::validate::DEFAULT_WORKER_CONCURRENCY)]
+    #[arg(long, env = "SPOOL_MAX_WORKER_CONCURRENCY", default_value_t = spool_server::limits::DEFAULT_WORKER_CONCURRENCY)]
     max_worker_concurrency: u32,
     /// Open health Watch and reflection streams, which need no token.
     #[arg(long, env = "SPOOL_MAX_UNAUTHENTICATED_STREAMS", default_value_t = 64)]

@@ -49,7 +49,7 @@ use tonic::{
     server::NamedService,
     transport::{
         Certificate, Identity, ServerTlsConfig,
-        server::{Connected, TcpConnectInfo, TcpIncoming},
+        server::{Connected, TcpIncoming},
     },
 };
 
@@ -181,11 +181,10 @@ impl Drop for PeerSlot {
     }
 }
 
-/// What a request knows of its connection (in its extensions): the TCP peer,
-/// and the flag the auth interceptor sets once a request authenticated.
+/// What a request knows of its connection (in its extensions): the flag the
+/// auth interceptor sets once a request authenticated.
 #[derive(Debug, Clone)]
 pub struct Peer {
-    pub tcp: TcpConnectInfo,
     authenticated: Arc<AtomicBool>,
 }
 
@@ -278,7 +277,6 @@ impl Connected for Connection {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         Peer {
-            tcp: self.stream.connect_info(),
             authenticated: self.authenticated.clone(),
         }
     }

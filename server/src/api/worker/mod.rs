@@ -567,7 +567,7 @@ impl Session {
                             );
                             let _ = self.tx.try_send(Outgoing {
                                 message: Err(status),
-                                permit: None,
+                                _permit: None,
                             });
                             break End::Lost("protocol error: second Hello".to_owned());
                         }
@@ -612,7 +612,7 @@ impl Session {
         );
         let _ = self.tx.try_send(Outgoing {
             message: Err(Status::unavailable(format!("worker lost: {why}"))),
-            permit: None,
+            _permit: None,
         });
         End::Lost(why)
     }

@@ -176,7 +176,7 @@ pub(super) fn send_ack(
         message: Ok(ServerMessage {
             message: Some(server_message::Message::Ack(ack)),
         }),
-        permit: Some(permit),
+        _permit: Some(permit),
     });
 }
 

@@ -38,7 +38,6 @@ mod liveness;
 mod sessions;
 mod worker;
 
-pub use worker::MAX_AHEAD_BYTES;
 use worker::{Ahead, Inflight, Worker, attempt_key, wall_of};
 
 use std::{
@@ -73,7 +72,8 @@ pub const ACK_WINDOW: usize = 1024;
 /// released when the message leaves the channel for the wire.
 pub struct Outgoing {
     pub message: Result<ServerMessage, Status>,
-    pub permit: Option<OwnedSemaphorePermit>,
+    /// Held, never read: dropped as the message leaves the channel.
+    pub _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Outgoing {
@@ -82,7 +82,7 @@ impl Outgoing {
             message: Ok(ServerMessage {
                 message: Some(message),
             }),
-            permit: None,
+            _permit: None,
         }
     }
 }

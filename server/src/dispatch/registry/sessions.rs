@@ -51,6 +51,7 @@ impl Registry {
         (id, tx, rx, evict)
     }
 
+    #[cfg(test)]
     /// Removes a worker; returns the attempts it still ran that the server had not
     /// already ended, for the caller to fail or release.
     pub fn unregister(&self, worker_id: &str) -> Vec<Arc<Attempt>> {
