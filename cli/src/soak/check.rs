@@ -4,6 +4,8 @@
 //!   `max_attempts = 1` may instead have failed, if a fault that loses attempts
 //!   overlaps its last attempt: that is what the user asked for);
 //! - no activity was accepted twice;
+//! - no attempt reached a handler twice: one attempt number is one run, so a
+//!   second start of it means two nodes (or one node twice) handed out one claim;
 //! - an accepted result is the stored one: same attempt, same worker's output;
 //! - nothing is left SCHEDULED or RUNNING.
 //!
@@ -49,6 +51,8 @@ pub struct Verdict {
     pub ack_unseen: usize,
     pub lost: Vec<String>,
     pub twice: Vec<String>,
+    /// `key#attempt` that reached a handler more than once.
+    pub ran_twice: Vec<String>,
     pub wrong_attempt: Vec<String>,
     pub unexplained_failures: Vec<String>,
     pub left_unfinished: Vec<String>,
@@ -60,6 +64,7 @@ impl Verdict {
     pub fn passed(&self) -> bool {
         self.lost.is_empty()
             && self.twice.is_empty()
+            && self.ran_twice.is_empty()
             && self.wrong_attempt.is_empty()
             && self.unexplained_failures.is_empty()
             && self.left_unfinished.is_empty()
@@ -71,6 +76,7 @@ impl Verdict {
         for (what, keys) in [
             ("acknowledged but not completed", &self.lost),
             ("accepted twice", &self.twice),
+            ("one attempt started twice", &self.ran_twice),
             (
                 "accepted attempt is not the stored one",
                 &self.wrong_attempt,
@@ -109,9 +115,13 @@ pub fn check(
 
     let mut accepted: HashMap<&str, Vec<(u32, &str)>> = HashMap::new();
     let mut starts: HashMap<&str, Vec<i64>> = HashMap::new();
+    let mut runs: HashMap<(&str, u32), usize> = HashMap::new();
     for e in workers {
         match e {
-            WorkerEvent::Start { k, t, .. } => starts.entry(k).or_default().push(*t),
+            WorkerEvent::Start { k, n, t, .. } => {
+                starts.entry(k).or_default().push(*t);
+                *runs.entry((k, *n)).or_default() += 1;
+            }
             WorkerEvent::Ack {
                 k, n, ok: true, w, ..
             } => accepted.entry(k).or_default().push((*n, w)),
@@ -175,6 +185,13 @@ pub fn check(
             }
         }
     }
+    let mut ran_twice: Vec<String> = runs
+        .into_iter()
+        .filter(|(_, count)| *count > 1)
+        .map(|((k, n), _)| format!("{k}#{n}"))
+        .collect();
+    ran_twice.sort();
+    v.ran_twice = ran_twice;
     for (k, row) in rows {
         if row.status == ActivityStatus::Completed && !accepted.contains_key(k.as_str()) {
             v.ack_unseen += 1;
@@ -313,8 +330,12 @@ mod tests {
             submitted("twice", false),
             submitted("stale", false),
             submitted("running", false),
+            submitted("claimed-twice", false),
         ];
         let workers = vec![
+            start("claimed-twice", 1, 10),
+            start("claimed-twice", 1, 12),
+            ack("claimed-twice", 1, "w0.0"),
             ack("twice", 1, "w0.0"),
             ack("twice", 2, "w1.0"),
             ack("stale", 1, "w0.0"),
@@ -329,9 +350,11 @@ mod tests {
                 ("twice", completed(2, "w1.0")),
                 ("stale", completed(2, "w1.0")),
                 ("running", running),
+                ("claimed-twice", completed(1, "w0.0")),
             ]),
         );
         assert!(!v.passed());
+        assert_eq!(v.ran_twice, ["claimed-twice#1"]);
         assert_eq!(v.lost, ["missing", "failed"]);
         assert_eq!(v.twice, ["twice"]);
         assert_eq!(v.wrong_attempt, ["stale#1", "twice#1"]);

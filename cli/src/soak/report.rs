@@ -46,9 +46,10 @@ impl Report {
             v.acknowledged, v.completed, v.failed_as_asked, v.unknown_submits
         );
         s += &format!(
-            "lost {}  accepted twice {}  wrong attempt stored {}  unexplained failures {}  left unfinished {}\n",
+            "lost {}  accepted twice {}  attempt started twice {}  wrong attempt stored {}  unexplained failures {}  left unfinished {}\n",
             v.lost.len(),
             v.twice.len(),
+            v.ran_twice.len(),
             v.wrong_attempt.len(),
             v.unexplained_failures.len(),
             v.left_unfinished.len()
