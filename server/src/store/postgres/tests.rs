@@ -868,3 +868,170 @@ async fn sessions_set_statement_lock_and_idle_timeouts() {
         "the URL's own setting wins"
     );
 }
+
+/// Two nodes on one schema, eight claimers each, racing for the same rows: every
+/// row is claimed once, at attempt 1, by the claimer the row names; and a key
+/// limited to two never has more than two claimed at once, counted from the
+/// claimers' side (a claim counts once committed and stops counting before its
+/// ending commits, so the count never exceeds the stored one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn two_nodes_racing_for_rows_claim_each_once_and_keep_a_keys_limit() {
+    use std::{
+        collections::HashMap,
+        sync::{
+            Mutex,
+            atomic::{AtomicI64, Ordering},
+        },
+    };
+
+    use crate::store::{Attempt, Claim, Transition};
+
+    const ROWS: usize = 200;
+    const KEYED: usize = 60;
+    let url = crate::fixtures::postgres_schema("pgrace").await;
+    let open = || async {
+        Arc::new(
+            PostgresStore::open(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+    };
+    let nodes = [open().await, open().await];
+    let now = crate::store::new_activity_for_tests("x", "t").next_at;
+    let mut activities: Vec<_> = (0..ROWS)
+        .map(|i| crate::store::new_activity_for_tests(&format!("a{i}"), "t"))
+        .collect();
+    activities.extend((0..KEYED).map(|i| {
+        let mut activity = crate::store::new_activity_for_tests(&format!("k{i}"), "keyed");
+        activity.concurrency_key = Some("k".into());
+        activity
+    }));
+    let limit = Op::SetKeyLimit {
+        namespace: "default".into(),
+        activity_type: "keyed".into(),
+        key: "k".into(),
+        max_running: Some(2),
+        weight: 1,
+    };
+    nodes[0]
+        .apply(vec![limit, Op::Submit(activities)].into(), now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // Activity id: each claim of it, as (worker, attempt).
+    type Claims = HashMap<String, Vec<(String, u32)>>;
+    let claimed: Arc<Mutex<Claims>> = Arc::default();
+    let keyed_running = Arc::new(AtomicI64::new(0));
+    let keyed_most = Arc::new(AtomicI64::new(0));
+    let mut claimers = tokio::task::JoinSet::new();
+    for (n, node) in nodes.iter().enumerate() {
+        for c in 0..8 {
+            let (store, claimed) = (node.clone(), claimed.clone());
+            let (running, most) = (keyed_running.clone(), keyed_most.clone());
+            let worker = format!("node{n}-w{c}");
+            claimers.spawn(async move {
+                let claim = Op::Claim(Claim {
+                    namespace: "default".into(),
+                    activity_types: vec![Arc::from("keyed"), Arc::from("t")],
+                    worker_id: worker.as_str().into(),
+                    identity: "host".into(),
+                    node: format!("node{n}").into(),
+                    limit: 3,
+                    lease_expires_at: now + 60_000,
+                    epoch: 0,
+                });
+                let mut empty = 0;
+                while empty < 5 {
+                    let outcomes = store
+                        .apply(vec![claim.clone()].into(), now)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    let Some(Outcome::Claimed { rows, .. }) = outcomes.last() else {
+                        panic!("no claim in {outcomes:?}");
+                    };
+                    if rows.is_empty() {
+                        empty += 1;
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    empty = 0;
+                    let keyed = rows.iter().filter(|r| r.concurrency_key.is_some()).count();
+                    let held = running.fetch_add(keyed as i64, Ordering::SeqCst) + keyed as i64;
+                    most.fetch_max(held, Ordering::SeqCst);
+                    if let Ok(mut claimed) = claimed.lock() {
+                        for row in rows {
+                            claimed
+                                .entry(row.key.activity_id.to_string())
+                                .or_default()
+                                .push((worker.clone(), row.attempt));
+                        }
+                    }
+                    if keyed > 0 {
+                        // Held a moment, as a worker would, so that claims on
+                        // the other node overlap it.
+                        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+                    }
+                    let endings: Vec<Op> = rows
+                        .iter()
+                        .map(|row| Op::Finish {
+                            attempt: Arc::new(Attempt::from_row(row)),
+                            transition: Transition::Complete {
+                                output: Default::default(),
+                            },
+                            lease_expired_by: None,
+                        })
+                        .collect();
+                    running.fetch_sub(keyed as i64, Ordering::SeqCst);
+                    let ended = store
+                        .apply(endings.into(), now + 1)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    assert!(
+                        ended
+                            .iter()
+                            .all(|o| matches!(o, Outcome::Finished { accepted: true })),
+                        "{worker}: an ending of its own claim was refused: {ended:?}"
+                    );
+                }
+            });
+        }
+    }
+    while let Some(joined) = claimers.join_next().await {
+        joined.unwrap_or_else(|e| panic!("a claimer failed: {e}"));
+    }
+
+    let claimed: Claims = std::mem::take(&mut *claimed.lock().unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(claimed.len(), ROWS + KEYED, "rows never claimed");
+    for (id, claims) in claimed.iter() {
+        let [(worker, attempt)] = claims.as_slice() else {
+            panic!("{id} was claimed {} times: {claims:?}", claims.len());
+        };
+        assert_eq!(*attempt, 1, "{id}");
+        let row = nodes[1]
+            .get(&crate::store::Key {
+                namespace: "default".into(),
+                workflow_id: crate::store::new_activity_for_tests(id, "t")
+                    .key
+                    .workflow_id,
+                activity_id: id.as_str().into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("{id} is gone"));
+        assert_eq!(
+            row.status,
+            spool_proto::v1::ActivityStatus::Completed,
+            "{id}"
+        );
+        assert_eq!(row.worker_id.as_deref(), Some(worker.as_str()), "{id}");
+    }
+    let most = keyed_most.load(Ordering::SeqCst);
+    assert!(
+        (1..=2).contains(&most),
+        "the key limited to 2 had {most} claimed at once"
+    );
+}
