@@ -16,6 +16,9 @@
 //! `idle_in_transaction_session_timeout` (unless the URL's `options` do), so a node
 //! that stalls mid-transaction cannot block the others for long. The URL's
 //! `sslmode` (and `sslrootcert`, `sslcert`, `sslkey`) is honoured, with rustls.
+//! A writing session never commits with `synchronous_commit = off`, whatever the
+//! database, role or URL say: an acknowledged change must survive a crash of
+//! PostgreSQL (see [`durable_commits`]).
 //!
 //! Nodes tell each other about committed changes with `NOTIFY` on one channel
 //! ([`CHANNEL`]): each notification is a JSON envelope of events from one node,
@@ -336,6 +339,31 @@ fn pool_options() -> PgPoolOptions {
         })
 }
 
+/// Turns `synchronous_commit = off` (from the server's configuration, the
+/// database's or role's defaults, or the URL) back to `on` on a writing session.
+/// With it off, a commit returns before its WAL reaches the disk, and a crash of
+/// PostgreSQL can lose a submit or a result already acknowledged to its caller.
+/// `local`, `remote_write` and `remote_apply` all flush locally first and are
+/// kept: an operator waiting on replicas keeps that.
+async fn durable_commits(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let raised: Option<String> = sqlx::query_scalar(
+        "SELECT set_config('synchronous_commit', 'on', false) \
+         WHERE current_setting('synchronous_commit') = 'off'",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if raised.is_some() {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "synchronous_commit is off for this database or role: \
+                 Spool's writing sessions turn it on, so acknowledged work survives a crash"
+            );
+        });
+    }
+    Ok(())
+}
+
 pub struct PostgresStore {
     /// Time as the database tells it (see [`DbClock`]).
     clock: Arc<DbClock>,
@@ -363,6 +391,7 @@ impl PostgresStore {
         let pool = pool_options()
             .max_connections(4)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(|conn, _| Box::pin(durable_commits(conn)))
             .connect_with(options.clone().options(WRITER_PLANNING))
             .await?;
         // Two readers are kept open: a new connection cost a request about 90 ms

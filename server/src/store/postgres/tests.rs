@@ -869,6 +869,30 @@ async fn sessions_set_statement_lock_and_idle_timeouts() {
     );
 }
 
+/// A writing session commits durably even when told `synchronous_commit = off`;
+/// a stronger setting (waiting on replicas) is kept.
+#[tokio::test]
+#[cfg_attr(
+    not(spool_test_postgres),
+    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+)]
+async fn writing_sessions_never_commit_without_flushing() {
+    for (asked, kept) in [("off", "on"), ("remote_apply", "remote_apply")] {
+        let store = store_with(&[("synchronous_commit", asked)]).await;
+        let mut sessions = Vec::new();
+        for _ in 0..4 {
+            sessions.push(store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}")));
+        }
+        for session in &mut sessions {
+            let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+                .fetch_one(&mut **session)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(setting, kept, "a writing session asked for {asked}");
+        }
+    }
+}
+
 /// Two nodes on one schema, eight claimers each, racing for the same rows: every
 /// row is claimed once, at attempt 1, by the claimer the row names; and a key
 /// limited to two never has more than two claimed at once, counted from the
