@@ -1,5 +1,5 @@
 // The outside services tests may need (PostgreSQL, libfaketime, the Python
-// interop's network, headless Chromium): which of them can be had here, and where
+// interop's network, headless Chromium, strace): which of them can be had here, and where
 // PostgreSQL is.
 //
 // The build scripts of the packages whose tests need them call `emit`: each service
@@ -32,6 +32,7 @@ pub fn emit() {
         ("spool_test_faketime", file_exists(FAKETIME)),
         ("spool_test_interop", env_set("SPOOL_TEST_INTEROP")),
         ("spool_test_browser", file_exists(CHROMEDRIVER)),
+        ("spool_test_strace", file_exists(STRACE)),
     ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
         if ci || available {
@@ -42,6 +43,9 @@ pub fn emit() {
 
 /// ChromeDriver as Debian's `chromium-driver` package installs it (with Chromium).
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// strace as Debian's `strace` package installs it.
+const STRACE: &str = "/usr/bin/strace";
 
 /// libfaketime as Debian's `faketime` package installs it.
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";

@@ -9,6 +9,7 @@ mod child;
 mod cli;
 mod clock;
 mod dashboard;
+mod durability;
 #[path = "../../../tests/support/fixtures.rs"]
 mod fixtures;
 mod hostile;

@@ -209,6 +209,10 @@ impl ServerProcess {
         send_signal(self.child.id(), signal);
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The most memory the process has held so far (`VmHWM`), in bytes.
     pub fn peak_rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
