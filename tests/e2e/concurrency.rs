@@ -742,3 +742,95 @@ async fn a_fairness_weight_is_refused_out_of_range_or_alone() {
         .await;
     assert_eq!(found.map(|_| ()).unwrap_err().code(), tonic::Code::NotFound);
 }
+
+/// A worker with room for `slots` of type `t`, each held 3 s, that says which
+/// rows started.
+fn holding_worker(
+    server: &TestServer,
+    slots: u32,
+) -> (WorkerGuard, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let (started, starts) = tokio::sync::mpsc::unbounded_channel();
+    let worker = server.worker(move |w| {
+        w.max_concurrency(slots).activity("t", move |ctx, _| {
+            let _ = started.send(ctx.info().activity_id.clone());
+            async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                spool_worker::json(&"done")
+            }
+        })
+    });
+    (worker, starts)
+}
+
+/// The rows that start within `within`.
+async fn starts_within(
+    starts: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    within: Duration,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut started = Vec::new();
+    while let Ok(Some(id)) = tokio::time::timeout_at(deadline, starts.recv()).await {
+        started.push(id);
+    }
+    started.sort();
+    started
+}
+
+/// Keys whose rows are all due later are passed over: a row due now of another
+/// key starts at once, however many such keys come before it.
+#[tokio::test]
+async fn keys_with_rows_due_later_do_not_hold_back_a_row_due_now() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let (_worker, mut starts) = holding_worker(&server, 2);
+    server.await_workers(1).await;
+    let later: Vec<_> = (0..4)
+        .map(|i| {
+            let mut req = request("t", "wf", &format!("later{i}"));
+            req.concurrency_key = format!("later{i}");
+            req.delay = Some(spool_proto::duration::to_proto(Duration::from_secs(3_600)));
+            req
+        })
+        .collect();
+    client
+        .submit_batch(v1::SubmitBatchRequest { activities: later })
+        .await
+        .unwrap();
+    let mut now = request("t", "wf", "now");
+    // Named to sort after the others: keys served equally often go by name.
+    now.concurrency_key = "zz-due".into();
+    submit(&mut client, now).await;
+    assert_eq!(
+        starts_within(&mut starts, Duration::from_secs(2)).await,
+        ["now"],
+        "the row due now waited behind keys with nothing due"
+    );
+}
+
+/// A key with fewer rows due than its share of a claim leaves room that the
+/// other keys' rows take at once, not when a running row ends.
+#[tokio::test]
+async fn room_a_key_leaves_in_a_claim_goes_to_the_other_keys() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let (_worker, mut starts) = holding_worker(&server, 6);
+    server.await_workers(1).await;
+    let rows: Vec<_> = std::iter::once(("few", 0))
+        .chain((0..6).map(|i| ("many", i)))
+        .map(|(key, i)| {
+            let mut req = request("t", "wf", &format!("{key}{i}"));
+            req.concurrency_key = key.into();
+            req
+        })
+        .collect();
+    client
+        .submit_batch(v1::SubmitBatchRequest { activities: rows })
+        .await
+        .unwrap();
+    let started = starts_within(&mut starts, Duration::from_millis(1_500)).await;
+    assert_eq!(
+        started.len(),
+        6,
+        "6 slots, 7 rows due, and each held 3 s: only {started:?} started"
+    );
+}

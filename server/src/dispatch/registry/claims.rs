@@ -143,6 +143,11 @@ impl Registry {
     pub fn assign(&self, claim: &Claim, rows: Vec<ActivityRow>) -> Vec<Op> {
         let mut inner = self.lock();
         let short = rows.len() < claim.limit as usize;
+        // A concurrency key gets a share of a claim by its weight, and may have
+        // had fewer rows due than its share: rows of the keys that filled theirs
+        // may be left. Such a claim plans again rather than marking its group
+        // exhausted; the next finds them, or nothing.
+        let keyed = rows.iter().any(|row| row.concurrency_key.is_some());
         let Some(worker) = inner.workers.get_mut(&claim.worker_id) else {
             // Fenced like every release of a row claimed ahead: the worker may
             // have resumed its session on another node meanwhile, which took the
@@ -194,12 +199,12 @@ impl Registry {
                 // Rows may be left, and room for them that no claim beside this
                 // one took (see `plan_claims`).
                 plan_again = held_back;
-            } else if g.epoch == claim.epoch {
+            } else if g.epoch == claim.epoch && !keyed {
                 g.exhausted = true;
             } else {
                 // A plan since this claim's took the group's due mark, but may have
-                // had no room to claim with: plan again, now that this one's
-                // reservation is given back.
+                // had no room to claim with (or keys may have rows left): plan
+                // again, now that this one's reservation is given back.
                 plan_again = true;
             }
         }

@@ -13,7 +13,9 @@
 //!   + ahead target`;
 //! - a short claim marks its group exhausted only if nothing refreshed the group
 //!   (a row came due, a worker joined) since the claim was planned: with batches
-//!   written side by side, a later plan may already have taken that mark;
+//!   written side by side, a later plan may already have taken that mark; and
+//!   only if it took no row of a concurrency key (a key's share of a claim may
+//!   exceed its due rows, leaving other keys' rows for the next claim);
 //! - rows *claimed ahead* (committed RUNNING for a worker whose slots are all busy,
 //!   not yet sent) are sent the moment one of its slots frees, without waiting for a
 //!   commit; they are sent only while the worker takes tasks and the node is not

@@ -20,6 +20,9 @@
 //! - `rate_limits`, `concurrency_keys`, `key_turns`, `fairness_keys` and
 //!   `priority_aging`: what a claim holds back, and in what order it serves the rest.
 //!
+//! - `rate_property`: generated mixes of every limit, claimed against a model:
+//!   no claim past a limit, no short claim leaving a runnable row waiting.
+//!
 //! `support` has the helpers the checks share (a default row, the ops, `T0`).
 
 mod batches;
@@ -32,6 +35,7 @@ mod leases;
 mod lifecycle;
 mod priority_aging;
 mod rate_limits;
+mod rate_property;
 mod reads;
 mod sessions;
 mod submit;
@@ -203,6 +207,7 @@ conformance!(
         a_rate_limit_holds_claims_to_its_bucket,
         a_keys_rate_limit_holds_only_its_rows,
     ],
+    rate_property: [claims_keep_every_limit_and_leave_no_runnable_row_waiting],
     concurrency_keys: [
         a_concurrency_key_runs_at_most_its_limit,
         a_key_may_have_its_own_limit,

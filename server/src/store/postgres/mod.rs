@@ -165,6 +165,11 @@ fn these_migrations() -> Migrator {
             "rerank_in_steps",
             include_str!("../migrations/postgres/0021_rerank_in_steps.sql"),
         ),
+        migration(
+            22,
+            "keys_with_a_row_due",
+            include_str!("../migrations/postgres/0022_keys_with_a_row_due.sql"),
+        ),
     ])
 }
 

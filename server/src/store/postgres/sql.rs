@@ -226,8 +226,10 @@ pub const LOCK_BY_KEY: &str = concat!(
 /// claiming are skipped, not waited for.
 /// - `b`: the type's rate limit bucket (see `store::rate`), locked, so nodes
 ///   claiming the type take turns with it; no row when the type is not limited;
-/// - `kc`: the concurrency keys with rows waiting and room to run more, lowest
-///   pass first, locked (one another node is serving is skipped); the room counts
+/// - `kc`: the concurrency keys with a row due and room to run more, lowest
+///   pass first, locked (one another node is serving is skipped); a key whose
+///   rows are all due later is passed over, not given a place (keys before it
+///   with nothing due would leave a due row waiting); the room counts
 ///   the attempts the statement's endings `fe` ended, so a slot an ending frees
 ///   is refilled by the same statement;
 /// - `k`: rows of those keys, each key's room at most, and a share of the claim
@@ -273,6 +275,15 @@ macro_rules! claim_ctes {
             " AND k.activity_type = ",
             $type,
             " AND k.ready \
+               AND EXISTS (SELECT 1 FROM activities AS d WHERE d.namespace = ",
+            $namespace,
+            " AND d.activity_type = ",
+            $type,
+            " AND d.concurrency_key = k.concurrency_key AND d.status = 1 AND d.next_at <= ",
+            $now,
+            " AND (d.expires_at IS NULL OR d.expires_at > ",
+            $now,
+            ")) \
                AND k.running - COALESCE(e.n, 0) < COALESCE(x.max_running, (SELECT max_running \
                  FROM concurrency_limits AS l WHERE l.namespace = ",
             $namespace,

@@ -187,6 +187,8 @@ CREATE TABLE writer.keyed_waiting (
     next_at         INTEGER NOT NULL,
     PRIMARY KEY (concurrency_key, namespace, activity_type, claim_band, claim_rank, id)
 ) WITHOUT ROWID;
+CREATE INDEX writer.keyed_waiting_due
+    ON keyed_waiting (concurrency_key, namespace, activity_type, next_at);
 CREATE TEMP TRIGGER keyed_waiting_moved AFTER UPDATE OF expires_at, concurrency_key
     ON main.activities
 WHEN NEW.concurrency_key IS NOT NULL AND (OLD.status = 1 OR NEW.status = 1)
@@ -234,9 +236,12 @@ SELECT a.concurrency_key, a.namespace, a.activity_type, a.claim_band, a.claim_ra
  ORDER BY 1, 2, 3, 4, 5, 6;
 COMMIT;";
 
-/// Up to `?3` concurrency keys of type `?2` of namespace `?1` with rows waiting,
+/// Up to `?3` concurrency keys of type `?2` of namespace `?1` with a row due,
 /// room to run more and tokens in their own bucket at `?4` (milliseconds), lowest
-/// pass first, with that room (or fewer tokens), their weight and bucket's
+/// pass first. A key whose rows are all due later is passed over, not counted
+/// against `?3`: keys before it in pass order with nothing due must not hold a
+/// due row back (the claim would come back empty, and the group wait for the
+/// next row to come due); with that room (or fewer tokens), their weight and bucket's
 /// interval (see the `0012_key_shares` and `0013_key_rate_limits` migrations).
 pub const READY_KEYS: &str = concat!(
     "SELECT concurrency_key, room, weight, interval_ns FROM (\
@@ -250,6 +255,11 @@ pub const READY_KEYS: &str = concat!(
     " ",
     key_rate!(),
     " WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
+         AND EXISTS (SELECT 1 FROM keyed_waiting AS w INDEXED BY keyed_waiting_due \
+           JOIN main.activities AS a ON a.id = w.id \
+           WHERE w.concurrency_key = k.concurrency_key AND w.namespace = ?1 \
+             AND w.activity_type = ?2 AND w.next_at <= ?4 \
+             AND (a.expires_at IS NULL OR a.expires_at > ?4)) \
        ORDER BY k.served_at, k.concurrency_key) \
      WHERE room > 0 LIMIT ?3"
 );
