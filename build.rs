@@ -1,7 +1,8 @@
 //! Compiles `proto/spool/v1/*.proto` into Rust with a pure-Rust protobuf compiler
 //! (protox), so building Spool never needs a system `protoc`. The encoded descriptor
 //! set is written beside the generated code for gRPC server reflection. It also
-//! says which outside services the end-to-end tests can reach (`services`).
+//! says which outside services the end-to-end tests can reach
+//! (`spool_testkit_services`).
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -14,11 +15,8 @@ const PROTOS: &[&str] = &[
     "spool/v1/admin.proto",
 ];
 
-#[path = "tests/support/services.rs"]
-mod services;
-
 fn main() -> Result<(), Box<dyn Error>> {
-    services::emit();
+    spool_testkit_services::emit();
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);

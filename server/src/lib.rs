@@ -18,8 +18,4 @@ pub mod ui;
 pub mod wire;
 
 pub use config::Config;
-
-#[cfg(test)]
-#[path = "../../tests/support/fixtures.rs"]
-mod fixtures;
 pub use server::run;

@@ -9,13 +9,9 @@ mod child;
 mod cli;
 mod clock;
 mod dashboard;
-#[path = "../../../tests/support/fixtures.rs"]
-mod fixtures;
 mod hostile;
 mod metrics;
 mod observe;
-#[path = "../../../tests/support/pki.rs"]
-mod pki;
 mod resume;
 mod support;
 
