@@ -1,8 +1,6 @@
 //! Compiles `proto/spool/v1/*.proto` into Rust with a pure-Rust protobuf compiler
 //! (protox), so building Spool never needs a system `protoc`. The encoded descriptor
-//! set is written beside the generated code for gRPC server reflection. It also
-//! says which outside services the end-to-end tests can reach
-//! (`spool_testkit_services`).
+//! set is written beside the generated code for gRPC server reflection.
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -16,7 +14,6 @@ const PROTOS: &[&str] = &[
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
-    spool_testkit_services::emit();
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(PROTOS, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
