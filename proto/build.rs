@@ -1,6 +1,7 @@
-//! Compiles `proto/spool/v1/*.proto` into Rust with a pure-Rust protobuf compiler
-//! (protox), so building Spool never needs a system `protoc`. The encoded descriptor
-//! set is written beside the generated code for gRPC server reflection.
+//! Compiles `spool/v1/*.proto` (beside this file) into Rust with a pure-Rust
+//! protobuf compiler (protox), so building Spool never needs a system `protoc`. The
+//! encoded descriptor set is written beside the generated code for gRPC server
+//! reflection.
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -14,8 +15,8 @@ const PROTOS: &[&str] = &[
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
-    println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    println!("cargo:rerun-if-changed=spool");
+    let descriptors = protox::compile(PROTOS, ["."])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(
         out_dir.join("spool_descriptor.bin"),
