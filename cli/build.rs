@@ -1,9 +1,6 @@
-//! Says which outside services (PostgreSQL, libfaketime) the tests can reach; the
-//! tests that need one are ignored, visibly, where it cannot be had.
-
-#[path = "../tests/support/services.rs"]
-mod services;
+//! Says which outside services (PostgreSQL, libfaketime, Chromium) the tests can
+//! reach; the tests that need one are ignored, visibly, where it cannot be had.
 
 fn main() {
-    services::emit();
+    spool_testkit_services::emit();
 }

@@ -18,8 +18,4 @@ pub(crate) mod ui;
 pub(crate) mod wire;
 
 pub use config::Config;
-
-#[cfg(test)]
-#[path = "../../tests/support/fixtures.rs"]
-mod fixtures;
 pub use server::run;

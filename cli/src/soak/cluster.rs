@@ -11,12 +11,12 @@ use std::{
 };
 
 use spool_proto::v1::{StatsRequest, activity_service_client::ActivityServiceClient};
+use spool_testkit::proxy::Proxy;
 use tokio::process::{Child, Command};
 
 use super::{
     DRAIN, Error, LEASE, Options,
     history::{DriverEvent, Events, now_ms},
-    proxy::Proxy,
     setup,
 };
 

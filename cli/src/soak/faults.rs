@@ -5,13 +5,14 @@
 use std::{sync::Arc, time::Duration};
 
 use rand::{Rng, rngs::StdRng};
+use spool_testkit::proxy::Proxy;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     DRAIN, Error, LEASE,
     cluster::Cluster,
     history::{DriverEvent, Events, now_ms},
-    proxy, setup,
+    setup,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,7 +92,7 @@ pub(super) async fn inject(
     faults: Vec<Fault>,
     every: (Duration, Duration),
     cluster: Arc<tokio::sync::Mutex<Cluster>>,
-    proxy: Arc<proxy::Proxy>,
+    proxy: Arc<Proxy>,
     pg_restart: String,
     heartbeat_interval: Duration,
     events: Arc<Events>,

@@ -8,6 +8,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use spool_proto::v1::{
     self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
 };
+use spool_testkit::proxy::Proxy;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -17,7 +18,6 @@ use super::{
     cluster::Cluster,
     faults::{Fault, inject},
     history::{DriverEvent, Events, now_ms},
-    proxy::Proxy,
     setup, worker,
 };
 

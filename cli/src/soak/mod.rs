@@ -24,7 +24,6 @@ mod cluster;
 mod faults;
 pub mod history;
 mod load;
-mod proxy;
 mod report;
 mod settle;
 pub mod worker;

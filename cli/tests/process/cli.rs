@@ -590,7 +590,7 @@ async fn serve_refuses_bad_flags_at_start_naming_the_flag() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_speaks_tls_and_mutual_tls() {
     let env = Env::new();
-    let pki = crate::pki::Pki::new(&env.file("x", b"").with_file_name(""));
+    let pki = spool_testkit::pki::Pki::new(&env.file("x", b"").with_file_name(""));
     let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let (cert, key, ca) = (path(&pki.server_cert), path(&pki.server_key), path(&pki.ca));
     let https = env.url().replace("http://", "https://");

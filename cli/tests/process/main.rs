@@ -10,13 +10,9 @@ mod cli;
 mod clock;
 mod dashboard;
 mod durability;
-#[path = "../../../tests/support/fixtures.rs"]
-mod fixtures;
 mod hostile;
 mod metrics;
 mod observe;
-#[path = "../../../tests/support/pki.rs"]
-mod pki;
 mod resume;
 mod support;
 

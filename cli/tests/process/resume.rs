@@ -10,12 +10,10 @@ use std::{
 };
 
 use spool_proto::v1::{self, ActivityStatus};
+use spool_testkit::proxy;
 use spool_worker::{Connection, Worker};
 
 use crate::support::*;
-
-#[path = "../../src/soak/proxy.rs"]
-mod proxy;
 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(

@@ -523,10 +523,10 @@ pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Ac
     }
 }
 
-pub use crate::fixtures::eventually_for;
+pub use spool_testkit::fixtures::eventually_for;
 
 /// A database URL for a fresh schema of its own on the PostgreSQL server the
 /// environment names (see `fixtures::postgres_schema`).
 pub async fn postgres_schema() -> String {
-    crate::fixtures::postgres_schema("spool_proc").await
+    spool_testkit::fixtures::postgres_schema("spool_proc").await
 }

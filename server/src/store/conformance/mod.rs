@@ -103,11 +103,11 @@ async fn sqlite() -> Fixture {
 
 /// A store in a schema of its own, so tests run in parallel on one server. The
 /// PostgreSQL half compiles as ignored where PostgreSQL cannot be had (see
-/// `tests/support/services.rs`); where it runs, a missing server fails it.
+/// `spool_testkit::services`); where it runs, a missing server fails it.
 async fn postgres() -> Fixture {
     use sqlx::postgres::PgConnectOptions;
     use std::str::FromStr;
-    let url = crate::fixtures::postgres_schema("conformance").await;
+    let url = spool_testkit::fixtures::postgres_schema("conformance").await;
     let options = PgConnectOptions::from_str(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
     let store = PostgresStore::open_with(options.clone())
         .await

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 /// A store in a schema of its own, with `extra` session options.
 async fn store_with(extra: &[(&str, &str)]) -> PostgresStore {
-    let url = crate::fixtures::postgres_schema("pgstore").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let options = PgConnectOptions::from_str(&url)
         .unwrap_or_else(|e| panic!("{e}"))
         .options(extra.iter().copied());
@@ -86,7 +86,7 @@ fn nodelay_of_sockets_to(port: u16) -> Vec<(RawFd, bool)> {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_node_starts_on_a_database_a_newer_version_migrated() {
-    let url = crate::fixtures::postgres_schema("pgstore").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let store = PostgresStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -120,7 +120,7 @@ async fn a_node_starts_on_a_database_a_newer_version_migrated() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn connections_to_postgres_send_without_nagle() {
-    let url = crate::fixtures::postgres_schema("pgstore").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let port = PgConnectOptions::from_str(&url)
         .unwrap_or_else(|e| panic!("{e}"))
         .get_port();
@@ -199,7 +199,7 @@ async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
         .fetch_one(&mut *probe)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    crate::fixtures::eventually_for(
+    spool_testkit::fixtures::eventually_for(
         std::time::Duration::from_secs(10),
         "the batch to wait for the held bucket",
         || async {
@@ -245,10 +245,10 @@ async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
-    let url = crate::fixtures::postgres_schema("pgstore").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let (a, mut from_a) = listening_node(&url).await;
     let (b, mut from_b) = listening_node(&url).await;
-    crate::fixtures::eventually_for(
+    spool_testkit::fixtures::eventually_for(
         std::time::Duration::from_secs(5),
         "the two nodes to hear each other",
         || async { (a.channel.others_present() && b.channel.others_present()).then_some(()) },
@@ -310,7 +310,7 @@ async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
-    let url = crate::fixtures::postgres_schema("pgstore").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let (a, _from_a) = listening_node(&url).await;
     let cancelled = Event::Cancelled {
         worker_id: "w".into(),
@@ -565,7 +565,7 @@ async fn readers_are_connected_before_the_first_read() {
         store.readers.num_idle() >= 1,
         "no reader connection open after opening the store"
     );
-    crate::fixtures::eventually_for(
+    spool_testkit::fixtures::eventually_for(
         std::time::Duration::from_secs(5),
         "two reader connections",
         || async { (store.readers.num_idle() >= 2).then_some(()) },
@@ -670,7 +670,7 @@ async fn writes_never_wait_behind_callers_reads() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn the_urls_sslmode_is_honoured() {
-    let url = crate::fixtures::postgres_url();
+    let url = spool_testkit::fixtures::postgres_url();
     let with = |mode: &str| {
         let separator = if url.contains('?') { '&' } else { '?' };
         format!("{url}{separator}sslmode={mode}")
@@ -916,7 +916,7 @@ async fn two_nodes_racing_for_rows_claim_each_once_and_keep_a_keys_limit() {
 
     const ROWS: usize = 200;
     const KEYED: usize = 60;
-    let url = crate::fixtures::postgres_schema("pgrace").await;
+    let url = spool_testkit::fixtures::postgres_schema("pgrace").await;
     let open = || async {
         Arc::new(
             PostgresStore::open(&url)

@@ -2,14 +2,9 @@
 //! process tests) shares: a fresh PostgreSQL schema per test, and polling until a
 //! condition holds.
 
-#![allow(dead_code)]
-
 use std::time::Duration;
 
-#[path = "services.rs"]
-mod services;
-
-pub use services::postgres_url;
+pub use crate::services::postgres_url;
 
 /// A database URL for a fresh schema of its own (named `{prefix}_…`) on the tests'
 /// PostgreSQL server (`services::postgres_url`), so tests run in parallel. Tests

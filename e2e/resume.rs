@@ -13,9 +13,10 @@ use std::{
 
 use spool_proto::v1::{self, server_message, worker_message};
 use spool_server::store::Store;
+use spool_testkit::{faults::Faulty, proxy};
 use spool_worker::{Connection, ResultAck, Worker};
 
-use crate::{faults::Faulty, harness::*, proxy};
+use crate::harness::*;
 
 /// A server with a resume grace, and a proxy in front of it (one node: the proxy
 /// is the network the test cuts).

@@ -7,8 +7,9 @@ use std::{
 };
 
 use spool_server::{server::Error, store::Store};
+use spool_testkit::faults::Faulty;
 
-use crate::{faults::Faulty, harness::*};
+use crate::harness::*;
 
 async fn server_on(faulty: &Arc<Faulty>) -> TestServer {
     let store: Arc<dyn Store> = faulty.clone();

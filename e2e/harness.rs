@@ -15,13 +15,12 @@ use spool_proto::v1::{
     worker_service_client::WorkerServiceClient,
 };
 use spool_server::{Config, store::Store};
+use spool_testkit::proxy::Proxy;
 use spool_worker::Worker;
 use tokio::{net::TcpListener, sync::mpsc, task::JoinHandle};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, transport::Channel};
-
-use crate::proxy::Proxy;
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -351,7 +350,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    crate::fixtures::eventually_for(WAIT, what, check).await
+    spool_testkit::fixtures::eventually_for(WAIT, what, check).await
 }
 
 /// Polls the default namespace's Stats through `client` until `done` accepts
@@ -363,7 +362,7 @@ pub async fn stats_until(
     done: impl Fn(&v1::StatsResponse) -> bool,
 ) -> v1::StatsResponse {
     let done = &done;
-    crate::fixtures::eventually_for(within, what, || {
+    spool_testkit::fixtures::eventually_for(within, what, || {
         let mut client = client.clone();
         async move {
             let stats = client
@@ -592,7 +591,7 @@ pub fn database_path(server: &TestServer) -> PathBuf {
 /// A database URL for a fresh schema of its own on the PostgreSQL server the
 /// environment names (see `fixtures::postgres_schema`).
 pub async fn postgres_schema() -> String {
-    crate::fixtures::postgres_schema("spool_e2e").await
+    spool_testkit::fixtures::postgres_schema("spool_e2e").await
 }
 
 /// Reads `socket` until the server closes it, and checks it did so at the

@@ -88,26 +88,22 @@ impl Proxy {
     }
 
     /// Refuses (resets) every new connection until [`Proxy::up`].
-    #[allow(dead_code)]
     pub fn down(&self) {
         self.shared.down.store(true, Ordering::SeqCst);
     }
 
     /// Sends the next connection to backend `index` first.
-    #[allow(dead_code)]
     pub fn send_next_to(&self, index: usize) {
         self.shared.next.store(index, Ordering::SeqCst);
     }
 
     /// Takes new connections again.
-    #[allow(dead_code)]
     pub fn up(&self) {
         self.shared.down.store(false, Ordering::SeqCst);
     }
 
     /// Holds every byte of the connections open now, closing nothing; new
     /// connections flow. A later cut resets the stalled ones too.
-    #[allow(dead_code)]
     pub fn stall(&self) {
         if let Ok(mut generation) = self.shared.generation.lock() {
             generation.1.stalled.send_replace(true);

@@ -6,8 +6,9 @@ use spool_proto::{
     v1::{self, ActivityStatus, activity_service_client::ActivityServiceClient},
 };
 use spool_server::config::Tls;
+use spool_testkit::pki::Pki;
 
-use crate::{harness::*, pki::Pki};
+use crate::harness::*;
 
 async fn client(
     server: &TestServer,

@@ -5,10 +5,11 @@ use std::{sync::Arc, time::Duration};
 
 use spool_proto::v1;
 use spool_server::store::Store;
+use spool_testkit::faults::Faulty;
 use tonic::{Code, Status};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use crate::{faults::Faulty, harness::*};
+use crate::harness::*;
 
 #[tokio::test]
 async fn sessions_per_token_are_capped_and_freed_on_close() {

@@ -1,7 +1,7 @@
-//! Compiles `proto/spool/v1/*.proto` into Rust with a pure-Rust protobuf compiler
-//! (protox), so building Spool never needs a system `protoc`. The encoded descriptor
-//! set is written beside the generated code for gRPC server reflection. It also
-//! says which outside services the end-to-end tests can reach (`services`).
+//! Compiles `spool/v1/*.proto` (beside this file) into Rust with a pure-Rust
+//! protobuf compiler (protox), so building Spool never needs a system `protoc`. The
+//! encoded descriptor set is written beside the generated code for gRPC server
+//! reflection.
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -14,13 +14,9 @@ const PROTOS: &[&str] = &[
     "spool/v1/admin.proto",
 ];
 
-#[path = "tests/support/services.rs"]
-mod services;
-
 fn main() -> Result<(), Box<dyn Error>> {
-    services::emit();
-    println!("cargo:rerun-if-changed=proto");
-    let descriptors = protox::compile(PROTOS, ["proto"])?;
+    println!("cargo:rerun-if-changed=spool");
+    let descriptors = protox::compile(PROTOS, ["."])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(
         out_dir.join("spool_descriptor.bin"),

@@ -1,6 +1,9 @@
 //! A store with faults a test switches on: stalls, a panicking read, a listener
 //! that dies. Wraps a real SQLite store.
 
+// A test helper: what it cannot do fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicBool, AtomicUsize, Ordering},

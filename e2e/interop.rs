@@ -1,5 +1,5 @@
 //! The server from another gRPC implementation: Python stubs generated from our
-//! .proto by grpcio-tools play client and worker (tests/interop/client.py).
+//! .proto by grpcio-tools play client and worker (`interop.py`, beside this file).
 //!
 //! The Python packages are installed into a virtualenv under the target directory
 //! on first use, which needs network access: the test runs under `CI=true` or with
@@ -60,12 +60,12 @@ async fn a_python_client_generated_from_the_proto_can_do_it_all() {
         Err(why) => panic!("interop needs Python with grpcio: {why}"),
     };
     let server = TestServer::start().await;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let out = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new(python)
-        .arg(root.join("tests/interop/client.py"))
+        .arg(here.join("interop.py"))
         .arg("--proto")
-        .arg(root.join("proto"))
+        .arg(here.join("../proto"))
         .arg("--endpoint")
         .arg(server.endpoint.trim_start_matches("http://"))
         .arg("--out")

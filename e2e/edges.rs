@@ -8,8 +8,9 @@ use std::{
 
 use spool_proto::v1::{self, ActivityStatus, server_message, worker_message};
 use spool_server::store::Store;
+use spool_testkit::faults::Faulty;
 
-use crate::{faults::Faulty, harness::*};
+use crate::harness::*;
 
 /// Goodbye: the server plans nothing more for the worker and says so with Drain;
 /// nothing is sent after it.

@@ -1,19 +1,19 @@
-// The outside services tests may need (PostgreSQL, libfaketime, the Python
-// interop's network, headless Chromium, strace): which of them can be had here, and where
-// PostgreSQL is.
-//
-// The build scripts of the packages whose tests need them call `emit`: each service
-// that can be had becomes a cfg (always under CI=true, where it must be, so the
-// tests fail rather than hide). Without it the tests compile as `#[ignore]`d, with
-// the reason, and the summary counts them: a test that did not run never reports
-// a pass.
-//
-// PostgreSQL can be had when `SPOOL_TEST_POSTGRES_URL` names a server, or when its
-// binaries are installed: then `postgres_url` starts a throwaway cluster (`initdb`
-// into a temporary directory, `postgres` on a free port of 127.0.0.1), once per
-// test process, which a watchdog stops and deletes when that process exits.
-
-#![allow(dead_code)]
+//! The outside services tests may need (PostgreSQL, libfaketime, the Python
+//! interop's network, headless Chromium, strace): which of them can be had here, and where
+//! PostgreSQL is. Nothing but std, for build scripts; spool-testkit re-exports it
+//! as `spool_testkit::services`.
+//!
+//! The build scripts of the packages whose tests need them call [`emit`]: each
+//! service that can be had becomes a cfg (always under CI=true, where it must be,
+//! so the tests fail rather than hide). Without it the tests compile as
+//! `#[ignore]`d, with the reason, and the summary counts them: a test that did not
+//! run never reports a pass.
+//!
+//! PostgreSQL can be had when `SPOOL_TEST_POSTGRES_URL` names a server, or when its
+//! binaries are installed: then [`postgres_url`] starts a throwaway cluster
+//! (`initdb` into a temporary directory, `postgres` on a free port of 127.0.0.1),
+//! once per test process, which a watchdog stops and deletes when that process
+//! exits.
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,6 @@
 mod harness;
 
 mod edges;
-mod faults;
 mod hostile;
 mod http2;
 
@@ -23,10 +22,3 @@ mod resume;
 mod sdk;
 mod supervision;
 mod tls;
-
-#[path = "../support/fixtures.rs"]
-mod fixtures;
-#[path = "../support/pki.rs"]
-mod pki;
-#[path = "../../cli/src/soak/proxy.rs"]
-mod proxy;

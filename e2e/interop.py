@@ -1,6 +1,6 @@
 """Spool from another gRPC implementation: Python stubs generated from proto/.
 
-Usage: client.py --proto DIR --endpoint HOST:PORT --out DIR
+Usage: interop.py --proto DIR --endpoint HOST:PORT --out DIR
 
 Generates the spool.v1 stubs with grpcio-tools into --out, then plays a client
 and a worker against a running server. Exits non-zero on the first mismatch.

@@ -1,0 +1,7 @@
+//! Says which outside services (PostgreSQL, libfaketime, the Python interop's
+//! network) the end-to-end tests can reach; the tests that need one are ignored,
+//! visibly, where it cannot be had.
+
+fn main() {
+    spool_testkit_services::emit();
+}
