@@ -145,8 +145,12 @@ test("kill -9 of the server mid-flight: after the restart every activity complet
     for (const id of ids) {
       const done = await client.wait({ workflowId: "wf", activityId: id });
       assert.equal(done.status, ActivityStatus.ACTIVITY_STATUS_COMPLETED, id);
-      // One accepted outcome per activity: the attempt that completed it.
-      const accepted = acks.filter((a) => a.activityId === id && a.accepted);
+      // One accepted outcome per activity: the attempt that completed it. (Its
+      // ack may reach the worker just after the wait's answer.)
+      const accepted = await eventually(`${id}'s ack`, () => {
+        const found = acks.filter((a) => a.activityId === id && a.accepted);
+        return found.length > 0 ? found : undefined;
+      });
       assert.deepEqual(
         accepted.map((a) => a.attempt),
         [done.attempt],

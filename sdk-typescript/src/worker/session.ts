@@ -346,7 +346,7 @@ class Session implements Sink {
       return this.reject(new SessionError("the server closed the stream before Welcome", undefined, ""));
     }
     const details = status.details || ("message" in status ? status.message : "");
-    this.reject(new SessionError(`the server refused or ended the session: ${details} (${Status[status.code]})`, status.code, details));
+    this.reject(new SessionError(`the session ended with ${Status[status.code]}: ${details}`, status.code, details));
   }
 }
 
