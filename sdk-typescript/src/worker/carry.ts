@@ -12,7 +12,9 @@ import { CancelledError } from "./context.js";
 export type AttemptKey = string;
 
 export function keyOf(workflowId: string, activityId: string, attempt: number): AttemptKey {
-  return JSON.stringify([workflowId, activityId, attempt]);
+  // Ids never hold control characters (the server refuses them), so NUL
+  // separates them unambiguously.
+  return `${workflowId}\u0000${activityId}\u0000${attempt}`;
 }
 
 /** A handler running now: its attempt, and the controller its signal watches. */
