@@ -88,6 +88,8 @@ class Session implements Sink {
   #status: StatusObject | ServiceError | undefined;
   /** We ended the stream ourselves (a shutdown before Welcome, or giving up). */
   #abandoned = false;
+  /** The server broke the protocol (no Welcome first). */
+  #protocolError: string | undefined;
   #flushScheduled = false;
   readonly #timers = new Set<NodeJS.Timeout>();
   #keepAlive: NodeJS.Timeout | undefined;
@@ -164,7 +166,7 @@ class Session implements Sink {
     const message = m.message;
     if (!this.#welcomed) {
       if (message?.$case !== "welcome") {
-        this.#status ??= { code: Status.UNKNOWN, details: "the server did not start with Welcome", metadata: undefined! };
+        this.#protocolError = "the server did not start with Welcome";
         this.#stream?.cancel();
         return this.#finish();
       }
@@ -341,6 +343,7 @@ class Session implements Sink {
     // too, until the shutdown's deadline.
     if (this.#shuttingDown && !this.carry.finishing()) this.carry.stop();
     const status = this.#status;
+    if (this.#protocolError !== undefined) return this.reject(new SessionError(this.#protocolError, undefined, this.#protocolError));
     if (this.#abandoned || (status?.code === Status.OK && this.#welcomed)) return this.resolve();
     if (status === undefined || status.code === Status.OK) {
       return this.reject(new SessionError("the server closed the stream before Welcome", undefined, ""));

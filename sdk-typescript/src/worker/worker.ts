@@ -17,7 +17,7 @@ import { ActivityError } from "./activity-error.js";
 import type { RawHandler } from "./attempt.js";
 import { Carry } from "./carry.js";
 import type { ActivityContext } from "./context.js";
-import { isPermanent, runSession, type ConnectionState, type WorkerCore } from "./session.js";
+import { isPermanent, runSession, SessionError, type ConnectionState, type WorkerCore } from "./session.js";
 
 export interface WorkerOptions extends ConnectionOptions {
   /** The namespace whose activities this worker runs (default: the default one). */
@@ -187,7 +187,7 @@ export class Worker {
             "the server refused this worker; stopping: reconnecting cannot help until its configuration (namespace, token, activity types, protocol) changes",
             { error: failure.message },
           );
-          const code = "code" in failure ? (failure.code as number | undefined) : undefined;
+          const code = failure instanceof SessionError ? failure.code : undefined;
           throw failure instanceof WorkerError ? failure : new WorkerError("Rejected", failure.message, code);
         }
         if (failure) {
