@@ -1,5 +1,8 @@
 //! TLS and mutual TLS: a client and a worker over `https://`, with certificates
-//! made in the test; what fails without trust or without a client certificate.
+//! made in the test; and each refusal for its own reason, as rustls names it on
+//! the client (or as the alert the server sent says): a server of another CA,
+//! under another name or expired; a client certificate missing, of another CA or
+//! expired.
 
 use spool_proto::{
     endpoint::{ClientTls, endpoint},
@@ -35,6 +38,46 @@ async fn tls_server(pki: &Pki, client_ca: Option<std::path::PathBuf>) -> TestSer
     .await
 }
 
+/// A server with `pki`'s certificate that expired.
+async fn expired_server(pki: &Pki) -> TestServer {
+    TestServer::start_with(|c| {
+        c.tls = Some(Tls {
+            cert: pki.expired_server_cert.clone(),
+            key: pki.expired_server_key.clone(),
+            client_ca: None,
+        })
+    })
+    .await
+}
+
+/// What refused `tls`, connecting and then calling: the error's debug form, in
+/// which rustls names its reason (or the alert the server sent).
+async fn refusal(server: &TestServer, tls: &ClientTls) -> String {
+    match client(server, tls).await {
+        Err(e) => e,
+        Ok(mut c) => match c.stats(v1::StatsRequest::default()).await {
+            Ok(_) => panic!("the call went through"),
+            Err(status) => format!("{status:?}"),
+        },
+    }
+}
+
+/// A client trusting the test CA, presenting `identity` (certificate, key).
+fn trusting(pki: &Pki, identity: Option<(&std::path::Path, &std::path::Path)>) -> ClientTls {
+    ClientTls {
+        ca_pem: Some(Pki::read(&pki.ca)),
+        identity_pem: identity.map(|(cert, key)| (Pki::read(cert), Pki::read(key))),
+        domain: None,
+    }
+}
+
+fn assert_refused_for(refusal: &str, reason: &str, what: &str) {
+    assert!(
+        refusal.contains(reason),
+        "{what}: refused, but not for {reason}: {refusal}"
+    );
+}
+
 /// Submit over TLS, run on an SDK worker over TLS, wait for the result.
 async fn round_trip(server: &TestServer, tls: ClientTls) {
     let mut client = client(server, &tls).await.expect("a TLS client connects");
@@ -56,26 +99,8 @@ async fn a_client_and_a_worker_speak_tls() {
     let pki = Pki::new(dir.path());
     let server = tls_server(&pki, None).await;
     assert!(server.endpoint.starts_with("https://"));
-    let trusted = ClientTls {
-        ca_pem: Some(Pki::read(&pki.ca)),
-        ..Default::default()
-    };
-    round_trip(&server, trusted).await;
+    round_trip(&server, trusting(&pki, None)).await;
 
-    // Without trust in the server's CA the handshake fails.
-    let untrusted = ClientTls {
-        ca_pem: Some(Pki::read(&pki.other_ca)),
-        ..Default::default()
-    };
-    let refused = match client(&server, &untrusted).await {
-        Err(e) => e,
-        Ok(mut c) => c
-            .stats(v1::StatsRequest::default())
-            .await
-            .expect_err("an untrusted server")
-            .to_string(),
-    };
-    assert!(!refused.is_empty());
     // A plaintext client gets nothing from a TLS port.
     let plain = format!("http://{}", server.address());
     let mut plain_client = match tonic::transport::Channel::from_shared(plain)
@@ -94,26 +119,71 @@ async fn a_client_and_a_worker_speak_tls() {
     );
 }
 
+/// A client trusts a server only for a certificate of its CA, for the name it
+/// asked for, within its dates.
 #[tokio::test]
-async fn mutual_tls_requires_a_client_certificate() {
+async fn a_server_is_trusted_only_for_its_ca_its_name_and_its_dates() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let server = tls_server(&pki, None).await;
+    let other_ca = ClientTls {
+        ca_pem: Some(Pki::read(&pki.other_ca)),
+        ..Default::default()
+    };
+    assert_refused_for(
+        &refusal(&server, &other_ca).await,
+        "UnknownIssuer",
+        "a server of a CA the client does not trust",
+    );
+    let elsewhere = ClientTls {
+        domain: Some("elsewhere.example".into()),
+        ..trusting(&pki, None)
+    };
+    assert_refused_for(
+        &refusal(&server, &elsewhere).await,
+        "NotValidForName",
+        "a server under another name",
+    );
+    let expired = expired_server(&pki).await;
+    assert_refused_for(
+        &refusal(&expired, &trusting(&pki, None)).await,
+        "Expired",
+        "a server whose certificate expired",
+    );
+}
+
+/// With mutual TLS, a client needs a certificate of the CA the server trusts,
+/// within its dates; the server's alert says which was wrong.
+#[tokio::test]
+async fn mutual_tls_requires_a_valid_client_certificate_of_its_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let server = tls_server(&pki, Some(pki.ca.clone())).await;
-    let without_identity = ClientTls {
-        ca_pem: Some(Pki::read(&pki.ca)),
-        ..Default::default()
-    };
-    let refused = match client(&server, &without_identity).await {
-        Err(_) => true,
-        Ok(mut c) => c.stats(v1::StatsRequest::default()).await.is_err(),
-    };
-    assert!(refused, "a client without a certificate is refused");
-    let with_identity = ClientTls {
-        ca_pem: Some(Pki::read(&pki.ca)),
-        identity_pem: Some((Pki::read(&pki.client_cert), Pki::read(&pki.client_key))),
-        domain: None,
-    };
-    round_trip(&server, with_identity).await;
+    assert_refused_for(
+        &refusal(&server, &trusting(&pki, None)).await,
+        "CertificateRequired",
+        "a client without a certificate",
+    );
+    let foreign = Some((
+        pki.foreign_client_cert.as_path(),
+        pki.foreign_client_key.as_path(),
+    ));
+    assert_refused_for(
+        &refusal(&server, &trusting(&pki, foreign)).await,
+        "UnknownCA",
+        "a client certificate of another CA",
+    );
+    let expired = Some((
+        pki.expired_client_cert.as_path(),
+        pki.expired_client_key.as_path(),
+    ));
+    assert_refused_for(
+        &refusal(&server, &trusting(&pki, expired)).await,
+        "CertificateExpired",
+        "an expired client certificate",
+    );
+    let valid = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    round_trip(&server, trusting(&pki, valid)).await;
 }
 
 /// A connection that starts a TLS handshake and stalls in it (the first bytes of
