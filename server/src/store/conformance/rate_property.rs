@@ -1,9 +1,9 @@
 //! The limits property: generated mixes of a type's rate limit, its concurrency
-//! limit, keys with rate limits and limits of their own, and unkeyed rows, claimed
-//! at generated times with generated sizes and some attempts ended between. A
-//! model beside the store keeps each bucket (GCRA: its theoretical arrival time)
-//! and each key's running count from what the claims returned, and holds every
-//! claim to two promises:
+//! limit, keys with rate limits and limits of their own, unkeyed rows and
+//! fairness keys, claimed at generated times with generated sizes and some
+//! attempts ended between. A model beside the store keeps each bucket (GCRA:
+//! its theoretical arrival time) and each key's running count from what the
+//! claims returned, and holds every claim to two promises:
 //!
 //! - nothing past a limit: a claim takes no more than its size, than the type's
 //!   bucket holds, and for each key no more than its bucket holds and than the
@@ -43,6 +43,9 @@ struct Case {
     max_running: Option<u32>,
     keys: Vec<KeySpec>,
     unkeyed: usize,
+    /// Rows go to this many fairness keys in turn (weights 1, 2, 3): fairness
+    /// orders the rows a claim takes, and must change nothing above.
+    fairness: usize,
     /// (ms after the last step, how many running attempts end first, claim size)
     steps: Vec<(i64, usize, u32)>,
 }
@@ -73,13 +76,15 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of(1u32..=4),
         prop::collection::vec(key, 0..=5),
         0usize..=6,
+        0usize..=3,
         prop::collection::vec((0i64..=300, 0usize..=2, 1u32..=6), 6..=12),
     )
-        .prop_map(|(rate, max_running, keys, unkeyed, steps)| Case {
+        .prop_map(|(rate, max_running, keys, unkeyed, fairness, steps)| Case {
             rate,
             max_running,
             keys,
             unkeyed,
+            fairness,
             steps,
         })
 }
@@ -217,6 +222,15 @@ async fn run_case(store: &dyn Store, n: usize, case: &Case) -> (usize, usize) {
         rows.push(new(&format!("{ty}-none-{i}"), &ty));
     }
     keys.entry(None).or_default().waiting = case.unkeyed;
+    if case.fairness > 0 {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let f = i % case.fairness;
+            row.fairness = Some(Fairness {
+                key: format!("f{f}"),
+                weight: f as u32 + 1,
+            });
+        }
+    }
     if !rows.is_empty() {
         setup.push(Op::Submit(rows));
     }
