@@ -22,7 +22,7 @@ pub const POSTGRES_URL: &str = "SPOOL_TEST_POSTGRES_URL";
 
 /// Emits the `spool_test_*` cfgs for this build.
 pub fn emit() {
-    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let ci = under_ci();
     println!("cargo::rerun-if-env-changed=CI");
     for (cfg, available) in [
         (
@@ -39,6 +39,12 @@ pub fn emit() {
             println!("cargo::rustc-cfg={cfg}");
         }
     }
+}
+
+/// Whether `CI` is set as CI services set it: `true`, `1`, or any value but
+/// empty, `0` and `false`. Under CI every service must be had.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"))
 }
 
 /// ChromeDriver as Debian's `chromium-driver` package installs it (with Chromium).

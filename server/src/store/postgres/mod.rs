@@ -18,7 +18,7 @@
 //! `sslmode` (and `sslrootcert`, `sslcert`, `sslkey`) is honoured, with rustls.
 //! A writing session never commits with `synchronous_commit = off`, whatever the
 //! database, role or URL say: an acknowledged change must survive a crash of
-//! PostgreSQL (see [`durable_commits`]).
+//! PostgreSQL (see `durable_commits`).
 //!
 //! Nodes tell each other about committed changes with `NOTIFY` on one channel
 //! ([`CHANNEL`]): each notification is a JSON envelope of events from one node,
