@@ -419,57 +419,102 @@ async fn delayed_rows_from_before_a_restart_each_come_due() {
     assert!(started.windows(2).all(|w| w[0] <= w[1]), "{started:?}");
 }
 
+/// A worker shutting down finishes what it runs; a task that reaches it after
+/// its Goodbye left (the server sent it before that landed) is handed back
+/// unrun, and does not spend the activity's only attempt. The worker reaches the
+/// server through a proxy holding what it sends, so the task crosses the
+/// Goodbye every time: the path is forced, not raced.
 #[tokio::test]
 async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() {
-    let server = TestServer::start().await;
+    let server = TestServer::one_node_with(|_| {}).await;
+    let addr = server
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("a socket address");
+    let proxy = spool_testkit::proxy::Proxy::start(vec![addr])
+        .await
+        .expect("proxy");
     let (started_tx, mut started) = tokio::sync::mpsc::channel(4);
-    let leaving = server.worker(move |w| {
-        w.max_concurrency(2).activity("job", move |ctx, _| {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let leaving = spool_worker::Worker::new(format!("http://{}", proxy.addr))
+        .identity("leaving")
+        .max_concurrency(2)
+        .activity("job", move |ctx, _| {
             let started_tx = started_tx.clone();
             async move {
                 let _ = started_tx.send(ctx.info().activity_id.clone()).await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 spool_worker::json(&"finished by the leaving worker")
             }
-        })
-    });
+        });
+    let leaving = tokio::spawn(leaving.run(stop.clone()));
     let mut client = server.client().await;
     let mut x = request("job", "wf", "x");
     x.retry_policy = fast_retries(1);
     submit(&mut client, x).await;
     assert_eq!(started.recv().await.as_deref(), Some("x"));
-    let stopped = tokio::spawn(leaving.shutdown());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    // The leaving worker still has a free slot, but said Goodbye: y waits for the
-    // stayer (or, submitted before the Goodbye landed, is handed back); either way
-    // its only attempt is not spent.
+
+    // The Goodbye is held on its way; y goes to the leaving worker's free slot.
+    proxy.hold_upstream();
+    stop.cancel();
     let mut y = request("job", "wf", "y");
     y.retry_policy = fast_retries(1);
     submit(&mut client, y).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("y to be sent to the leaving worker", || {
+        let mut client = client.clone();
+        async move {
+            let y = get(&mut client, key("wf", "y")).await;
+            (status(&y) == ActivityStatus::Running).then_some(())
+        }
+    })
+    .await;
+    proxy.release_upstream();
     let _stayer = server.worker(|w| {
-        w.activity("job", |_, _| async {
+        w.identity("stayer").activity("job", |_, _| async {
             spool_worker::json(&"finished by the stayer")
         })
     });
+
     let x = wait(&mut client, key("wf", "x")).await;
     assert_eq!(
         (status(&x), x.attempt),
         (ActivityStatus::Completed, 1),
         "x ran to the end on the leaving worker"
     );
-    let y = wait(&mut client, key("wf", "y")).await;
+    wait(&mut client, key("wf", "y")).await;
+    let y = client
+        .get(v1::GetRequest {
+            key: Some(key("wf", "y")),
+            include_history: true,
+        })
+        .await
+        .expect("get y")
+        .into_inner();
+    let history: Vec<(u32, &str, &str)> = y
+        .history
+        .iter()
+        .map(|a| (a.attempt, a.identity.as_str(), a.outcome.as_str()))
+        .collect();
     assert_eq!(
-        status(&y),
-        ActivityStatus::Completed,
+        history,
+        [(1, "leaving", "snoozed"), (2, "stayer", "completed")],
+        "y was handed back unrun, then run by the stayer"
+    );
+    assert_eq!(
+        (status(&y), y.counted_attempts),
+        (ActivityStatus::Completed, 1),
         "handing back does not spend y's only attempt"
     );
-    assert_eq!(y.output.unwrap().data, br#""finished by the stayer""#);
-    tokio::time::timeout(WAIT, stopped)
+    assert_eq!(
+        y.output.expect("y's output").data,
+        br#""finished by the stayer""#
+    );
+    tokio::time::timeout(WAIT, leaving)
         .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+        .expect("the leaving worker stops")
+        .expect("its task")
+        .expect("it stops cleanly");
 }
 
 /// A finished activity is deleted once the retention has passed since it

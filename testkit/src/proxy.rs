@@ -3,7 +3,9 @@
 //! connection at once (a network cut as both ends see it); `down` refuses new
 //! connections until `up`; `stall` black-holes the connections open now (their
 //! bytes are held, nothing is closed: a dead NAT entry) until a cut, while new
-//! connections flow.
+//! connections flow; `hold_upstream` holds what clients send (every connection,
+//! now and later) until `release_upstream`, while what the nodes send flows: a
+//! message in flight towards a node for as long as a test needs.
 //!
 //! The soak (`spool soak`) and the session-resume tests use it.
 
@@ -37,6 +39,8 @@ struct Shared {
     down: AtomicBool,
     /// The backend the next connection tries first (then the ones after it).
     next: std::sync::atomic::AtomicUsize,
+    /// What clients send is held while set (see [`Proxy::hold_upstream`]).
+    upstream_held: watch::Sender<bool>,
 }
 
 #[derive(Clone)]
@@ -71,6 +75,7 @@ impl Proxy {
             }),
             down: AtomicBool::new(false),
             next: std::sync::atomic::AtomicUsize::new(0),
+            upstream_held: watch::Sender::new(false),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept(listener, shared.clone(), stop.clone()));
@@ -110,6 +115,17 @@ impl Proxy {
             generation.1 = Generation::under(&generation.0);
         }
     }
+
+    /// Holds every byte clients send, on every connection, until
+    /// [`Proxy::release_upstream`]; the nodes' bytes still reach the clients.
+    pub fn hold_upstream(&self) {
+        self.shared.upstream_held.send_replace(true);
+    }
+
+    /// Sends on what [`Proxy::hold_upstream`] held, in order.
+    pub fn release_upstream(&self) {
+        self.shared.upstream_held.send_replace(false);
+    }
 }
 
 impl Drop for Proxy {
@@ -142,6 +158,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             stalled: stall_sender,
         } = generation;
         let stalled = stall_sender.subscribe();
+        let held = shared.upstream_held.subscribe();
         let first = shared.next.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             // The next node that accepts; a client whose nodes are all down sees
@@ -149,7 +166,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTo
             for i in 0..backends.len() {
                 let backend = backends[(first + i) % backends.len()];
                 if let Ok(outbound) = TcpStream::connect(backend).await {
-                    relay(inbound, outbound, generation, stalled).await;
+                    relay(inbound, outbound, generation, stalled, held).await;
                     drop(stall_sender);
                     return;
                 }
@@ -163,14 +180,15 @@ async fn relay(
     outbound: TcpStream,
     cut: CancellationToken,
     stalled: watch::Receiver<bool>,
+    held: watch::Receiver<bool>,
 ) {
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
     let (mut in_read, mut in_write) = inbound.into_split();
     let (mut out_read, mut out_write) = outbound.into_split();
     tokio::select! {
-        _ = pump(&mut in_read, &mut out_write, stalled.clone()) => {}
-        _ = pump(&mut out_read, &mut in_write, stalled) => {}
+        _ = pump(&mut in_read, &mut out_write, stalled.clone(), Some(held)) => {}
+        _ = pump(&mut out_read, &mut in_write, stalled, None) => {}
         _ = cut.cancelled() => {}
     }
     // A zero linger turns the close into a reset on both sides.
@@ -180,11 +198,13 @@ async fn relay(
     }
 }
 
-/// Copies one direction, holding what it read while the proxy is stalled.
+/// Copies one direction, holding what it read while the proxy is stalled (or,
+/// for clients' bytes, `held`).
 async fn pump(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     mut stalled: watch::Receiver<bool>,
+    mut held: Option<watch::Receiver<bool>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -193,6 +213,11 @@ async fn pump(
             Ok(n) => n,
         };
         if stalled.wait_for(|s| !*s).await.is_err() {
+            return;
+        }
+        if let Some(held) = held.as_mut()
+            && held.wait_for(|h| !*h).await.is_err()
+        {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
