@@ -149,7 +149,7 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
     for task in &tasks {
         worker.complete(task, task.attempt).await;
     }
-    let stalled_until = Instant::now() + Duration::from_millis(1_500);
+    let stalled_until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < stalled_until {
         worker
             .send(worker_message::Message::Heartbeat(v1::Heartbeat::default()))
@@ -168,8 +168,10 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
         .as_ref()
         .map(spool_proto::time::from_proto);
     let silent_for = spool_proto::time::now_millis() - seen.unwrap_or(0);
+    // Unread keep-alives would leave it silent for the whole 3 s stall; read,
+    // for 30 ms at a time. The bound is generous for a loaded machine.
     assert!(
-        silent_for < 300,
+        silent_for < 1_000,
         "the worker looked silent for {silent_for} ms"
     );
     faulty.stall(false);

@@ -299,8 +299,9 @@ async fn higher_priority_first_then_oldest_first() {
         submit(&mut client, req).await;
         // Age is each submitting node's reading of the database's clock; nodes
         // agree on it within a few milliseconds (more on a loaded machine), so
-        // submits on different nodes are ordered only when further apart.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // submits on different nodes are ordered only when further apart: a
+        // quarter second is generous.
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     // One slot: each task comes only after the previous one is answered (its ack

@@ -116,8 +116,8 @@ async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives
     assert_eq!(error.r#type, "Panic", "{error:?}");
 }
 
-/// A client's cancel reaches the handler within 100 ms, with its reason; a
-/// timeout says it is one.
+/// A client's cancel reaches the handler promptly (pushed, not found by a
+/// sweep), with its reason; a timeout says it is one.
 #[tokio::test]
 async fn a_cancel_reaches_the_handler_promptly_with_its_reason() {
     // A short interval, for a prompt sweep of the timeout below; not so short that
@@ -169,10 +169,12 @@ async fn a_cancel_reaches_the_handler_promptly_with_its_reason() {
         reason,
         CancelReason::Requested("not needed any more".into())
     );
-    // On one node the cancel goes straight to the worker's session; across nodes
-    // it travels as a notification to the worker's node, on a machine shared with
-    // every other test's three nodes.
-    let prompt = if nodes_wanted() > 1 { 1_000 } else { 100 };
+    // A cancel is pushed to the worker's session (across nodes, as a notification
+    // to its node first); nothing else would ever tell the handler, so the bound
+    // only needs to tell "pushed" from "never", and is generous for a machine
+    // shared with every other test (typically it takes a few milliseconds; the
+    // benchmarks, not this test, watch the latency).
+    let prompt = if nodes_wanted() > 1 { 3_000 } else { 1_000 };
     assert!(within < Duration::from_millis(prompt), "took {within:?}");
 
     let mut timed = request("long", "wf", "t");
