@@ -1137,3 +1137,58 @@ fn an_attempts_events_carry_its_span_and_trace() {
         assert!(ended.contains(field), "{field} missing from {ended}");
     }
 }
+
+/// A claim in flight holds back another claim of its own group only: a group
+/// beside it, in the same namespace, claims its free slot.
+#[test]
+fn a_claim_in_flight_holds_back_only_its_own_group() {
+    let registry = Registry::default();
+    let of_type = |t: &str| Registration {
+        activity_types: vec![t.into()],
+        ..registration(2)
+    };
+    let (a, _a_tx, _a_rx, _) = registry.register(of_type("a"), 0, welcome);
+    let (b, _b_tx, _b_rx, _) = registry.register(of_type("b"), 0, welcome);
+    registry.mark_all_due();
+    let claims = registry.plan_claims(0, &[]);
+    let claim_of = |id: &Arc<str>| {
+        claims
+            .iter()
+            .find(|c| &c.worker_id == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no claim for {id}"))
+    };
+    let (for_a, for_b) = (claim_of(&a), claim_of(&b));
+    // b's type comes due again while its claim is in flight: no room to plan.
+    registry.mark_due("default", "b");
+    assert!(registry.plan_claims(0, &[&for_a, &for_b]).is_empty());
+    // b's claim lands short, but a row came due since: b is not exhausted.
+    assert!(registry.assign(&for_b, vec![row(1, "b1", &b)]).is_empty());
+    let planned: Vec<Arc<str>> = registry
+        .plan_claims(0, &[&for_a])
+        .into_iter()
+        .map(|c| c.worker_id)
+        .collect();
+    assert_eq!(planned, [b], "a's claim in flight held b back");
+}
+
+/// A worker of several types has each first in its claims in turn, so no type
+/// waits behind the others' backlog.
+#[test]
+fn a_workers_types_take_turns_first_in_its_claims() {
+    let registry = Registry::default();
+    let both = Registration {
+        activity_types: vec!["a".into(), "b".into()],
+        ..registration(1)
+    };
+    let (_id, _tx, _rx, _) = registry.register(both, 0, welcome);
+    let mut firsts = Vec::new();
+    for _ in 0..2 {
+        registry.mark_all_due();
+        let claim = registry.plan_claims(0, &[]).remove(0);
+        firsts.push(claim.activity_types[0].to_string());
+        registry.unreserve(&claim);
+    }
+    firsts.sort();
+    assert_eq!(firsts, ["a", "b"]);
+}
