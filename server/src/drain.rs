@@ -21,7 +21,7 @@ use std::{sync::Arc, time::Duration};
 
 use spool_proto::{
     time,
-    v1::{activity_service_server, admin_service_server, server_message, worker_service_server},
+    v1::{activity_service_server, admin_service_server, worker_service_server},
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Mutex;
@@ -130,11 +130,7 @@ impl Drainer {
         // Every commit of the drain has a deadline: with the database unreachable
         // the drain still ends, and what it could not write is reclaimed later.
         self.barrier(deadline).await;
-        self.core
-            .registry
-            .begin_drain(server_message::Message::Drain(spool_proto::v1::Drain {
-                deadline: Some(time::to_proto(deadline_ms)),
-            }));
+        self.core.registry.begin_drain(Some(deadline_ms));
         let running = self.core.registry.unsettled_count();
         let results_before = self.core.registry.results_committed();
         tracing::info!(running, ?timeout, "draining");
@@ -235,7 +231,6 @@ pub async fn set_health(health: &HealthReporter, status: ServingStatus) {
 
 #[cfg(test)]
 mod tests {
-    use spool_proto::v1::{self, ServerMessage};
     use tokio::sync::mpsc;
 
     use super::*;
@@ -243,7 +238,8 @@ mod tests {
         Config,
         dispatch::{
             Committer, Pending, Registry, committer,
-            registry::{Answer, Outgoing, Registration},
+            outbound::{Outgoing, ToWorker},
+            registry::{Answer, Registration},
         },
         store::{self, ActivityStatus, Key, NewActivity, Payload, RetrySpec, Timeouts},
     };
@@ -281,12 +277,6 @@ mod tests {
                 ticket: None,
             },
             0,
-            |id| {
-                server_message::Message::Welcome(v1::Welcome {
-                    worker_id: id.to_owned(),
-                    ..Default::default()
-                })
-            },
         );
         let new = NewActivity {
             key: key(),
@@ -317,12 +307,7 @@ mod tests {
                 .await
                 .unwrap_or_else(|_| panic!("no task"))
                 .unwrap_or_else(|| panic!("closed"));
-            got_task = matches!(
-                out.message,
-                Ok(ServerMessage {
-                    message: Some(server_message::Message::Task(_))
-                })
-            );
+            got_task = matches!(out.message, ToWorker::Task(_));
         }
         let (health, _) = tonic_health::server::health_reporter();
         let core = Arc::new(Core {
@@ -361,12 +346,8 @@ mod tests {
 
     fn kind(out: Outgoing) -> &'static str {
         match out.message {
-            Ok(ServerMessage {
-                message: Some(server_message::Message::Drain(_)),
-            }) => "drain",
-            Ok(ServerMessage {
-                message: Some(server_message::Message::Cancel(_)),
-            }) => "cancel",
+            ToWorker::Drain { .. } => "drain",
+            ToWorker::Cancel(_) => "cancel",
             _ => "other",
         }
     }

@@ -3,7 +3,7 @@
 
 use spool_proto::{time, v1};
 
-use crate::store::{ActivityRow, Attempt, AttemptRecord};
+use crate::store::{ActivityRow, AttemptRecord};
 
 pub fn activity(row: ActivityRow) -> v1::Activity {
     v1::Activity {
@@ -49,8 +49,9 @@ pub fn attempt_record(a: AttemptRecord) -> v1::AttemptRecord {
     }
 }
 
-/// The task that sends `attempt` of `row` to its worker.
-pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
+/// The task that sends the attempt `row` was claimed for to its worker, ended by
+/// `deadline` (see `Attempt::deadline`).
+pub fn task(row: ActivityRow, deadline: Option<time::UnixMillis>) -> v1::ActivityTask {
     v1::ActivityTask {
         namespace: row.key.namespace,
         workflow_id: row.key.workflow_id,
@@ -62,13 +63,28 @@ pub fn task(row: ActivityRow, attempt: &Attempt) -> v1::ActivityTask {
         heartbeat_timeout: row.timeouts.heartbeat_ms.map(|ms| {
             spool_proto::duration::to_proto(std::time::Duration::from_millis(ms.max(0) as u64))
         }),
-        deadline: attempt.deadline().map(time::to_proto),
+        deadline: deadline.map(time::to_proto),
         max_attempts: row.retry.max_attempts,
         // The claim counted this attempt already: the ones before it.
         counted_attempts: row.attempt.saturating_sub(row.uncounted).saturating_sub(1),
         last_heartbeat_details: row.heartbeat_details,
         started_at: row.started_at.map(time::to_proto),
         headers: row.headers.into_iter().collect(),
+    }
+}
+
+/// A connected worker on node `node`, as `ListWorkers` shows it.
+pub fn worker(w: crate::dispatch::registry::WorkerView, node: &str) -> v1::WorkerInfo {
+    v1::WorkerInfo {
+        worker_id: w.worker_id.to_string(),
+        identity: w.identity.to_string(),
+        namespace: w.namespace.to_string(),
+        activity_types: w.activity_types.iter().map(|t| t.to_string()).collect(),
+        max_concurrency: w.max_concurrency,
+        in_flight: w.in_flight,
+        connected_at: Some(time::to_proto(w.connected_at)),
+        last_seen_at: Some(time::to_proto(w.last_seen_at)),
+        node: node.to_owned(),
     }
 }
 

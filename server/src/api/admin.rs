@@ -78,7 +78,13 @@ impl AdminService for AdminApi {
         // A read: any role that may read activities may see who runs them.
         let namespace = Self::readable(&request, &request.get_ref().namespace)?;
         Ok(Response::new(v1::ListWorkersResponse {
-            workers: self.core.registry.workers(namespace.as_deref()),
+            workers: self
+                .core
+                .registry
+                .workers(namespace.as_deref())
+                .into_iter()
+                .map(|w| crate::wire::worker(w, self.core.registry.node()))
+                .collect(),
             draining: self.core.registry.is_draining(),
         }))
     }

@@ -1,10 +1,12 @@
 //! Getting work to workers: who is connected and what they hold ([`Registry`]), the
 //! single writer that commits and claims ([`Committer`]), waiters on outcomes
-//! ([`Pending`]), the timer of delayed rows, and the liveness sweep ([`heartbeat`]).
+//! ([`Pending`]), the timer of delayed rows, the liveness sweep ([`heartbeat`]),
+//! and what workers are told ([`outbound`]), which the api layer puts on the wire.
 
 pub mod committer;
 mod due;
 pub mod heartbeat;
+pub mod outbound;
 mod peers;
 pub mod pending;
 pub mod registry;

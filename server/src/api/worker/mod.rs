@@ -28,8 +28,8 @@ use spool_proto::{
     duration,
     time::{UnixMillis, now_millis},
     v1::{
-        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message,
-        worker_message, worker_service_server::WorkerService,
+        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, worker_message,
+        worker_service_server::WorkerService,
     },
 };
 use tokio::sync::{Semaphore, mpsc};
@@ -44,8 +44,9 @@ use super::{
 };
 use crate::dispatch::{CommitError, Core};
 use crate::{
+    dispatch::outbound::{Ack, Ending, Outgoing, Task, ToWorker},
     dispatch::registry::{
-        ACK_WINDOW, Answer, AttemptKey, Outgoing, Registration, ResumeRefused, Resumption, Ticket,
+        ACK_WINDOW, Answer, AttemptKey, Registration, ResumeRefused, Resumption, Ticket,
     },
     lifecycle,
     store::Attempt,
@@ -53,8 +54,10 @@ use crate::{
 };
 
 mod results;
+mod wire;
 
 use results::*;
+use wire::Greeting;
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -196,7 +199,7 @@ impl WorkerService for WorkerApi {
                     let response = self.start_session(
                         old_id.into(),
                         setup.registration.namespace.clone(),
-                        resumed,
+                        (resumed, setup.greeting(true, "")),
                         place,
                         inbound,
                     );
@@ -217,18 +220,23 @@ impl WorkerService for WorkerApi {
         }
         let refused = refused.map_or("", |r| r.explain());
         let namespace = setup.registration.namespace.clone();
-        let (worker_id, tx, rx, evict) =
-            self.core
-                .registry
-                .register(setup.registration.clone(), now_millis(), |id| {
-                    setup.welcome(id, false, refused)
-                });
+        let (worker_id, tx, rx, evict) = self
+            .core
+            .registry
+            .register(setup.registration.clone(), now_millis());
         tracing::info!(%worker_id, "worker connected");
         let row = setup
             .shared
             .then(|| setup.ticket_row(&self.core, &worker_id));
         // As above: the session owns the registration before anything awaits.
-        let response = self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound);
+        let response = self.serve_stream(
+            worker_id,
+            namespace,
+            (tx, rx, setup.greeting(false, refused)),
+            evict,
+            place,
+            inbound,
+        );
         if let Some(row) = row {
             self.save_ticket(row).await;
         }
@@ -291,18 +299,17 @@ impl Setup {
         }
     }
 
-    fn welcome(&self, id: &str, resumed: bool, refused: &str) -> server_message::Message {
-        server_message::Message::Welcome(v1::Welcome {
-            worker_id: id.to_owned(),
-            heartbeat_interval: Some(duration::to_proto(self.heartbeat_interval)),
-            protocol_version: 1,
+    /// What the session's `Welcome` says; `refused` explains a resume refused.
+    fn greeting(&self, resumed: bool, refused: &'static str) -> Greeting {
+        Greeting {
+            heartbeat_interval: self.heartbeat_interval,
             max_concurrency: self.registration.max_concurrency,
-            max_payload_bytes: self.max_payload_bytes as u64,
+            max_payload_bytes: self.max_payload_bytes,
             resume_token: self.secret.clone(),
-            resume_grace: (!self.secret.is_empty()).then(|| duration::to_proto(self.grace)),
+            resume_grace: self.grace,
             resumed,
-            resume_refused: refused.to_owned(),
-        })
+            resume_refused: refused,
+        }
     }
 
     fn ticket_row(&self, core: &Core, worker_id: &str) -> SessionTicket {
@@ -330,7 +337,6 @@ impl WorkerApi {
             &old_secret,
             &setup.registration,
             &setup.held,
-            |id| setup.welcome(id, true, ""),
         );
         match local {
             Ok(resumed) => Ok(resumed),
@@ -355,7 +361,6 @@ impl WorkerApi {
                             rows,
                             &setup.held,
                             self.core.store.now(),
-                            |id| setup.welcome(id, true, ""),
                         ))
                     }
                     Ok(None) => Err(why),
@@ -393,7 +398,7 @@ impl WorkerApi {
         &self,
         worker_id: Arc<str>,
         namespace: Arc<str>,
-        resumed: Resumption,
+        (resumed, greeting): (Resumption, Greeting),
         place: SessionPlace,
         inbound: Streaming<WorkerMessage>,
     ) -> Response<SessionStream> {
@@ -406,7 +411,7 @@ impl WorkerApi {
             ..
         } = resumed;
         for cancel in cancels {
-            let _ = tx.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+            let _ = tx.try_send(Outgoing::new(ToWorker::Cancel(cancel)));
         }
         if !resend.is_empty() {
             let (core, tx, worker_id) = (self.core.clone(), tx.clone(), worker_id.clone());
@@ -416,18 +421,23 @@ impl WorkerApi {
                 }
             });
         }
-        self.serve_stream(worker_id, namespace, tx, rx, evict, place, inbound)
+        self.serve_stream(
+            worker_id,
+            namespace,
+            (tx, rx, greeting),
+            evict,
+            place,
+            inbound,
+        )
     }
 
     /// Starts the session task reading `inbound`, and answers with the stream of
     /// what the worker is sent.
-    #[allow(clippy::too_many_arguments)]
     fn serve_stream(
         &self,
         worker_id: Arc<str>,
         namespace: Arc<str>,
-        tx: mpsc::Sender<Outgoing>,
-        rx: mpsc::Receiver<Outgoing>,
+        (tx, rx, greeting): (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>, Greeting),
         evict: CancellationToken,
         place: SessionPlace,
         inbound: Streaming<WorkerMessage>,
@@ -444,7 +454,7 @@ impl WorkerApi {
         self.tracker
             .spawn(session.run(inbound, self.shutdown.clone()));
         // Dropping each `Outgoing` as it is sent returns its ack permit.
-        let outbound = ReceiverStream::new(rx).map(|out| out.message);
+        let outbound = ReceiverStream::new(rx).map(move |out| wire::encode(out.message, &greeting));
         Response::new(Box::pin(outbound))
     }
 }
@@ -562,13 +572,11 @@ impl Session {
                             continue;
                         }
                         worker_message::Message::Hello(_) => {
-                            let status = Status::invalid_argument(
-                                "Hello may only be the first message of a Session",
-                            );
-                            let _ = self.tx.try_send(Outgoing {
-                                message: Err(status),
-                                _permit: None,
-                            });
+                            let _ =
+                                self.tx
+                                    .try_send(Outgoing::new(ToWorker::End(Ending::Protocol(
+                                        "Hello may only be the first message of a Session",
+                                    ))));
                             break End::Lost("protocol error: second Hello".to_owned());
                         }
                     };
@@ -610,10 +618,9 @@ impl Session {
             "no message for 3 heartbeat intervals ({} each)",
             duration::format(self.core.config.heartbeat_interval)
         );
-        let _ = self.tx.try_send(Outgoing {
-            message: Err(Status::unavailable(format!("worker lost: {why}"))),
-            _permit: None,
-        });
+        let _ = self
+            .tx
+            .try_send(Outgoing::new(ToWorker::End(Ending::Lost(why.clone()))));
         End::Lost(why)
     }
 
@@ -651,7 +658,7 @@ impl Session {
         self.core
             .registry
             .touch(&self.worker_id, tokio::time::Instant::now());
-        let ack = v1::ResultAck {
+        let ack = Ack {
             workflow_id: result.workflow_id.clone(),
             activity_id: result.activity_id.clone(),
             attempt: result.attempt,

@@ -8,7 +8,7 @@ use super::*;
 /// A result whose commit failed, and what its ack needs.
 pub(super) struct Unsettled {
     tx: mpsc::Sender<Outgoing>,
-    ack: v1::ResultAck,
+    ack: Ack,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Held until the result settles: a drain waits for it.
     _committing: Option<crate::dispatch::registry::Committing>,
@@ -19,17 +19,17 @@ pub(super) enum Forward {
     /// The result decides an attempt the worker held: commit these ops, then ack.
     Commit {
         ops: Vec<Op>,
-        ack: v1::ResultAck,
+        ack: Ack,
         /// Keeps the result unsettled (for a drain) until the commit's reply.
         committing: crate::dispatch::registry::Committing,
     },
     /// The result answers nothing the worker holds: ack it, not accepted.
-    Refuse(v1::ResultAck),
+    Refuse(Ack),
     /// The result answers an attempt that ended while the worker was away, which it
     /// said it still had when it resumed: perhaps this result, sent again because
     /// its ack was lost with the old stream. The store tells (see
     /// [`ended_by_own_result`]).
-    Recheck(v1::ResultAck),
+    Recheck(Ack),
     /// The worker said Goodbye: once every claim planned for it has landed, tell it
     /// that nothing more comes (Drain).
     Goodbye,
@@ -54,7 +54,7 @@ pub(super) async fn resend_task(
             {
                 // Through the registry: the server may have stopped the attempt
                 // (a cancel, a timeout, a drain's deadline) while the row was read.
-                let task = crate::wire::task(row, attempt);
+                let task = Task::new(row, attempt);
                 core.registry.send_lacked(worker_id, tx, attempt, task);
                 return;
             }
@@ -163,7 +163,7 @@ pub(super) fn finished(outcomes: &[Outcome]) -> bool {
 
 pub(super) fn send_ack(
     tx: &mpsc::Sender<Outgoing>,
-    mut ack: v1::ResultAck,
+    mut ack: Ack,
     accepted: bool,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
@@ -173,9 +173,7 @@ pub(super) fn send_ack(
     ack.accepted = accepted;
     // Room is guaranteed by the ack window; closed means the worker is gone.
     let _ = tx.try_send(Outgoing {
-        message: Ok(ServerMessage {
-            message: Some(server_message::Message::Ack(ack)),
-        }),
+        message: ToWorker::Ack(ack),
         _permit: Some(permit),
     });
 }
@@ -242,7 +240,7 @@ pub(super) async fn ended_by_own_result(
     core: &Core,
     namespace: &str,
     worker_id: &str,
-    ack: &v1::ResultAck,
+    ack: &Ack,
 ) -> Option<bool> {
     use crate::store::{ActivityStatus, AttemptOutcome, Key};
     let key = Key {
@@ -377,9 +375,7 @@ pub(super) async fn forward_results(
                 // An empty commit is a barrier: claims planned for this worker
                 // before it left have been assigned when it returns.
                 let _ = core.committer.commit(Vec::new()).await;
-                let _ = tx.try_send(Outgoing::message(server_message::Message::Drain(
-                    v1::Drain { deadline: None },
-                )));
+                let _ = tx.try_send(Outgoing::new(ToWorker::Drain { deadline: None }));
             }
             Forward::Commit {
                 ops,

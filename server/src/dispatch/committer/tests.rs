@@ -3,11 +3,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use spool_proto::v1::server_message;
-
 use super::*;
 use crate::{
-    dispatch::registry::{Outgoing, Registration},
+    dispatch::outbound::{Outgoing, ToWorker},
+    dispatch::registry::Registration,
     store::{
         ActivityRow, DueTimes, ListPage, ListQuery, NewActivity, Payload, RetrySpec, RunningPage,
         SqliteStore, StatusCounts, Timeouts,
@@ -237,12 +236,6 @@ fn with_worker(
             ticket: None,
         },
         spool_proto::time::now_millis(),
-        |id| {
-            server_message::Message::Welcome(spool_proto::v1::Welcome {
-                worker_id: id.to_owned(),
-                ..Default::default()
-            })
-        },
     );
     (committer, task, rx, registry)
 }
@@ -253,11 +246,8 @@ async fn next_task(rx: &mut mpsc::Receiver<Outgoing>) -> String {
             .await
             .unwrap_or_else(|_| panic!("no task in time"))
             .unwrap_or_else(|| panic!("outbound closed"));
-        if let Ok(spool_proto::v1::ServerMessage {
-            message: Some(server_message::Message::Task(task)),
-        }) = message.message
-        {
-            return task.activity_id;
+        if let ToWorker::Task(task) = message.message {
+            return task.row.key.activity_id;
         }
     }
 }

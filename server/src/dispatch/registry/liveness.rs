@@ -4,10 +4,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use spool_proto::v1;
 use tokio::time::Instant;
 
-use super::{AttemptKey, Registry, SilencePaused, Sweep, Worker, attempt_key};
+use super::{AttemptKey, CancelKind, Registry, SilencePaused, Sweep, Worker, attempt_key};
 use crate::dispatch::timeouts::TimedOut;
 use crate::store::{HeartbeatDetails, Payload};
 
@@ -162,11 +161,7 @@ impl Registry {
                     sweep.running.push((attempt.id, attempt.attempt));
                     continue;
                 };
-                inflight.stop(
-                    &worker.outbound,
-                    v1::CancelKind::TimedOut,
-                    &timed_out.message,
-                );
+                inflight.stop(&worker.outbound, CancelKind::TimedOut, &timed_out.message);
                 // Fenced to this node: a worker that resumed its session elsewhere
                 // heartbeats there, and this copy's deadlines no longer describe it.
                 sweep.timed_out.push(TimedOut {

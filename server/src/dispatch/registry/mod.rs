@@ -48,18 +48,15 @@ use std::{
     time::Duration,
 };
 
-use spool_proto::{
-    time::{self, UnixMillis},
-    v1::{self, ServerMessage, server_message},
-};
+use spool_proto::time::UnixMillis;
 
 use tokio::{
-    sync::{Notify, OwnedSemaphorePermit, mpsc},
+    sync::{Notify, mpsc},
     time::Instant,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
+use super::outbound::{Cancel, CancelKind, Outgoing, ToWorker};
 use super::timeouts::TimedOut;
 use crate::store::{Attempt, HeartbeatDetails, Key, Op, Payload, Transition};
 
@@ -69,25 +66,6 @@ use crate::store::{Attempt, HeartbeatDetails, Key, Op, Payload, Transition};
 /// PostgreSQL: the window covers that for up to 113 slots, so it does not throttle
 /// the drain of a worker of common size.
 pub const ACK_WINDOW: usize = 1024;
-
-/// One message to a worker. An ack carries the session's ack-window permit, which is
-/// released when the message leaves the channel for the wire.
-pub struct Outgoing {
-    pub message: Result<ServerMessage, Status>,
-    /// Held, never read: dropped as the message leaves the channel.
-    pub _permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Outgoing {
-    pub fn message(message: server_message::Message) -> Self {
-        Self {
-            message: Ok(ServerMessage {
-                message: Some(message),
-            }),
-            _permit: None,
-        }
-    }
-}
 
 /// A worker's validated `Hello`.
 #[derive(Debug, Clone)]
@@ -181,7 +159,7 @@ pub struct Resumption {
     /// way): to send again.
     pub resend: Vec<Arc<Attempt>>,
     /// Attempts the worker has that the server ended meanwhile: to tell it again.
-    pub cancels: Vec<v1::CancelActivity>,
+    pub cancels: Vec<Cancel>,
     /// Attempts the worker still runs, now this stream's.
     pub reattached: usize,
 }
@@ -258,6 +236,12 @@ impl Group {
     }
 }
 
+/// A drain under way, and when what still runs should be done.
+#[derive(Clone, Copy)]
+struct Draining {
+    deadline: Option<UnixMillis>,
+}
+
 #[derive(Default)]
 struct Inner {
     workers: foldhash::HashMap<Arc<str>, Worker>,
@@ -269,9 +253,9 @@ struct Inner {
     rotation: usize,
     /// Set by a drain: nothing more is dispatched.
     paused: bool,
-    /// The drain's message, once a drain began: sent to every worker then, and to
-    /// any that registers later.
-    drain: Option<server_message::Message>,
+    /// Set once a drain began: told to every worker then, and to any that
+    /// registers later.
+    drain: Option<Draining>,
     /// Rows claimed ahead that will not be sent: for the committer to release.
     released: Vec<Arc<Attempt>>,
 }
@@ -436,7 +420,7 @@ impl Registry {
                 if inflight.cancel_sent || !ended.contains(&attempt) {
                     continue;
                 }
-                inflight.stop(&worker.outbound, v1::CancelKind::EndedElsewhere, reason);
+                inflight.stop(&worker.outbound, CancelKind::EndedElsewhere, reason);
             }
         }
         drop(inner);
@@ -490,7 +474,7 @@ impl Registry {
                 if inflight.cancel_sent {
                     continue;
                 }
-                inflight.stop(&worker.outbound, v1::CancelKind::Drain, reason);
+                inflight.stop(&worker.outbound, CancelKind::Drain, reason);
                 // Released only while still this node's row (see `fenced`).
                 ended.release.push(self.fenced(&inflight.attempt));
             }
@@ -515,13 +499,15 @@ impl Registry {
     }
 
     /// A drain begins: no more claims are planned, and every worker, including
-    /// any that registers from now on, is sent `drain`.
-    pub fn begin_drain(&self, drain: server_message::Message) {
+    /// any that registers from now on, is told to finish by `deadline`.
+    pub fn begin_drain(&self, deadline: Option<UnixMillis>) {
         let mut guard = self.lock();
         let inner = &mut *guard;
         inner.paused = true;
         for worker in inner.workers.values_mut() {
-            let _ = worker.outbound.try_send(Outgoing::message(drain.clone()));
+            let _ = worker
+                .outbound
+                .try_send(Outgoing::new(ToWorker::Drain { deadline }));
             // Rows claimed ahead go back uncounted: nothing more is sent.
             let ahead = std::mem::take(&mut worker.ahead);
             for row in ahead {
@@ -531,7 +517,7 @@ impl Registry {
             }
         }
         let mut inner = guard;
-        inner.drain = Some(drain);
+        inner.drain = Some(Draining { deadline });
         drop(inner);
         self.wake.notify_one();
     }
@@ -650,7 +636,7 @@ impl Registry {
         if inflight.cancel_sent {
             return;
         }
-        inflight.stop(&worker.outbound, v1::CancelKind::Requested, reason);
+        inflight.stop(&worker.outbound, CancelKind::Requested, reason);
         drop(inner);
         // The attempt no longer counts as running: a drain may be waiting on that.
         self.answered.notify_waiters();
@@ -706,23 +692,22 @@ impl Registry {
             .collect()
     }
 
-    /// Connected workers, optionally of one namespace.
-    pub fn workers(&self, namespace: Option<&str>) -> Vec<v1::WorkerInfo> {
+    /// Connected workers, optionally of one namespace, by id.
+    pub fn workers(&self, namespace: Option<&str>) -> Vec<WorkerView> {
         let inner = self.lock();
-        let mut out: Vec<v1::WorkerInfo> = inner
+        let mut out: Vec<WorkerView> = inner
             .workers
             .values()
             .filter(|w| namespace.is_none_or(|ns| *w.group.0 == *ns))
-            .map(|w| v1::WorkerInfo {
-                worker_id: w.id.to_string(),
-                identity: w.identity.to_string(),
-                namespace: w.group.0.to_string(),
-                activity_types: w.group.1.iter().map(|t| t.to_string()).collect(),
+            .map(|w| WorkerView {
+                worker_id: w.id.clone(),
+                identity: w.identity.clone(),
+                namespace: w.group.0.clone(),
+                activity_types: w.group.1.clone(),
                 max_concurrency: w.max_concurrency,
                 in_flight: u32::try_from(w.inflight.len()).unwrap_or(u32::MAX),
-                connected_at: Some(time::to_proto(w.connected_at)),
-                last_seen_at: Some(time::to_proto(wall_of(w.last_seen))),
-                node: self.node.to_string(),
+                connected_at: w.connected_at,
+                last_seen_at: wall_of(w.last_seen),
             })
             .collect();
         out.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
@@ -741,6 +726,20 @@ impl Registry {
             .filter(|w| *w.group.0 == *namespace)
             .count()
     }
+}
+
+/// A connected worker, as `ListWorkers` shows it.
+#[derive(Debug, Clone)]
+pub struct WorkerView {
+    pub worker_id: Arc<str>,
+    pub identity: Arc<str>,
+    pub namespace: Arc<str>,
+    pub activity_types: Vec<Arc<str>>,
+    pub max_concurrency: u32,
+    pub in_flight: u32,
+    /// Wall times.
+    pub connected_at: UnixMillis,
+    pub last_seen_at: UnixMillis,
 }
 
 /// See [`Registry::commit_begins`].

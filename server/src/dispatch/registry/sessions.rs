@@ -5,15 +5,15 @@
 //! that comes between the check and the removal keeps its attempts.
 
 use super::*;
+use crate::dispatch::outbound::Task;
 
 impl Registry {
     /// Adds a worker; returns its id and the receiving end of its outbound channel,
-    /// which starts with `welcome(worker_id)`, ahead of any task.
+    /// which starts with its welcome, ahead of any task.
     pub fn register(
         &self,
         reg: Registration,
         now: UnixMillis,
-        welcome: impl FnOnce(&str) -> server_message::Message,
     ) -> (
         Arc<str>,
         mpsc::Sender<Outgoing>,
@@ -25,14 +25,18 @@ impl Registry {
         let capacity = 2 * max as usize + ACK_WINDOW + 8;
         let (tx, rx) = mpsc::channel(capacity);
         // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::message(welcome(&id)));
+        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
+            worker_id: id.clone(),
+        }));
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let mut inner = self.lock();
         // A worker registering after a drain began is told at once, under the same
         // lock that `begin_drain` broadcasts under, so none is missed.
-        if let Some(drain) = &inner.drain {
-            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        if let Some(drain) = inner.drain {
+            let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
+                deadline: drain.deadline,
+            }));
         }
         inner
             .groups
@@ -118,7 +122,7 @@ impl Registry {
         worker_id: &str,
         tx: &mpsc::Sender<Outgoing>,
         attempt: &Attempt,
-        task: v1::ActivityTask,
+        task: Task,
     ) {
         let inner = self.lock();
         let Some(worker) = inner
@@ -137,7 +141,7 @@ impl Registry {
             Some(inflight) if !inflight.cancel_sent => {
                 let _ = worker
                     .outbound
-                    .try_send(Outgoing::message(server_message::Message::Task(task)));
+                    .try_send(Outgoing::new(ToWorker::Task(Box::new(task))));
                 return;
             }
             Some(_) => true,
@@ -219,10 +223,9 @@ impl Registry {
         secret: &str,
         reg: &Registration,
         held: &HashSet<AttemptKey>,
-        welcome: impl FnOnce(&str) -> server_message::Message,
     ) -> Result<Resumption, ResumeRefused> {
         let mut inner = self.lock();
-        let drain = inner.drain.clone();
+        let drain = inner.drain;
         let paused = inner.paused;
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Err(ResumeRefused::Unknown);
@@ -247,9 +250,13 @@ impl Registry {
         let capacity = 2 * worker.max_concurrency as usize + ACK_WINDOW + 8;
         let (tx, rx) = mpsc::channel(capacity);
         // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
+            worker_id: worker.id.clone(),
+        }));
         if let Some(drain) = drain {
-            let _ = tx.try_send(Outgoing::message(drain));
+            let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
+                deadline: drain.deadline,
+            }));
         }
         // The old stream, if it still reads, ends now; it no longer owns the worker.
         worker.evict.cancel();
@@ -304,7 +311,6 @@ impl Registry {
         rows: Vec<crate::store::ActivityRow>,
         held: &HashSet<AttemptKey>,
         now_wall: UnixMillis,
-        welcome: impl FnOnce(&str) -> server_message::Message,
     ) -> Resumption {
         let id: Arc<str> = worker_id.into();
         let adopted: foldhash::HashSet<(i64, u32)> =
@@ -313,7 +319,9 @@ impl Registry {
         let capacity = 2 * max as usize + ACK_WINDOW + 8;
         let (tx, rx) = mpsc::channel(capacity);
         // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::message(welcome(worker_id)));
+        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
+            worker_id: id.clone(),
+        }));
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let now = Instant::now();
@@ -355,8 +363,10 @@ impl Registry {
         let mut inner = self.lock();
         inner.remove_worker(worker_id, |a| adopted.contains(&(a.id, a.attempt)));
         inner.released.extend(unsent);
-        if let Some(drain) = &inner.drain {
-            let _ = tx.try_send(Outgoing::message(drain.clone()));
+        if let Some(drain) = inner.drain {
+            let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
+                deadline: drain.deadline,
+            }));
         }
         let g = inner.groups.entry(group).or_default();
         g.workers.push(id.clone());
@@ -390,7 +400,7 @@ impl Registry {
 fn reconcile(
     worker: &mut Worker,
     held: &HashSet<AttemptKey>,
-) -> (Vec<Arc<Attempt>>, Vec<v1::CancelActivity>, usize) {
+) -> (Vec<Arc<Attempt>>, Vec<Cancel>, usize) {
     let mut resend = Vec::new();
     let mut cancels = Vec::new();
     let mut reattached = 0;
@@ -420,12 +430,12 @@ fn reconcile(
             if worker.ended_away.len() < answerable {
                 worker.ended_away.insert(key.clone());
             }
-            cancels.push(v1::CancelActivity {
+            cancels.push(Cancel {
                 workflow_id: key.0.clone(),
                 activity_id: key.1.clone(),
                 attempt: key.2,
                 reason: "the attempt ended while the worker was disconnected".to_owned(),
-                kind: v1::CancelKind::EndedElsewhere as i32,
+                kind: CancelKind::EndedElsewhere,
             });
         }
     }

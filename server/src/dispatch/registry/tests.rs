@@ -16,26 +16,13 @@ fn registration(max_concurrency: u32) -> Registration {
     }
 }
 
-fn welcome(id: &str) -> server_message::Message {
-    server_message::Message::Welcome(v1::Welcome {
-        worker_id: id.to_owned(),
-        ..Default::default()
-    })
-}
-
 fn kinds(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
     let mut kinds = Vec::new();
     while let Ok(out) = rx.try_recv() {
         kinds.push(match out.message {
-            Ok(ServerMessage {
-                message: Some(server_message::Message::Welcome(_)),
-            }) => "welcome",
-            Ok(ServerMessage {
-                message: Some(server_message::Message::Drain(_)),
-            }) => "drain",
-            Ok(ServerMessage {
-                message: Some(server_message::Message::Task(_)),
-            }) => "task",
+            ToWorker::Welcome { .. } => "welcome",
+            ToWorker::Drain { .. } => "drain",
+            ToWorker::Task(_) => "task",
             _ => "other",
         });
     }
@@ -55,7 +42,7 @@ async fn a_dropped_session_is_resumed_only_with_its_ticket_and_only_once() {
         .as_ref()
         .map(|t| t.secret.clone())
         .unwrap_or_default();
-    let (id, tx, _rx, _) = registry.register(first, 0, welcome);
+    let (id, tx, _rx, _) = registry.register(first, 0);
     let grace = Duration::from_secs(5);
     assert!(
         !registry.detach(&id, &tx, grace),
@@ -85,7 +72,6 @@ async fn a_dropped_session_is_resumed_only_with_its_ticket_and_only_once() {
                     ..reg
                 },
                 &held,
-                welcome,
             )
             .err()
     };
@@ -103,7 +89,7 @@ async fn a_dropped_session_is_resumed_only_with_its_ticket_and_only_once() {
         Some(ResumeRefused::Changed)
     );
     let again = with_ticket("tokens[0]");
-    let resumed = registry.resume_session(&id, &secret, &again, &held, welcome);
+    let resumed = registry.resume_session(&id, &secret, &again, &held);
     assert!(
         resumed
             .as_ref()
@@ -143,10 +129,9 @@ async fn a_dropped_session_is_resumed_only_with_its_ticket_and_only_once() {
 #[test]
 fn a_worker_registering_after_a_drain_began_is_told_at_once() {
     let registry = Registry::default();
-    let (_, _tx, mut before, _) = registry.register(registration(1), 0, welcome);
-    let drain = server_message::Message::Drain(v1::Drain { deadline: None });
-    registry.begin_drain(drain);
-    let (_, _tx2, mut after, _) = registry.register(registration(1), 0, welcome);
+    let (_, _tx, mut before, _) = registry.register(registration(1), 0);
+    registry.begin_drain(None);
+    let (_, _tx2, mut after, _) = registry.register(registration(1), 0);
     assert_eq!(kinds(&mut before), ["welcome", "drain"]);
     assert_eq!(kinds(&mut after), ["welcome", "drain"]);
     registry.mark_all_due();
@@ -159,9 +144,9 @@ fn a_worker_registering_after_a_drain_began_is_told_at_once() {
 #[test]
 fn evicted_and_leaving_workers_are_planned_no_claims() {
     let registry = Registry::default();
-    let (silent, _tx, _rx, evict) = registry.register(registration(4), 0, welcome);
-    let (leaving, _tx2, _rx2, _) = registry.register(registration(4), 1_000, welcome);
-    let (live, _tx3, _rx3, _) = registry.register(registration(4), 1_000, welcome);
+    let (silent, _tx, _rx, evict) = registry.register(registration(4), 0);
+    let (leaving, _tx2, _rx2, _) = registry.register(registration(4), 1_000);
+    let (live, _tx3, _rx3, _) = registry.register(registration(4), 1_000);
     let later = Instant::now() + Duration::from_secs(1);
     registry.touch(&leaving, later);
     registry.touch(&live, later);
@@ -181,7 +166,7 @@ fn evicted_and_leaving_workers_are_planned_no_claims() {
 #[test]
 fn silence_is_not_counted_while_the_session_waits_on_the_server() {
     let registry = Registry::default();
-    let (id, _tx, _rx, evict) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, _rx, evict) = registry.register(registration(1), 0);
     let silence = Duration::from_secs(1);
     {
         let _paused = registry.pause_silence(&id);
@@ -215,7 +200,7 @@ fn silence_is_not_counted_while_the_session_waits_on_the_server() {
 #[test]
 fn a_worker_found_silent_once_is_kept_when_heard_before_the_next_sweep() {
     let registry = Registry::default();
-    let (id, _tx, _rx, evict) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, _rx, evict) = registry.register(registration(1), 0);
     let silence = Duration::from_secs(1);
     let at = |secs: u64| Instant::now() + Duration::from_secs(secs);
     assert!(
@@ -261,7 +246,7 @@ fn a_taken_over_session_releases_the_rows_claimed_ahead_elsewhere() {
         .collect();
     // It holds a; b was sent and lost on the way; c and d were ahead.
     let held: HashSet<AttemptKey> = [attempt_key("wf", "a", 1)].into();
-    let resumed = registry.adopt(id, registration(2), rows, &held, 0, welcome);
+    let resumed = registry.adopt(id, registration(2), rows, &held, 0);
     assert_eq!(resumed.reattached, 1);
     assert_eq!(
         resumed
@@ -294,7 +279,7 @@ fn a_taken_over_session_releases_the_rows_claimed_ahead_elsewhere() {
 #[test]
 fn a_session_taken_back_keeps_the_rows_the_worker_runs() {
     let registry = Registry::new("n");
-    let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(1), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     // One row is sent, the other waits ahead.
@@ -304,20 +289,20 @@ fn a_session_taken_back_keeps_the_rows_the_worker_runs() {
     // The worker ran both elsewhere, and comes back holding both.
     let rows = vec![row(1, "a", &id), row(2, "b", &id)];
     let held: HashSet<AttemptKey> = [attempt_key("wf", "a", 1), attempt_key("wf", "b", 1)].into();
-    let resumed = registry.adopt(&id, registration(2), rows, &held, 0, welcome);
+    let resumed = registry.adopt(&id, registration(2), rows, &held, 0);
     assert_eq!(resumed.reattached, 2);
     assert!(take_released(&registry).is_empty(), "nothing released");
     assert!(registry.holds(1, 1) && registry.holds(2, 1));
     assert_eq!(registry.claimed_ahead(None), 0);
     // A stale row the session does not hold any more still goes back.
-    let (other, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+    let (other, _tx, _rx, _) = registry.register(registration(1), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let ops = registry.assign(&claim, vec![row(3, "c", &other), row(4, "d", &other)]);
     assert!(ops.is_empty());
     let rows = vec![row(3, "c", &other)];
     let held: HashSet<AttemptKey> = [attempt_key("wf", "c", 1)].into();
-    registry.adopt(&other, registration(1), rows, &held, 0, welcome);
+    registry.adopt(&other, registration(1), rows, &held, 0);
     let released: Vec<(i64, Option<Arc<str>>)> = take_released(&registry)
         .iter()
         .map(|a| (a.id, a.owner_node.clone()))
@@ -345,7 +330,7 @@ fn rows_claimed_for_a_worker_that_cannot_take_them_are_released_only_while_still
     };
     // The stream closed while the claim was written.
     let registry = Registry::new("n");
-    let (id, _tx, rx, _) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, rx, _) = registry.register(registration(2), 0);
     drop(rx);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
@@ -353,7 +338,7 @@ fn rows_claimed_for_a_worker_that_cannot_take_them_are_released_only_while_still
     assert_eq!(released_by(ops), [(1, here.clone())]);
     // The worker was evicted (silent too long) while the claim was written.
     let registry = Registry::new("n");
-    let (id, _tx, _rx, evict) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, _rx, evict) = registry.register(registration(2), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     evict.cancel();
@@ -364,7 +349,7 @@ fn rows_claimed_for_a_worker_that_cannot_take_them_are_released_only_while_still
         "not in flight for the evicted worker"
     );
     // The worker is gone from the registry.
-    let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(2), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let _ = registry.unregister(&id);
@@ -417,7 +402,7 @@ fn was_woken(registry: &Registry) -> bool {
 #[test]
 fn rows_ahead_hold_a_bounded_amount_of_memory() {
     let registry = Registry::new("n");
-    let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(1), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let big = |n: i64| {
@@ -449,7 +434,7 @@ fn rows_ahead_hold_a_bounded_amount_of_memory() {
 #[test]
 fn overlapping_claims_share_the_room_and_keep_due_marks() {
     let registry = Registry::new("n").with_writers(2);
-    let (_id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
+    let (_id, _tx, _rx, _) = registry.register(registration(4), 0);
     registry.mark_all_due();
     let first = registry.plan_claims(0, &[]).remove(0);
     assert_eq!(first.limit, 2, "half of the room");
@@ -484,7 +469,7 @@ fn overlapping_claims_share_the_room_and_keep_due_marks() {
 #[test]
 fn a_claim_goes_beside_one_in_flight_only_when_rows_may_be_left() {
     let registry = Registry::new("n").with_writers(2);
-    let (id, _tx, _rx, _) = registry.register(registration(8), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(8), 0);
     registry.mark_all_due();
     let first = registry.plan_claims(0, &[]).remove(0);
     assert_eq!(first.limit, 4, "half of the room");
@@ -515,7 +500,7 @@ fn a_claim_goes_beside_one_in_flight_only_when_rows_may_be_left() {
 #[test]
 fn slots_are_reserved_held_and_freed_exactly() {
     let registry = Registry::default();
-    let (id, _tx, _rx, _) = registry.register(registration(3), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(3), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     assert_eq!(claim.limit, 3);
@@ -574,7 +559,7 @@ fn slots_are_reserved_held_and_freed_exactly() {
 #[test]
 fn a_freed_slot_takes_a_row_claimed_ahead_at_once() {
     let registry = Registry::default();
-    let (id, _tx, mut rx, _) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, mut rx, _) = registry.register(registration(2), 0);
     let plan = |registry: &Registry| {
         registry.mark_all_due();
         registry.plan_claims(0, &[])
@@ -622,7 +607,7 @@ fn a_freed_slot_takes_a_row_claimed_ahead_at_once() {
 #[test]
 fn rows_ahead_are_at_most_twice_the_slots() {
     let registry = Registry::default();
-    let (id, _tx, _rx, _) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(2), 0);
     let plan = |registry: &Registry| {
         registry.mark_all_due();
         registry.plan_claims(0, &[]).remove(0)
@@ -657,7 +642,7 @@ fn rows_ahead_are_at_most_twice_the_slots() {
 #[test]
 fn a_worker_of_long_attempts_claims_nothing_ahead() {
     let registry = Registry::default();
-    let (id, _tx, _rx, _) = registry.register(registration(4), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(4), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let rows = (1..=4).map(|i| row(i, &format!("a{i}"), &id)).collect();
@@ -685,7 +670,7 @@ fn rows_claimed_ahead_go_back_when_they_cannot_be_sent() {
     };
     // Both slots busy, two rows ahead.
     let busy_with_two_ahead = |first: i64| {
-        let (id, tx, rx, _) = registry.register(registration(2), 0, welcome);
+        let (id, tx, rx, _) = registry.register(registration(2), 0);
         registry.mark_all_due();
         let claim = registry.plan_claims(0, &[]).remove(0);
         let busy = vec![
@@ -745,7 +730,7 @@ fn rows_claimed_ahead_go_back_when_they_cannot_be_sent() {
 
     let (id, _tx, mut rx) = busy_with_two_ahead(30);
     kinds(&mut rx);
-    registry.begin_drain(server_message::Message::Drain(v1::Drain::default()));
+    registry.begin_drain(None);
     assert_eq!(released(&registry), [32, 33], "a drain");
     assert!(matches!(
         registry.answer(&id, "wf", "r31", 1),
@@ -759,7 +744,7 @@ fn rows_claimed_ahead_go_back_when_they_cannot_be_sent() {
 #[tokio::test(start_paused = true)]
 async fn timeouts_of_a_row_claimed_ahead_count_from_its_dispatch() {
     let registry = Registry::default();
-    let (id, _tx, mut rx, _) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, mut rx, _) = registry.register(registration(1), 0);
     let plan = |registry: &Registry| {
         registry.mark_all_due();
         registry.plan_claims(0, &[]).remove(0)
@@ -815,7 +800,7 @@ async fn timeouts_of_a_row_claimed_ahead_count_from_its_dispatch() {
 #[tokio::test(start_paused = true)]
 async fn timeouts_and_drain_leftovers_are_fenced_to_this_node() {
     let registry = Registry::default();
-    let (id, _tx, _rx, _evict) = registry.register(registration(2), 0, welcome);
+    let (id, _tx, _rx, _evict) = registry.register(registration(2), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let mut beats = row(1, "beats", &id);
@@ -853,7 +838,7 @@ async fn timeouts_and_drain_leftovers_are_fenced_to_this_node() {
 #[tokio::test(start_paused = true)]
 async fn timeouts_and_eviction_walk_on_paused_time() {
     let registry = Registry::default();
-    let (id, _tx, _rx, evict) = registry.register(registration(3), 0, welcome);
+    let (id, _tx, _rx, evict) = registry.register(registration(3), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let mut beats = row(1, "beats", &id);
@@ -930,7 +915,7 @@ fn reported_details() -> Reported {
         ticket: Some(Ticket::new("tokens[0]".into())),
         ..registration(1)
     };
-    let (id, tx, rx, _) = registry.register(resumable, 0, welcome);
+    let (id, tx, rx, _) = registry.register(resumable, 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(60_000, &[]).remove(0);
     assert!(registry.assign(&claim, vec![row(7, "a", &id)]).is_empty());
@@ -1017,7 +1002,7 @@ fn carried(registry: &Registry, id: &str) -> Option<Payload> {
 #[test]
 fn details_of_a_timed_out_attempt_are_taken_again_after_a_failed_write() {
     let registry = Registry::default();
-    let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+    let (id, _tx, _rx, _) = registry.register(registration(1), 0);
     registry.mark_all_due();
     let claim = registry.plan_claims(0, &[]).remove(0);
     let mut slow = row(7, "a", &id);
@@ -1102,7 +1087,7 @@ fn an_attempts_events_carry_its_span_and_trace() {
         .unwrap_or_else(|e| panic!("only this test sets the global subscriber: {e}"));
     {
         let registry = Registry::default();
-        let (id, _tx, _rx, _) = registry.register(registration(1), 0, welcome);
+        let (id, _tx, _rx, _) = registry.register(registration(1), 0);
         registry.mark_all_due();
         let claim = registry.plan_claims(0, &[]).remove(0);
         let mut row = row(1, "a", &id);
@@ -1147,8 +1132,8 @@ fn a_claim_in_flight_holds_back_only_its_own_group() {
         activity_types: vec![t.into()],
         ..registration(2)
     };
-    let (a, _a_tx, _a_rx, _) = registry.register(of_type("a"), 0, welcome);
-    let (b, _b_tx, _b_rx, _) = registry.register(of_type("b"), 0, welcome);
+    let (a, _a_tx, _a_rx, _) = registry.register(of_type("a"), 0);
+    let (b, _b_tx, _b_rx, _) = registry.register(of_type("b"), 0);
     registry.mark_all_due();
     let claims = registry.plan_claims(0, &[]);
     let claim_of = |id: &Arc<str>| {
@@ -1181,7 +1166,7 @@ fn a_workers_types_take_turns_first_in_its_claims() {
         activity_types: vec!["a".into(), "b".into()],
         ..registration(1)
     };
-    let (_id, _tx, _rx, _) = registry.register(both, 0, welcome);
+    let (_id, _tx, _rx, _) = registry.register(both, 0);
     let mut firsts = Vec::new();
     for _ in 0..2 {
         registry.mark_all_due();

@@ -4,16 +4,16 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use spool_proto::{
-    time::{self, UnixMillis},
-    v1::{self, server_message},
-};
+use spool_proto::time::{self, UnixMillis};
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use super::{AttemptKey, GroupKey, Outgoing, Registration, Ticket, claims};
+use super::{AttemptKey, GroupKey, Registration, Ticket, claims};
 use crate::{
-    dispatch::timeouts::Deadlines,
+    dispatch::{
+        outbound::{Cancel, CancelKind, Outgoing, Task, ToWorker},
+        timeouts::Deadlines,
+    },
     store::{Attempt, Payload},
 };
 
@@ -26,7 +26,7 @@ pub(super) struct Inflight {
     /// The server ended the attempt and told the worker to stop.
     pub(super) cancel_sent: bool,
     /// What it told the worker, to tell it again after a resume.
-    pub(super) cancel: Option<v1::CancelActivity>,
+    pub(super) cancel: Option<Cancel>,
     /// When the attempt last reported progress (dispatch time at first).
     pub(super) last_heartbeat: Instant,
     /// When its timeouts end this attempt.
@@ -70,7 +70,7 @@ impl Inflight {
 /// with its attempt, sent when a slot frees.
 pub(super) struct Ahead {
     /// Boxed: rows ahead are moved between queues, and back when a send fails.
-    pub(super) task: Box<v1::ActivityTask>,
+    pub(super) task: Box<Task>,
     /// The task's payload bytes (input and heartbeat details): what it holds in
     /// memory while it waits.
     pub(super) bytes: usize,
@@ -86,12 +86,8 @@ impl Ahead {
     pub(super) fn new(row: crate::store::ActivityRow, worker_id: &str) -> Self {
         let attempt = Arc::new(Attempt::from_row(&row));
         let span = claims::attempt_span(&row, worker_id);
-        let task = Box::new(crate::wire::task(row, &attempt));
-        let bytes = [&task.input, &task.last_heartbeat_details]
-            .into_iter()
-            .flatten()
-            .map(|p| p.data.len())
-            .sum();
+        let task = Box::new(Task::new(row, &attempt));
+        let bytes = task.payload_bytes();
         Self {
             task,
             bytes,
@@ -335,7 +331,7 @@ impl Worker {
             claimed_at,
             bytes: _,
         } = ahead;
-        permit.send(Outgoing::message(server_message::Message::Task(*task)));
+        permit.send(Outgoing::new(ToWorker::Task(task)));
         let now = Instant::now();
         // The attempt's wall time runs from its dispatch, on the store's clock: the
         // claim's time plus what the row waited here.
@@ -375,26 +371,22 @@ impl Inflight {
     pub(super) fn stop(
         &mut self,
         outbound: &mpsc::Sender<Outgoing>,
-        kind: v1::CancelKind,
+        kind: CancelKind,
         reason: &str,
     ) {
         self.cancel_sent = true;
         self.span.in_scope(|| {
-            tracing::info!(
-                kind = kind.as_str_name(),
-                reason,
-                "attempt ended by the server"
-            )
+            tracing::info!(kind = kind.as_str(), reason, "attempt ended by the server")
         });
-        let cancel = v1::CancelActivity {
+        let cancel = Cancel {
             workflow_id: self.attempt.key.workflow_id.clone(),
             activity_id: self.attempt.key.activity_id.clone(),
             attempt: self.attempt.attempt,
             reason: reason.to_owned(),
-            kind: kind as i32,
+            kind,
         };
         self.cancel = Some(cancel.clone());
-        let _ = outbound.try_send(Outgoing::message(server_message::Message::Cancel(cancel)));
+        let _ = outbound.try_send(Outgoing::new(ToWorker::Cancel(cancel)));
     }
 }
 
