@@ -1,7 +1,8 @@
 //! Getting work to workers: who is connected and what they hold ([`Registry`]), the
 //! single writer that commits and claims ([`Committer`]), waiters on outcomes
 //! ([`Pending`]), the timer of delayed rows, the liveness sweep ([`heartbeat`]),
-//! and what workers are told ([`outbound`]), which the api layer puts on the wire.
+//! a worker's session once its stream is open ([`session`]), and what workers are
+//! told ([`outbound`]); the api layer decodes and encodes them on the wire.
 
 pub mod committer;
 mod due;
@@ -10,6 +11,7 @@ pub mod outbound;
 mod peers;
 pub mod pending;
 pub mod registry;
+pub mod session;
 pub mod timeouts;
 pub mod timer;
 

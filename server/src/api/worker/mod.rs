@@ -1,38 +1,28 @@
 //! `WorkerService.Session`: one bidirectional stream per worker process.
 //!
-//! The handshake ([`handshake`]) reads the `Hello` and registers the worker; then a
-//! session task reads the worker's messages until its stream ends, while the
-//! registry and the committer write to the worker's outbound channel.
+//! The handshake ([`handshake`]) reads the `Hello`, registers the worker (or
+//! resumes its session) and saves its resume ticket; then
+//! `dispatch::session::Session` reads what the worker sends, decoded by `wire`,
+//! while the registry and the committer write to the worker's outbound channel,
+//! encoded by `wire` as it leaves.
 //!
 //! Invariants:
 //! - the first message is `Hello`, anything else ends the stream with
 //!   `INVALID_ARGUMENT`; `Welcome` is the first message the worker receives;
-//! - every `ActivityResult` gets exactly one `ResultAck`, sent after the outcome is
-//!   committed (accepted) or refused (not accepted); a result the worker sends
-//!   again after a resume, for an attempt that ended while it was away, or whose
-//!   ending the store refused, is answered accepted, without a write, when the
-//!   store shows that the attempt ended with it (its first ack was lost with the
-//!   old stream, or another node wrote it);
-//! - reading never waits on the committer: results go, in order, to a forwarder
-//!   that commits them and acks each after its commit, so keep-alives are read
-//!   whatever the results' backpressure, and a stall of the server is never taken
-//!   for the worker's silence (where the reader must wait, silence is not counted);
-//! - at most [`ACK_WINDOW`] acks are queued per session: the forwarder waits until
-//!   acks leave for the wire (backpressure on a worker that does not read);
-//! - when the stream ends, every attempt the worker still held fails as
-//!   `WORKER_LOST`; when the server shuts down, they are released instead.
+//! - the session runs, and owns its registration's clean-up, before anything of
+//!   its set-up awaits (a connection reset then leaves nothing registered);
+//! - what a worker sends is held to the limits before dispatch sees it.
 
 use std::{pin::Pin, sync::Arc, time::Duration};
 
 use spool_proto::{
     duration,
-    time::{UnixMillis, now_millis},
+    time::now_millis,
     v1::{
-        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, worker_message,
-        worker_service_server::WorkerService,
+        self, ServerMessage, WorkerMessage, worker_message, worker_service_server::WorkerService,
     },
 };
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, Streaming};
@@ -42,38 +32,26 @@ use super::{
     auth::{Principal, Role, authorize_principal},
     validate,
 };
-use crate::dispatch::{CommitError, Core};
 use crate::{
-    dispatch::outbound::{Ack, Ending, Outgoing, Task, ToWorker},
-    dispatch::registry::{
-        ACK_WINDOW, Answer, AttemptKey, Registration, ResumeRefused, Resumption, Ticket,
+    dispatch::{
+        Core,
+        outbound::{Outgoing, ToWorker},
+        registry::{AttemptKey, Registration, ResumeRefused, Resumption, Ticket},
+        session::{self, Inbound, Session},
     },
-    lifecycle,
-    store::Attempt,
-    store::{ActivityError, HeartbeatDetails, Op, Outcome, SessionTicket, TakeSession, Transition},
+    store::{SessionTicket, TakeSession},
 };
 
-mod results;
 mod wire;
 
-use results::*;
 use wire::Greeting;
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How many times in all a result is committed while the store's failure is not
-/// one that may pass (see `store::Class`).
-const RESULT_TRIES_UNLESS_TRANSIENT: u32 = 3;
-
 /// How long a new or resumed session's stream may wait for its ticket to be
 /// stored (several nodes only), well within the silence that evicts a worker.
 const TICKET_SAVE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The pauses between tries of a write or read the store failed (a result's
-/// commit, a resent task's read): from the first, doubling up to the last.
-const RESULT_RETRY_FIRST: Duration = Duration::from_millis(100);
-const RESULT_RETRY_MAX: Duration = Duration::from_secs(2);
 
 pub struct WorkerApi {
     core: Arc<Core>,
@@ -417,7 +395,7 @@ impl WorkerApi {
             let (core, tx, worker_id) = (self.core.clone(), tx.clone(), worker_id.clone());
             self.tracker.spawn(async move {
                 for attempt in resend {
-                    resend_task(&core, &tx, &worker_id, &attempt).await;
+                    session::resend_task(&core, &tx, &worker_id, &attempt).await;
                 }
             });
         }
@@ -442,17 +420,18 @@ impl WorkerApi {
         place: SessionPlace,
         inbound: Streaming<WorkerMessage>,
     ) -> Response<SessionStream> {
-        let session = Session {
-            core: self.core.clone(),
-            worker_id,
-            namespace,
-            tx,
-            window: Arc::new(Semaphore::new(ACK_WINDOW)),
-            evict,
-            _place: place,
-        };
-        self.tracker
-            .spawn(session.run(inbound, self.shutdown.clone()));
+        let session = Session::new(self.core.clone(), worker_id.clone(), namespace, tx, evict);
+        let max_payload = self.core.config.max_payload_bytes;
+        let inbound: Inbound = Box::pin(inbound.filter_map(move |message| match message {
+            Ok(message) => wire::decode(message, max_payload, &worker_id).map(Ok),
+            Err(status) => Some(Err(status.message().to_owned())),
+        }));
+        let shutdown = self.shutdown.clone();
+        self.tracker.spawn(async move {
+            // The place under `--max-sessions-per-token` is held while the session runs.
+            let _place = place;
+            session.run(inbound, shutdown).await
+        });
         // Dropping each `Outgoing` as it is sent returns its ack permit.
         let outbound = ReceiverStream::new(rx).map(move |out| wire::encode(out.message, &greeting));
         Response::new(Box::pin(outbound))
@@ -500,283 +479,6 @@ where
         None => Err(Error::Unavailable(
             "the stream ended before Hello; reconnect".to_owned(),
         )),
-    }
-}
-
-/// How a session ended, which decides the fate of the attempts it held.
-enum End {
-    /// The stream ended or broke: the worker may resume the session within the
-    /// grace; if it does not, its attempts are lost.
-    Dropped(String),
-    /// The worker was evicted as silent, or broke the protocol: its attempts are
-    /// lost now.
-    Lost(String),
-    /// A resumed stream took the session over: nothing of it is this stream's.
-    Superseded,
-    /// The server is shutting down: its attempts go back to SCHEDULED, uncounted.
-    Shutdown,
-}
-
-struct Session {
-    core: Arc<Core>,
-    worker_id: Arc<str>,
-    /// The namespace the worker registered in (resolved: never empty).
-    namespace: Arc<str>,
-    /// The worker's outbound channel (the registry holds another sender).
-    tx: mpsc::Sender<Outgoing>,
-    /// Results in flight; see the module invariants.
-    window: Arc<Semaphore>,
-    /// Cancelled by the liveness sweep when the worker has been silent too long.
-    evict: CancellationToken,
-    /// This session's place under `--max-sessions-per-token`.
-    _place: SessionPlace,
-}
-
-impl Session {
-    /// Reads the worker's messages until its stream ends. Reading never waits on
-    /// the committer: results go to a forwarder task that commits them in order, so
-    /// keep-alives are read while results queue behind a slow commit, and a stall of
-    /// the server is never taken for silence of the worker.
-    async fn run(self, mut inbound: Streaming<WorkerMessage>, shutdown: CancellationToken) {
-        // Results of attempts the worker holds are at most its max_concurrency while
-        // nothing new is dispatched (no commit, no claim); refusals take the window.
-        let capacity = self.core.registry.capacity(&self.worker_id) + ACK_WINDOW;
-        let (forward, queue) = mpsc::channel(capacity);
-        let over = CancellationToken::new();
-        let forwarder = tokio::spawn(forward_results(
-            self.core.clone(),
-            (self.worker_id.clone(), self.namespace.clone()),
-            self.tx.clone(),
-            self.window.clone(),
-            queue,
-            over.clone(),
-        ));
-        let end = loop {
-            let message = tokio::select! {
-                m = inbound.message() => m,
-                _ = shutdown.cancelled() => break End::Shutdown,
-                _ = self.evict.cancelled() => break self.evicted(),
-            };
-            match message {
-                Ok(Some(WorkerMessage { message: Some(m) })) => {
-                    let item = match m {
-                        worker_message::Message::Result(result) => self.on_result(result),
-                        worker_message::Message::Goodbye(_) => {
-                            // No more claims for it; the forwarder answers with Drain
-                            // once none planned before can still arrive.
-                            self.core.registry.leave(&self.worker_id);
-                            Forward::Goodbye
-                        }
-                        worker_message::Message::Heartbeat(beat) => {
-                            self.on_heartbeat(beat);
-                            continue;
-                        }
-                        worker_message::Message::Hello(_) => {
-                            let _ =
-                                self.tx
-                                    .try_send(Outgoing::new(ToWorker::End(Ending::Protocol(
-                                        "Hello may only be the first message of a Session",
-                                    ))));
-                            break End::Lost("protocol error: second Hello".to_owned());
-                        }
-                    };
-                    if let Err(mpsc::error::TrySendError::Full(item)) = forward.try_send(item) {
-                        // Only a worker answering attempts it does not hold, faster
-                        // than it reads the refusals, gets here: wait for room, and do
-                        // not count the wait as the worker's silence.
-                        let _paused = self.core.registry.pause_silence(&self.worker_id);
-                        tokio::select! {
-                            _ = forward.send(item) => {}
-                            _ = shutdown.cancelled() => break End::Shutdown,
-                            _ = self.evict.cancelled() => break self.evicted(),
-                        }
-                    }
-                }
-                // A message kind this server does not know (a newer worker): skip it.
-                Ok(Some(WorkerMessage { message: None })) => {}
-                Ok(None) => break End::Dropped("the worker closed its stream".to_owned()),
-                Err(status) => {
-                    break End::Dropped(format!("the stream broke: {}", status.message()));
-                }
-            }
-        };
-        // Results already read are still committed; their acks go out only if the
-        // window has room (the worker may be gone).
-        drop(forward);
-        over.cancel();
-        self.finish(end).await;
-        let _ = forwarder.await;
-    }
-
-    /// Tells a worker the sweep found silent why its stream ends (unless a resumed
-    /// stream took the session over: then this one just ends).
-    fn evicted(&self) -> End {
-        if !self.core.registry.owns(&self.worker_id, &self.tx) {
-            return End::Superseded;
-        }
-        let why = format!(
-            "no message for 3 heartbeat intervals ({} each)",
-            duration::format(self.core.config.heartbeat_interval)
-        );
-        let _ = self
-            .tx
-            .try_send(Outgoing::new(ToWorker::End(Ending::Lost(why.clone()))));
-        End::Lost(why)
-    }
-
-    fn on_heartbeat(&self, beat: v1::Heartbeat) {
-        let now = tokio::time::Instant::now();
-        if beat.workflow_id.is_empty() && beat.activity_id.is_empty() {
-            self.core.registry.touch(&self.worker_id, now);
-            return;
-        }
-        // Without details the heartbeat says "alive"; the details reported last
-        // stay as they are.
-        let details = beat.details.and_then(|mut d| {
-            if validate::check_size("heartbeat.details", &d, self.core.config.max_payload_bytes)
-                .is_err()
-            {
-                tracing::warn!(worker_id = %self.worker_id, activity_id = %beat.activity_id, "heartbeat details over the payload limit dropped");
-                return None;
-            }
-            validate::worker_content_type(&mut d);
-            Some(d)
-        });
-        self.core.registry.heartbeat(
-            &self.worker_id,
-            &beat.workflow_id,
-            &beat.activity_id,
-            beat.attempt,
-            details,
-            now,
-        );
-    }
-
-    /// Takes the attempt a result answers (freeing its slot at once, so the next
-    /// claim can share the result's commit) and decides what to write.
-    fn on_result(&self, result: v1::ActivityResult) -> Forward {
-        self.core
-            .registry
-            .touch(&self.worker_id, tokio::time::Instant::now());
-        let ack = Ack {
-            workflow_id: result.workflow_id.clone(),
-            activity_id: result.activity_id.clone(),
-            attempt: result.attempt,
-            accepted: false,
-        };
-        let (attempt, details) = match self.core.registry.answer(
-            &self.worker_id,
-            &result.workflow_id,
-            &result.activity_id,
-            result.attempt,
-        ) {
-            Answer::Held(attempt, details) => (attempt, details),
-            Answer::Ended | Answer::Unknown => {
-                crate::metrics::result_refused();
-                return Forward::Refuse(ack);
-            }
-            Answer::EndedAway => return Forward::Recheck(ack),
-        };
-        // Unsettled until its commit returns: a drain waits for it.
-        let committing = self.core.registry.commit_begins();
-        let transition = decide(
-            &attempt,
-            result.outcome,
-            self.core.config.max_payload_bytes,
-            self.core.store.now(),
-        );
-        let mut ops = Vec::with_capacity(2);
-        if let Some(details) = details {
-            // The last progress reported survives the attempt's end.
-            ops.push(Op::RecordHeartbeats(vec![HeartbeatDetails {
-                id: attempt.id,
-                attempt: attempt.attempt,
-                details: Some(details),
-            }]));
-        }
-        ops.push(Op::Finish {
-            attempt,
-            transition,
-            lease_expired_by: None,
-        });
-        Forward::Commit {
-            ops,
-            ack,
-            committing,
-        }
-    }
-
-    async fn finish(self, end: End) {
-        let grace = self.core.config.resume_grace();
-        if let End::Dropped(why) = &end
-            && self.core.registry.detach(&self.worker_id, &self.tx, grace)
-        {
-            crate::metrics::session_detached();
-            tracing::info!(worker_id = %self.worker_id, grace = %duration::format(grace), "worker stream dropped ({why}): its attempts wait for it to resume");
-            return;
-        }
-        if matches!(end, End::Superseded) || !self.core.registry.owns(&self.worker_id, &self.tx) {
-            tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
-            return;
-        }
-        // A node stopping with others that stay on its database leaves a
-        // resumable session's attempts running: the worker resumes on another
-        // node, which takes them over; if it never does, their leases lapse and
-        // they are reclaimed. The drain decided whether to (`end_all`).
-        if matches!(end, End::Shutdown)
-            && self.core.registry.hands_over()
-            && self.core.registry.resumable(&self.worker_id)
-        {
-            if let Some(left) = self
-                .core
-                .registry
-                .unregister_owned(&self.worker_id, &self.tx)
-            {
-                tracing::info!(worker_id = %self.worker_id, left = left.len(), "session handed over: its attempts wait for the worker to resume on another node");
-            }
-            return;
-        }
-        // Unless a resume took the worker since the check above: its attempts are
-        // the resumed stream's now.
-        let Some(attempts) = self
-            .core
-            .registry
-            .unregister_lost_owned(&self.worker_id, &self.tx)
-        else {
-            tracing::debug!(worker_id = %self.worker_id, "stream ended; a resumed stream holds the session");
-            return;
-        };
-        let now = self.core.store.now();
-        let ops: Vec<Op> = attempts
-            .into_iter()
-            .map(|attempt| {
-                let transition = match &end {
-                    End::Shutdown | End::Superseded => lifecycle::release(&attempt, now),
-                    End::Lost(why) | End::Dropped(why) => lifecycle::lost(
-                        &attempt,
-                        format!("worker {} was lost: {why}", self.worker_id),
-                        now,
-                    ),
-                };
-                Op::Finish {
-                    attempt,
-                    transition,
-                    lease_expired_by: None,
-                }
-            })
-            .collect();
-        match &end {
-            End::Lost(why) | End::Dropped(why) => {
-                crate::metrics::worker_lost();
-                tracing::info!(worker_id = %self.worker_id, lost = ops.len(), "worker disconnected: {why}")
-            }
-            End::Shutdown | End::Superseded => {
-                tracing::info!(worker_id = %self.worker_id, released = ops.len(), "session closed by shutdown")
-            }
-        }
-        if !ops.is_empty() && self.core.committer.send(ops).await.is_err() {
-            tracing::warn!(worker_id = %self.worker_id, "attempts not ended: shutting down; reclaimed at the next start");
-        }
     }
 }
 

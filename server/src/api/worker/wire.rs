@@ -1,16 +1,137 @@
-//! What a worker is told, put on the wire: the one place a session's outbound
-//! messages ([`ToWorker`]) become `ServerMessage`s. The welcome's settings come
-//! from the session's set-up ([`Greeting`]), the rest from the message itself.
+//! A session's messages on the wire, both ways: the one place what a worker sends
+//! is checked and decoded ([`decode`]: contents held to the limits, texts
+//! sanitised), and the one place what it is told ([`ToWorker`]) becomes a
+//! `ServerMessage` ([`encode`]; the welcome's settings come from the session's
+//! set-up, [`Greeting`]).
 
 use std::time::Duration;
 
 use spool_proto::{
     duration, time,
-    v1::{self, ServerMessage, server_message::Message},
+    v1::{
+        self, ErrorKind, ServerMessage, WorkerMessage, activity_result, server_message::Message,
+        worker_message,
+    },
 };
 use tonic::Status;
 
-use crate::dispatch::outbound::{Ack, Cancel, CancelKind, Ending, ToWorker};
+use super::validate;
+use crate::{
+    dispatch::{
+        outbound::{Ack, Cancel, CancelKind, Ending, ToWorker},
+        session::{Beat, FromWorker, Report, Reported},
+    },
+    store::ActivityError,
+};
+
+/// What a worker sent, checked; `None` for a message kind this server does not
+/// know (a newer worker's), which is skipped.
+pub(super) fn decode(
+    message: WorkerMessage,
+    max_payload: usize,
+    worker_id: &str,
+) -> Option<FromWorker> {
+    Some(match message.message? {
+        worker_message::Message::Result(result) => FromWorker::Result(Report {
+            workflow_id: result.workflow_id,
+            activity_id: result.activity_id,
+            attempt: result.attempt,
+            outcome: reported(result.outcome, max_payload),
+        }),
+        worker_message::Message::Heartbeat(beat) => {
+            FromWorker::Heartbeat(heartbeat(beat, max_payload, worker_id))
+        }
+        worker_message::Message::Goodbye(_) => FromWorker::Goodbye,
+        worker_message::Message::Hello(_) => FromWorker::Hello,
+    })
+}
+
+fn heartbeat(beat: v1::Heartbeat, max_payload: usize, worker_id: &str) -> Beat {
+    if beat.workflow_id.is_empty() && beat.activity_id.is_empty() {
+        return Beat::KeepAlive;
+    }
+    // Without details the heartbeat says "alive"; the details reported last
+    // stay as they are.
+    let details = beat.details.and_then(|mut d| {
+        if validate::check_size("heartbeat.details", &d, max_payload).is_err() {
+            tracing::warn!(%worker_id, activity_id = %beat.activity_id, "heartbeat details over the payload limit dropped");
+            return None;
+        }
+        validate::worker_content_type(&mut d);
+        Some(d)
+    });
+    Beat::Progress {
+        workflow_id: beat.workflow_id,
+        activity_id: beat.activity_id,
+        attempt: beat.attempt,
+        details,
+    }
+}
+
+/// What a result asks for, after checking what it carries.
+fn reported(outcome: Option<activity_result::Outcome>, max_payload: usize) -> Reported {
+    match outcome {
+        Some(activity_result::Outcome::Output(mut output)) => {
+            match validate::check_size("output", &output, max_payload) {
+                Ok(()) => {
+                    validate::worker_content_type(&mut output);
+                    Reported::Output(output)
+                }
+                // Retrying would most likely produce the same output again.
+                Err(e) => Reported::Fail(crate::store::server_error(
+                    ErrorKind::Terminal,
+                    "PayloadTooLarge",
+                    e.to_string(),
+                )),
+            }
+        }
+        Some(activity_result::Outcome::Error(error)) => {
+            Reported::Error(worker_error(error, max_payload))
+        }
+        Some(activity_result::Outcome::Snooze(snooze)) => Reported::Snooze {
+            delay_ms: validate::millis(validate::worker_delay(Some(&snooze))),
+        },
+        None => Reported::Error(crate::store::server_error(
+            ErrorKind::Retryable,
+            "InvalidResult",
+            "the worker's result carried no output, error or snooze".to_owned(),
+        )),
+    }
+}
+
+/// A worker's error as it will be stored: workers may only send RETRYABLE or
+/// TERMINAL (anything else counts as RETRYABLE); its texts are sanitised (see
+/// `validate`), oversized details are dropped with a note, and `next_retry_delay`
+/// is bounded like any delay.
+fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
+    let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
+    if kind != ErrorKind::Terminal {
+        error.kind = ErrorKind::Retryable as i32;
+    }
+    error.r#type =
+        validate::worker_text(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
+    error.message = validate::worker_text(
+        std::mem::take(&mut error.message),
+        validate::MAX_MESSAGE_BYTES,
+    );
+    if let Some(details) = &mut error.details {
+        if validate::check_size("error.details", details, max_payload).is_err() {
+            error
+                .message
+                .push_str(" [error details dropped: over the payload limit]");
+            error.details = None;
+        } else {
+            validate::worker_content_type(details);
+        }
+    }
+    // An invalid delay is ignored (the policy's backoff applies); a long one is cut.
+    error.next_retry_delay = error
+        .next_retry_delay
+        .as_ref()
+        .and_then(|d| duration::from_proto(Some(d)).ok().flatten())
+        .map(|d| duration::to_proto(d.min(validate::MAX_DURATION)));
+    error
+}
 
 /// What a session's `Welcome` says besides the worker's id.
 pub(super) struct Greeting {

@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// How many times in all a result is committed while the store's failure is not
+/// one that may pass (see `store::Class`).
+const RESULT_TRIES_UNLESS_TRANSIENT: u32 = 3;
+
+/// The pauses between tries of a write or read the store failed (a result's
+/// commit, a resent task's read): from the first, doubling up to the last.
+const RESULT_RETRY_FIRST: Duration = Duration::from_millis(100);
+const RESULT_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// A result whose commit failed, and what its ack needs.
 pub(super) struct Unsettled {
     tx: mpsc::Sender<Outgoing>,
@@ -39,7 +48,7 @@ pub(super) enum Forward {
 /// registry keeps no payloads). A read that fails is tried again while the
 /// session lasts: the attempt holds a slot and its lease is renewed, so given up
 /// it would hold both until the session ends.
-pub(super) async fn resend_task(
+pub async fn resend_task(
     core: &Core,
     tx: &mpsc::Sender<Outgoing>,
     worker_id: &str,
@@ -54,7 +63,7 @@ pub(super) async fn resend_task(
             {
                 // Through the registry: the server may have stopped the attempt
                 // (a cancel, a timeout, a drain's deadline) while the row was read.
-                let task = Task::new(row, attempt);
+                let task = crate::dispatch::outbound::Task::new(row, attempt);
                 core.registry.send_lacked(worker_id, tx, attempt, task);
                 return;
             }
@@ -75,84 +84,15 @@ pub(super) async fn resend_task(
     }
 }
 
-/// A worker's error as it will be stored: workers may only send RETRYABLE or
-/// TERMINAL (anything else counts as RETRYABLE); its texts are sanitised (see
-/// `validate`), oversized details are dropped with a note, and `next_retry_delay`
-/// is bounded like any delay.
-pub(super) fn worker_error(mut error: ActivityError, max_payload: usize) -> ActivityError {
-    let kind = ErrorKind::try_from(error.kind).unwrap_or(ErrorKind::Retryable);
-    if kind != ErrorKind::Terminal {
-        error.kind = ErrorKind::Retryable as i32;
-    }
-    error.r#type =
-        validate::worker_text(std::mem::take(&mut error.r#type), validate::MAX_NAME_BYTES);
-    error.message = validate::worker_text(
-        std::mem::take(&mut error.message),
-        validate::MAX_MESSAGE_BYTES,
-    );
-    if let Some(details) = &mut error.details {
-        if validate::check_size("error.details", details, max_payload).is_err() {
-            error
-                .message
-                .push_str(" [error details dropped: over the payload limit]");
-            error.details = None;
-        } else {
-            validate::worker_content_type(details);
-        }
-    }
-    // An invalid delay is ignored (the policy's backoff applies); a long one is cut.
-    error.next_retry_delay = error
-        .next_retry_delay
-        .as_ref()
-        .and_then(|d| duration::from_proto(Some(d)).ok().flatten())
-        .map(|d| duration::to_proto(d.min(validate::MAX_DURATION)));
-    error
-}
-
-/// The transition a worker's result asks for, after checking what it carries.
-pub(super) fn decide(
-    attempt: &Attempt,
-    outcome: Option<activity_result::Outcome>,
-    max_payload: usize,
-    now: UnixMillis,
-) -> Transition {
-    match outcome {
-        Some(activity_result::Outcome::Output(mut output)) => {
-            match validate::check_size("output", &output, max_payload) {
-                Ok(()) => {
-                    validate::worker_content_type(&mut output);
-                    Transition::Complete { output }
-                }
-                // Retrying would most likely produce the same output again.
-                Err(e) => Transition::Fail {
-                    error: crate::store::server_error(
-                        ErrorKind::Terminal,
-                        "PayloadTooLarge",
-                        e.to_string(),
-                    ),
-                },
-            }
-        }
-        Some(activity_result::Outcome::Error(error)) => {
-            let error = worker_error(error, max_payload);
-            lifecycle::on_failure(attempt, error, now, rand::random())
-        }
-        Some(activity_result::Outcome::Snooze(snooze)) => {
-            let delay = validate::worker_delay(Some(&snooze));
-            Transition::Snooze {
-                next_at: now.saturating_add(validate::millis(delay)),
-            }
-        }
-        None => lifecycle::on_failure(
-            attempt,
-            crate::store::server_error(
-                ErrorKind::Retryable,
-                "InvalidResult",
-                "the worker's result carried no output, error or snooze".to_owned(),
-            ),
-            now,
-            rand::random(),
-        ),
+/// The transition a worker's result asks for.
+pub(super) fn decide(attempt: &Attempt, reported: Reported, now: UnixMillis) -> Transition {
+    match reported {
+        Reported::Output(output) => Transition::Complete { output },
+        Reported::Error(error) => lifecycle::on_failure(attempt, error, now, rand::random()),
+        Reported::Fail(error) => Transition::Fail { error },
+        Reported::Snooze { delay_ms } => Transition::Snooze {
+            next_at: now.saturating_add(delay_ms),
+        },
     }
 }
 
