@@ -21,13 +21,7 @@ impl Registry {
         CancellationToken,
     ) {
         let id: Arc<str> = uuid::Uuid::now_v7().to_string().into();
-        let max = reg.max_concurrency.max(1);
-        let capacity = 2 * max as usize + ACK_WINDOW + 8;
-        let (tx, rx) = mpsc::channel(capacity);
-        // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
-            worker_id: id.clone(),
-        }));
+        let (tx, rx) = outbound_channel(&id, reg.max_concurrency);
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let mut inner = self.lock();
@@ -247,12 +241,7 @@ impl Registry {
         {
             return Err(ResumeRefused::Changed);
         }
-        let capacity = 2 * worker.max_concurrency as usize + ACK_WINDOW + 8;
-        let (tx, rx) = mpsc::channel(capacity);
-        // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
-            worker_id: worker.id.clone(),
-        }));
+        let (tx, rx) = outbound_channel(&worker.id, worker.max_concurrency);
         if let Some(drain) = drain {
             let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
                 deadline: drain.deadline,
@@ -315,13 +304,7 @@ impl Registry {
         let id: Arc<str> = worker_id.into();
         let adopted: foldhash::HashSet<(i64, u32)> =
             rows.iter().map(|row| (row.id, row.attempt)).collect();
-        let max = reg.max_concurrency.max(1);
-        let capacity = 2 * max as usize + ACK_WINDOW + 8;
-        let (tx, rx) = mpsc::channel(capacity);
-        // The channel is new and empty: this cannot fail.
-        let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
-            worker_id: id.clone(),
-        }));
+        let (tx, rx) = outbound_channel(&id, reg.max_concurrency);
         let evict = CancellationToken::new();
         let group: GroupKey = (reg.namespace.clone(), reg.activity_types.clone());
         let now = Instant::now();
@@ -340,7 +323,7 @@ impl Registry {
         let mut unsent = Vec::new();
         for row in has.into_iter().chain(lacks) {
             let attempt = Arc::new(Attempt::from_row(&row));
-            if inflight.len() >= max as usize {
+            if inflight.len() >= reg.max_concurrency.max(1) as usize {
                 unsent.push(attempt);
                 continue;
             }
@@ -391,6 +374,22 @@ impl Registry {
             w.leaving = true;
         }
     }
+}
+
+/// A worker's outbound channel, its welcome first. Room for every task its
+/// slots hold, a cancel for each, the acks of the window, and a few more (the
+/// welcome, a drain, an ending): sends on it never wait.
+fn outbound_channel(
+    worker_id: &Arc<str>,
+    max_concurrency: u32,
+) -> (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>) {
+    let capacity = 2 * max_concurrency.max(1) as usize + ACK_WINDOW + 8;
+    let (tx, rx) = mpsc::channel(capacity);
+    // The channel is new and empty: this cannot fail.
+    let _ = tx.try_send(Outgoing::new(ToWorker::Welcome {
+        worker_id: worker_id.clone(),
+    }));
+    (tx, rx)
 }
 
 /// What a worker resuming with `held` must be told: the tasks of attempts the
