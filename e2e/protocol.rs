@@ -465,3 +465,92 @@ async fn namespaces_do_not_mix() {
         (0, 0, 1)
     );
 }
+
+/// A worker whose Hello asks for batches gets the tasks ready together in one
+/// message, may answer with several results in one, and gets each result acked
+/// once; a worker that does not ask (any worker before batches) is sent one task
+/// and one ack per message, as before.
+#[tokio::test]
+async fn batches_carry_what_is_ready_together_and_only_to_a_worker_that_asks() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let submit_all = |activity_type: &str, n: usize| v1::SubmitBatchRequest {
+        activities: (0..n)
+            .map(|i| request(activity_type, "wf", &format!("{activity_type}{i}")))
+            .collect(),
+    };
+    client.submit_batch(submit_all("b", 40)).await.unwrap();
+    let mut batched = RawWorker::open(
+        &server,
+        worker_message::Message::Hello(v1::Hello {
+            batches: true,
+            ..hello(&["b"], 40)
+        }),
+    )
+    .await
+    .expect("session");
+    assert!(batched.welcome.batches, "the server takes batches");
+    let (mut tasks, mut messages) = (Vec::new(), 0);
+    while tasks.len() < 40 {
+        messages += 1;
+        match batched.next().await {
+            server_message::Message::Task(t) => tasks.push(t),
+            server_message::Message::Tasks(batch) => tasks.extend(batch.tasks),
+            other => panic!("expected tasks, got {other:?}"),
+        }
+    }
+    assert!(
+        messages < 40,
+        "40 tasks claimed together came in {messages} messages"
+    );
+    let mut ids: Vec<&str> = tasks.iter().map(|t| t.activity_id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "each task once");
+    let results = tasks
+        .iter()
+        .map(|t| v1::ActivityResult {
+            workflow_id: t.workflow_id.clone(),
+            activity_id: t.activity_id.clone(),
+            attempt: t.attempt,
+            outcome: Some(v1::activity_result::Outcome::Output(json(
+                serde_json::json!("batched"),
+            ))),
+        })
+        .collect();
+    batched
+        .send(worker_message::Message::Results(v1::ResultBatch {
+            results,
+        }))
+        .await;
+    let mut acked = Vec::new();
+    while acked.len() < 40 {
+        match batched.next().await {
+            server_message::Message::Ack(a) => acked.push(a),
+            server_message::Message::Acks(batch) => acked.extend(batch.acks),
+            other => panic!("expected acks, got {other:?}"),
+        }
+    }
+    assert!(acked.iter().all(|a| a.accepted), "{acked:?}");
+    batched.quiet_for(Duration::from_millis(200)).await;
+    for i in 0..40 {
+        let done = get(&mut client, key("wf", &format!("b{i}"))).await;
+        assert_eq!(status(&done), ActivityStatus::Completed, "b{i}");
+        assert_eq!(done.counted_attempts, 1, "b{i}");
+    }
+
+    // A worker that does not ask: one task, one ack a message.
+    client.submit_batch(submit_all("s", 20)).await.unwrap();
+    let mut single = RawWorker::connect(&server, &["s"], 20).await;
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        tasks.push(single.task().await);
+    }
+    for task in &tasks {
+        single.complete(task, task.attempt).await;
+    }
+    for _ in 0..20 {
+        assert!(single.ack().await.accepted);
+    }
+    single.quiet_for(Duration::from_millis(200)).await;
+}

@@ -95,6 +95,9 @@ pub struct Worker {
     keep_alive: (Duration, Duration),
     /// Whether the worker is connected now, for [`Worker::connection`].
     connection: Arc<tokio::sync::watch::Sender<Connection>>,
+    /// Asks the server for several tasks and acks in one message, and sends
+    /// several results in one where the server takes them.
+    batches: bool,
 }
 
 /// Where a worker's connection stands, as [`Worker::connection`] reports it.
@@ -133,6 +136,7 @@ impl Worker {
             on_ack: None,
             type_limits: HashMap::new(),
             keep_alive: (Duration::from_secs(5), Duration::from_secs(5)),
+            batches: true,
             connection: Arc::new(tokio::sync::watch::Sender::new(Connection::Connecting)),
         }
     }
@@ -228,6 +232,14 @@ impl Worker {
     /// is cancelled (default 30 s); then they are cancelled.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Whether tasks, results and acks ready together travel in one message
+    /// (on by default; a server before batches is spoken to one at a time
+    /// anyway). Off, the worker speaks as workers before batches did.
+    pub fn batches(mut self, on: bool) -> Self {
+        self.batches = on;
         self
     }
 

@@ -209,6 +209,7 @@ pub(crate) async fn run(
 
     let mut session = Loop::new(worker, out_tx, carry);
     session.max_payload = usize::try_from(welcome.max_payload_bytes).unwrap_or(usize::MAX);
+    session.batches = worker.batches && welcome.batches;
     if welcome.resumed {
         session.send_unacked().await;
     }
@@ -285,6 +286,7 @@ fn hello(worker: &Worker, carry: &Carry) -> v1::Hello {
         resume_worker_id,
         resume_token,
         held: carry.held(),
+        batches: worker.batches,
     }
 }
 
@@ -330,7 +332,14 @@ struct Loop<'a> {
     /// The largest payload the server takes (0: it did not say); a larger one would
     /// end the session, so it is never sent.
     max_payload: usize,
+    /// The server takes several results in one message.
+    batches: bool,
 }
+
+/// The most results one message carries, and the encoded bytes past which it
+/// takes no more: far below the server's message limit (16 MiB at the least).
+const BATCH_MAX: usize = 256;
+const BATCH_BYTES: usize = 1024 * 1024;
 
 /// While stopping, a task that still arrives is handed back after this delay, as a
 /// snooze (not counted as an attempt): long enough not to bounce straight back to
@@ -354,6 +363,7 @@ impl<'a> Loop<'a> {
             drained: false,
             shutting_down: false,
             max_payload: 0,
+            batches: false,
         }
     }
 
@@ -402,13 +412,7 @@ impl<'a> Loop<'a> {
                     Ok(None) => break Ok(Ended),
                     Err(status) => break Err(Error::Rejected(status)),
                 },
-                Some(result) = self.carry.results.1.recv() => {
-                    let key = (result.workflow_id.clone(), result.activity_id.clone(), result.attempt);
-                    self.carry.running.remove(&key);
-                    // Kept until acknowledged: after a resume it is sent again.
-                    self.carry.unacked.insert(key, result.clone());
-                    self.send(worker_message::Message::Result(result)).await;
-                }
+                Some(result) = self.carry.results.1.recv() => self.report(result).await,
                 Some(heartbeat) = self.carry.heartbeats.1.recv() => {
                     // Coalesce: of the heartbeats queued now, only each attempt's
                     // latest is sent.
@@ -462,6 +466,39 @@ impl<'a> Loop<'a> {
             self.carry.cancel.cancel();
         }
         ended
+    }
+
+    /// Sends a finished attempt's result, with those finished beside it when the
+    /// server takes batches.
+    async fn report(&mut self, first: v1::ActivityResult) {
+        let mut bytes = prost::Message::encoded_len(&first);
+        let mut results = vec![self.finished(first)];
+        while self.batches && results.len() < BATCH_MAX && bytes < BATCH_BYTES {
+            let Ok(next) = self.carry.results.1.try_recv() else {
+                break;
+            };
+            bytes += prost::Message::encoded_len(&next);
+            results.push(self.finished(next));
+        }
+        let message = if results.len() == 1 {
+            worker_message::Message::Result(results.remove(0))
+        } else {
+            worker_message::Message::Results(v1::ResultBatch { results })
+        };
+        self.send(message).await;
+    }
+
+    /// An attempt's result leaves it running; it is kept until acknowledged, to be
+    /// sent again after a resume.
+    fn finished(&mut self, result: v1::ActivityResult) -> v1::ActivityResult {
+        let key = (
+            result.workflow_id.clone(),
+            result.activity_id.clone(),
+            result.attempt,
+        );
+        self.carry.running.remove(&key);
+        self.carry.unacked.insert(key, result.clone());
+        result
     }
 
     /// Gives a task back unrun while stopping (see [`HAND_BACK`]).
@@ -519,26 +556,38 @@ impl<'a> Loop<'a> {
                     running.cancel(reason);
                 }
             }
-            server_message::Message::Ack(ack) => {
-                self.carry.unacked.remove(&(
-                    ack.workflow_id.clone(),
-                    ack.activity_id.clone(),
-                    ack.attempt,
-                ));
-                if !ack.accepted {
-                    tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
+            server_message::Message::Tasks(batch) => {
+                for task in batch.tasks {
+                    self.start(task);
                 }
-                if let Some(observe) = &self.worker.on_ack {
-                    observe(&crate::ResultAck {
-                        workflow_id: ack.workflow_id,
-                        activity_id: ack.activity_id,
-                        attempt: ack.attempt,
-                        accepted: ack.accepted,
-                    });
+            }
+            server_message::Message::Ack(ack) => self.on_ack(ack),
+            server_message::Message::Acks(batch) => {
+                for ack in batch.acks {
+                    self.on_ack(ack);
                 }
             }
             // Drain is handled by the loop; a second Welcome means nothing.
             server_message::Message::Drain(_) | server_message::Message::Welcome(_) => {}
+        }
+    }
+
+    fn on_ack(&mut self, ack: v1::ResultAck) {
+        self.carry.unacked.remove(&(
+            ack.workflow_id.clone(),
+            ack.activity_id.clone(),
+            ack.attempt,
+        ));
+        if !ack.accepted {
+            tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
+        }
+        if let Some(observe) = &self.worker.on_ack {
+            observe(&crate::ResultAck {
+                workflow_id: ack.workflow_id,
+                activity_id: ack.activity_id,
+                attempt: ack.attempt,
+                accepted: ack.accepted,
+            });
         }
     }
 

@@ -23,7 +23,7 @@ use spool_proto::{
     },
 };
 use tokio::sync::mpsc;
-use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tokio_stream::{Stream, StreamExt};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -152,9 +152,10 @@ impl WorkerService for WorkerApi {
             )
         });
         let held = validate::held(std::mem::take(&mut hello.held))?;
+        let batches = hello.batches;
         let registration = validate::hello(hello, self.core.config.limits.max_worker_concurrency)?;
         authorize_principal(principal.as_ref(), Role::Worker, &registration.namespace)?;
-        let setup = Setup::new(&self.core, principal.as_ref(), registration, held);
+        let setup = Setup::new(&self.core, principal.as_ref(), registration, held, batches);
         // A draining node takes no new session, but resumes one it holds: its
         // worker, back from a blip, delivers what the drain is waiting for rather
         // than having it released to run again.
@@ -237,6 +238,8 @@ struct Setup {
     shared: bool,
     caller: String,
     fingerprint: String,
+    /// The worker takes several tasks or acks in one message.
+    batches: bool,
 }
 
 impl Setup {
@@ -245,6 +248,7 @@ impl Setup {
         principal: Option<&Principal>,
         mut registration: Registration,
         held: std::collections::HashSet<AttemptKey>,
+        batches: bool,
     ) -> Self {
         let grace = core.config.resume_grace();
         let ticket = match principal {
@@ -274,6 +278,7 @@ impl Setup {
             heartbeat_interval: core.config.heartbeat_interval,
             max_payload_bytes: core.config.max_payload_bytes,
             fingerprint,
+            batches,
         }
     }
 
@@ -287,6 +292,7 @@ impl Setup {
             resume_grace: self.grace,
             resumed,
             resume_refused: refused,
+            batches: self.batches,
         }
     }
 
@@ -433,8 +439,7 @@ impl WorkerApi {
             session.run(inbound, shutdown).await
         });
         // Dropping each `Outgoing` as it is sent returns its ack permit.
-        let outbound = ReceiverStream::new(rx).map(move |out| wire::encode(out.message, &greeting));
-        Response::new(Box::pin(outbound))
+        Response::new(Box::pin(wire::Frames::new(rx, greeting)))
     }
 }
 

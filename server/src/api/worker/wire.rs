@@ -4,7 +4,11 @@
 //! `ServerMessage` ([`encode`]; the welcome's settings come from the session's
 //! set-up, [`Greeting`]).
 
-use std::time::Duration;
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use spool_proto::{
     duration, time,
@@ -13,12 +17,14 @@ use spool_proto::{
         worker_message,
     },
 };
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
 use tonic::Status;
 
 use super::validate;
 use crate::{
     dispatch::{
-        outbound::{Ack, Cancel, CancelKind, Ending, ToWorker},
+        outbound::{Ack, Cancel, CancelKind, Ending, Outgoing, ToWorker},
         session::{Beat, FromWorker, Report, Reported},
     },
     store::ActivityError,
@@ -32,18 +38,29 @@ pub(super) fn decode(
     worker_id: &str,
 ) -> Option<FromWorker> {
     Some(match message.message? {
-        worker_message::Message::Result(result) => FromWorker::Result(Report {
-            workflow_id: result.workflow_id,
-            activity_id: result.activity_id,
-            attempt: result.attempt,
-            outcome: reported(result.outcome, max_payload),
-        }),
+        worker_message::Message::Result(result) => FromWorker::Result(report(result, max_payload)),
+        worker_message::Message::Results(batch) => FromWorker::Results(
+            batch
+                .results
+                .into_iter()
+                .map(|result| report(result, max_payload))
+                .collect(),
+        ),
         worker_message::Message::Heartbeat(beat) => {
             FromWorker::Heartbeat(heartbeat(beat, max_payload, worker_id))
         }
         worker_message::Message::Goodbye(_) => FromWorker::Goodbye,
         worker_message::Message::Hello(_) => FromWorker::Hello,
     })
+}
+
+fn report(result: v1::ActivityResult, max_payload: usize) -> Report {
+    Report {
+        workflow_id: result.workflow_id,
+        activity_id: result.activity_id,
+        attempt: result.attempt,
+        outcome: reported(result.outcome, max_payload),
+    }
 }
 
 fn heartbeat(beat: v1::Heartbeat, max_payload: usize, worker_id: &str) -> Beat {
@@ -144,6 +161,108 @@ pub(super) struct Greeting {
     pub resumed: bool,
     /// Why the resume the worker asked for was refused (empty if none was).
     pub resume_refused: &'static str,
+    /// The worker's Hello asked for batches.
+    pub batches: bool,
+}
+
+/// The most tasks or acks one message carries.
+const BATCH_MAX: usize = 256;
+
+/// The payload bytes past which a batch of tasks takes no more: far below any
+/// message limit, and enough that a batch's share of a frame's cost is small.
+const BATCH_BYTES: usize = 1024 * 1024;
+
+/// A session's outbound stream: each message encoded as it leaves the channel.
+/// For a worker that takes batches, the tasks (or acks) ready together leave as
+/// one message: nothing waits for a batch to fill, and the order is kept.
+pub(super) struct Frames {
+    rx: mpsc::Receiver<Outgoing>,
+    greeting: Greeting,
+    /// A message taken from the channel that ended a batch: it goes next.
+    next: Option<Outgoing>,
+}
+
+impl Frames {
+    pub(super) fn new(rx: mpsc::Receiver<Outgoing>, greeting: Greeting) -> Self {
+        Self {
+            rx,
+            greeting,
+            next: None,
+        }
+    }
+
+    /// `first` and the messages of its kind ready behind it, as one message.
+    fn batch(&mut self, first: Outgoing) -> Result<ServerMessage, Status> {
+        let message = match first.message {
+            ToWorker::Task(task) => {
+                let mut bytes = task.payload_bytes();
+                let mut tasks = vec![crate::wire::task(task.row, task.deadline)];
+                while tasks.len() < BATCH_MAX {
+                    let Ok(out) = self.rx.try_recv() else { break };
+                    match out.message {
+                        ToWorker::Task(task) if bytes + task.payload_bytes() <= BATCH_BYTES => {
+                            bytes += task.payload_bytes();
+                            tasks.push(crate::wire::task(task.row, task.deadline));
+                        }
+                        _ => {
+                            self.next = Some(out);
+                            break;
+                        }
+                    }
+                }
+                if tasks.len() == 1 {
+                    Message::Task(tasks.remove(0))
+                } else {
+                    Message::Tasks(v1::TaskBatch { tasks })
+                }
+            }
+            ToWorker::Ack(first) => {
+                let mut acks = vec![ack(first)];
+                while acks.len() < BATCH_MAX {
+                    let Ok(out) = self.rx.try_recv() else { break };
+                    match out.message {
+                        // Its permit returns as it leaves the channel, as a lone
+                        // ack's does.
+                        ToWorker::Ack(next) => acks.push(ack(next)),
+                        _ => {
+                            self.next = Some(out);
+                            break;
+                        }
+                    }
+                }
+                if acks.len() == 1 {
+                    Message::Ack(acks.remove(0))
+                } else {
+                    Message::Acks(v1::AckBatch { acks })
+                }
+            }
+            other => return encode(other, &self.greeting),
+        };
+        Ok(ServerMessage {
+            message: Some(message),
+        })
+    }
+}
+
+impl Stream for Frames {
+    type Item = Result<ServerMessage, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let out = match self.next.take() {
+            Some(out) => out,
+            None => match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(out)) => out,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        let message = if self.greeting.batches {
+            self.batch(out)
+        } else {
+            encode(out.message, &self.greeting)
+        };
+        Poll::Ready(Some(message))
+    }
 }
 
 /// One message for the wire; an ending becomes the stream's error status.
@@ -160,6 +279,7 @@ pub(super) fn encode(message: ToWorker, greeting: &Greeting) -> Result<ServerMes
                 .then(|| duration::to_proto(greeting.resume_grace)),
             resumed: greeting.resumed,
             resume_refused: greeting.resume_refused.to_owned(),
+            batches: true,
         }),
         ToWorker::Task(task) => Message::Task(crate::wire::task(task.row, task.deadline)),
         ToWorker::Cancel(cancel) => Message::Cancel(self::cancel(cancel)),

@@ -46,6 +46,8 @@ use results::*;
 pub enum FromWorker {
     /// The outcome of an attempt the worker ran.
     Result(Report),
+    /// Several, in the order the worker sent them.
+    Results(Vec<Report>),
     /// Progress of an attempt, or (without one) that the worker is alive.
     Heartbeat(Beat),
     /// The worker takes no more tasks; it finishes what it runs and reports.
@@ -159,49 +161,46 @@ impl Session {
             queue,
             over.clone(),
         ));
-        let end = loop {
+        let end = 'read: loop {
             let message = tokio::select! {
                 m = inbound.next() => m,
                 _ = shutdown.cancelled() => break End::Shutdown,
                 _ = self.evict.cancelled() => break self.evicted(),
             };
-            match message {
-                Some(Ok(m)) => {
-                    let item = match m {
-                        FromWorker::Result(report) => self.on_result(report),
-                        FromWorker::Goodbye => {
-                            // No more claims for it; the forwarder answers with Drain
-                            // once none planned before can still arrive.
-                            self.core.registry.leave(&self.worker_id);
-                            Forward::Goodbye
-                        }
-                        FromWorker::Heartbeat(beat) => {
-                            self.on_heartbeat(beat);
-                            continue;
-                        }
-                        FromWorker::Hello => {
-                            let _ =
-                                self.tx
-                                    .try_send(Outgoing::new(ToWorker::End(Ending::Protocol(
-                                        "Hello may only be the first message of a Session",
-                                    ))));
-                            break End::Lost("protocol error: second Hello".to_owned());
-                        }
-                    };
-                    if let Err(mpsc::error::TrySendError::Full(item)) = forward.try_send(item) {
-                        // Only a worker answering attempts it does not hold, faster
-                        // than it reads the refusals, gets here: wait for room, and do
-                        // not count the wait as the worker's silence.
-                        let _paused = self.core.registry.pause_silence(&self.worker_id);
-                        tokio::select! {
-                            _ = forward.send(item) => {}
-                            _ = shutdown.cancelled() => break End::Shutdown,
-                            _ = self.evict.cancelled() => break self.evicted(),
+            let item = match message {
+                Some(Ok(FromWorker::Result(report))) => self.on_result(report),
+                Some(Ok(FromWorker::Results(reports))) => {
+                    for report in reports {
+                        let item = self.on_result(report);
+                        if let Err(end) = self.forward(&forward, item, &shutdown).await {
+                            break 'read end;
                         }
                     }
+                    continue;
+                }
+                Some(Ok(FromWorker::Goodbye)) => {
+                    // No more claims for it; the forwarder answers with Drain
+                    // once none planned before can still arrive.
+                    self.core.registry.leave(&self.worker_id);
+                    Forward::Goodbye
+                }
+                Some(Ok(FromWorker::Heartbeat(beat))) => {
+                    self.on_heartbeat(beat);
+                    continue;
+                }
+                Some(Ok(FromWorker::Hello)) => {
+                    let _ = self
+                        .tx
+                        .try_send(Outgoing::new(ToWorker::End(Ending::Protocol(
+                            "Hello may only be the first message of a Session",
+                        ))));
+                    break End::Lost("protocol error: second Hello".to_owned());
                 }
                 None => break End::Dropped("the worker closed its stream".to_owned()),
                 Some(Err(why)) => break End::Dropped(format!("the stream broke: {why}")),
+            };
+            if let Err(end) = self.forward(&forward, item, &shutdown).await {
+                break end;
             }
         };
         // Results already read are still committed; their acks go out only if the
@@ -210,6 +209,27 @@ impl Session {
         over.cancel();
         self.finish(end).await;
         let _ = forwarder.await;
+    }
+
+    /// Hands a result (or Goodbye) to the forwarder. Only a worker answering
+    /// attempts it does not hold, faster than it reads the refusals, finds the
+    /// queue full: then this waits for room, and the wait is not counted as the
+    /// worker's silence.
+    async fn forward(
+        &self,
+        forward: &mpsc::Sender<Forward>,
+        item: Forward,
+        shutdown: &CancellationToken,
+    ) -> Result<(), End> {
+        if let Err(mpsc::error::TrySendError::Full(item)) = forward.try_send(item) {
+            let _paused = self.core.registry.pause_silence(&self.worker_id);
+            tokio::select! {
+                _ = forward.send(item) => {}
+                _ = shutdown.cancelled() => return Err(End::Shutdown),
+                _ = self.evict.cancelled() => return Err(self.evicted()),
+            }
+        }
+        Ok(())
     }
 
     /// Tells a worker the sweep found silent why its stream ends (unless a resumed
