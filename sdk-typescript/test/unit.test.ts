@@ -14,6 +14,8 @@ import { doubled, jittered } from "../src/internal/time.js";
 import { uuidv7 } from "../src/internal/uuid.js";
 import { dial } from "../src/transport.js";
 import { ErrorKind } from "../src/gen/spool/v1/common.js";
+import { messagesOf, outboundFor, type SessionStream } from "../src/worker/frames.js";
+import { Welcome, type WorkerMessage } from "../src/gen/spool/v1/worker.js";
 
 test("an error's type and message are cut to what the server keeps, on a character boundary", () => {
   const huge = "é".repeat(10 * 1024 * 1024);
@@ -131,4 +133,38 @@ test("durations, ids, payloads, addresses and the backoff", () => {
   assert.equal(jittered(2_000, 0), 1_000);
   assert.equal(jittered(2_000, 1), 2_000);
   assert.equal(doubled(3_000, 5_000), 5_000);
+});
+
+test("batched frames: tasks and acks unpack in order; results of one turn leave as one frame, after nothing sent later", async () => {
+  const task = (activityId: string) => ({ activityId }) as never;
+  const unpacked = messagesOf({ message: { $case: "tasks", value: { tasks: [task("a"), task("b")] } } });
+  assert.deepEqual(
+    unpacked.map((m) => (m.message?.$case === "task" ? m.message.value.activityId : "?")),
+    ["a", "b"],
+  );
+  const written: WorkerMessage[] = [];
+  const stream = { write: (m: WorkerMessage) => written.push(m), end: () => {}, writableEnded: false, destroyed: false };
+  const result = (activityId: string) => ({
+    message: { $case: "result" as const, value: { workflowId: "wf", activityId, attempt: 1, outcome: undefined } },
+  });
+  // A server that does not say it reads batches gets one result a frame.
+  const single = outboundFor(stream as unknown as SessionStream, Welcome.fromPartial({}));
+  single.send(result("a"));
+  single.send(result("b"));
+  assert.deepEqual(written.map((m) => m.message?.$case), ["result", "result"]);
+  written.length = 0;
+  const batched = outboundFor(stream as unknown as SessionStream, Welcome.fromPartial({ batches: true }));
+  batched.send(result("a"));
+  batched.send(result("b"));
+  assert.equal(written.length, 0, "held until the turn ends");
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(written.length, 1);
+  const frame = written[0]!.message;
+  assert.equal(frame?.$case, "results");
+  if (frame?.$case === "results") assert.deepEqual(frame.value.results.map((r) => r.activityId), ["a", "b"]);
+  // Anything else sent goes after the results before it.
+  written.length = 0;
+  batched.send(result("c"));
+  batched.send({ message: { $case: "goodbye", value: {} } });
+  assert.deepEqual(written.map((m) => m.message?.$case), ["result", "goodbye"]);
 });

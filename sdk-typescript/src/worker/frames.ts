@@ -1,12 +1,10 @@
-// How messages become frames on the worker stream, both ways. Today each
-// message is one frame: the protocol has no batched frames yet. Another issue
-// adds them (a server offering them in its Welcome); the session sends only
-// through an `Outbound` and reads only through `messagesOf`, so batching is a
-// new `Outbound` (gathering what is sent in one turn of the event loop into one
-// frame) and a new unpacking, chosen here from the Welcome, and nothing else in
-// the worker changes.
+// How messages become frames on the worker stream, both ways. A worker asks for
+// batches in its Hello; the server may then send several tasks (or acks) in one
+// frame, and, when its Welcome says it reads them, the results a turn of the event
+// loop finishes go out as one frame. The session sends only through an `Outbound`
+// and reads only through `messagesOf`, so nothing else in the worker knows.
 import type { ClientDuplexStream } from "@grpc/grpc-js";
-import type { ServerMessage, Welcome, WorkerMessage } from "../gen/spool/v1/worker.js";
+import type { ActivityResult, ServerMessage, Welcome, WorkerMessage } from "../gen/spool/v1/worker.js";
 
 export type SessionStream = ClientDuplexStream<WorkerMessage, ServerMessage>;
 
@@ -22,7 +20,7 @@ export interface Outbound {
 class Unbatched implements Outbound {
   #open = true;
 
-  constructor(private readonly stream: SessionStream) {}
+  constructor(protected readonly stream: SessionStream) {}
 
   get open(): boolean {
     return this.#open && !this.stream.writableEnded && !this.stream.destroyed;
@@ -40,12 +38,63 @@ class Unbatched implements Outbound {
   }
 }
 
+/** The most results one frame carries. */
+const BATCH_MAX = 256;
+
+/**
+ * Results sent in one turn of the event loop leave as one frame; anything else
+ * sent meanwhile goes after them, so the order is kept.
+ */
+class Batched extends Unbatched {
+  #results: ActivityResult[] = [];
+  #scheduled = false;
+
+  override send(message: WorkerMessage): void {
+    if (message.message?.$case === "result") {
+      this.#results.push(message.message.value);
+      if (this.#results.length >= BATCH_MAX) return this.#flush();
+      if (!this.#scheduled) {
+        this.#scheduled = true;
+        setImmediate(() => this.#flush());
+      }
+      return;
+    }
+    this.#flush();
+    super.send(message);
+  }
+
+  override end(): void {
+    this.#flush();
+    super.end();
+  }
+
+  #flush(): void {
+    this.#scheduled = false;
+    const results = this.#results;
+    if (results.length === 0) return;
+    this.#results = [];
+    if (results.length === 1) {
+      super.send({ message: { $case: "result", value: results[0]! } });
+    } else {
+      super.send({ message: { $case: "results", value: { results } } });
+    }
+  }
+}
+
 /** The outbound framing for a stream the server welcomed with `welcome`. */
-export function outboundFor(stream: SessionStream, _welcome: Welcome): Outbound {
-  return new Unbatched(stream);
+export function outboundFor(stream: SessionStream, welcome: Welcome): Outbound {
+  return welcome.batches ? new Batched(stream) : new Unbatched(stream);
 }
 
 /** The messages of one inbound frame, in order. */
 export function messagesOf(frame: ServerMessage): ServerMessage[] {
-  return [frame];
+  const m = frame.message;
+  switch (m?.$case) {
+    case "tasks":
+      return m.value.tasks.map((task) => ({ message: { $case: "task", value: task } }));
+    case "acks":
+      return m.value.acks.map((ack) => ({ message: { $case: "ack", value: ack } }));
+    default:
+      return [frame];
+  }
 }

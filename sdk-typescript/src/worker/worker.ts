@@ -26,6 +26,11 @@ export interface WorkerOptions extends ConnectionOptions {
   identity?: string;
   /** How many activities run at once; the server never sends more (default 10). */
   maxConcurrency?: number;
+  /**
+   * Whether tasks, results and acks ready together travel in one message
+   * (default true; a server before batches is spoken to one at a time anyway).
+   */
+  batches?: boolean;
   /** Bounds of the reconnect backoff (default 100 ms to 5 s). */
   reconnectBackoff?: { minMs: number; maxMs: number };
   /** How long running activities may take to finish on shutdown (default 30 s). */
@@ -136,6 +141,7 @@ export class Worker {
         activityTypes: [...this.#handlers.keys()].sort(),
         maxConcurrency: Math.max(1, Math.floor(o.maxConcurrency ?? 10)),
         protocolVersion: 1,
+        batches: o.batches ?? true,
       },
       handlers: this.#handlers,
       shutdownTimeoutMs: o.shutdownTimeoutMs ?? 30_000,
