@@ -6,7 +6,7 @@
 // result's ack (as `spool bench` counts), and to the last handler end (as the
 // peers' trackers count), with the CPU of this process and of the server.
 //
-//   SPOOL_BIN=../target/release/spool N=20000 npm run bench
+//   SPOOL_BIN=../target/release/spool N=20000 npm run bench   (BATCHES=0: one message a frame)
 import { readFileSync } from "node:fs";
 import { silentLogger, Worker } from "../src/index.js";
 import { SpoolServer } from "../test/harness.js";
@@ -36,7 +36,12 @@ let acked = 0;
 let lastAck = 0;
 let resolveDrained!: () => void;
 const drained = new Promise<void>((resolve) => (resolveDrained = resolve));
-const worker = new Worker({ address: server.address, maxConcurrency: CONC, logger: silentLogger });
+const worker = new Worker({
+  address: server.address,
+  maxConcurrency: CONC,
+  logger: silentLogger,
+  batches: process.env.BATCHES !== "0",
+});
 worker.register("noop", () => {
   const now = performance.now();
   if (first === 0) first = now;

@@ -39,6 +39,9 @@ pub(crate) struct BenchArgs {
     /// Input size of each activity.
     #[arg(long, default_value_t = 64)]
     payload_bytes: usize,
+    /// Whether the SDK workers ask for batched frames (to measure what they save).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    batches: bool,
     /// Rows of a type no worker serves, stored before the phases run.
     #[arg(long, default_value_t = 0)]
     preload: usize,
@@ -105,6 +108,7 @@ impl BenchArgs {
             rate: self.rate,
             duration: self.duration,
             payload_bytes: self.payload_bytes,
+            batches: self.batches,
             preload: self.preload,
             idle_workers: self.idle_workers,
             phases: self.phases,

@@ -256,6 +256,7 @@ impl Bench {
                 .namespace(NAMESPACE)
                 .identity(format!("bench-{n}"))
                 .max_concurrency(per_worker)
+                .batches(self.options.batches)
                 .tls(self.options.tls.clone())
                 .on_ack(move |ack| {
                     if ack.accepted {

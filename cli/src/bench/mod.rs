@@ -59,6 +59,8 @@ struct Options {
     pub rate: u32,
     pub duration: Duration,
     pub payload_bytes: usize,
+    /// The SDK workers ask for batched frames.
+    pub batches: bool,
     /// Rows of a type no worker serves, stored before the phases run.
     pub preload: usize,
     /// Workers connected for the whole run that serve a type nobody submits
@@ -162,6 +164,7 @@ async fn run(options: Options) -> Result<serde_json::Value, Error> {
         "nodes": endpoints,
         "database": if options.server.is_some() { "(server's)".to_owned() } else if options.database.is_some() { spool_server::config::redact_url(&database) } else { "sqlite (fresh temp file)".to_owned() },
         "payload_bytes": options.payload_bytes,
+        "batches": options.batches,
         "preload": options.preload,
     });
     let _idle = start_idle_workers(&options, &endpoints);
