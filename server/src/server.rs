@@ -487,11 +487,7 @@ async fn reclaim(store: &Arc<dyn Store>) -> Result<(), Error> {
                     "the server stopped while the attempt ran".to_owned(),
                     now,
                 );
-                Op::Finish {
-                    attempt,
-                    transition,
-                    lease_expired_by: None,
-                }
+                Op::finish(attempt, transition)
             })
             .collect();
         count += ops.len();

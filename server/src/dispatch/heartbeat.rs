@@ -143,11 +143,7 @@ fn plan(sweep: Sweep, now: UnixMillis, renew_for: Option<i64>, jitter: f64) -> P
         } else {
             lifecycle::on_failure(&timed_out.attempt, error, now, jitter)
         };
-        ops.push(Op::Finish {
-            attempt: timed_out.attempt,
-            transition,
-            lease_expired_by: None,
-        });
+        ops.push(Op::finish(timed_out.attempt, transition));
     }
     for (worker_id, attempts) in sweep.abandoned {
         tracing::info!(%worker_id, lost = attempts.len(), "worker did not resume its session within the grace: its attempts are lost");

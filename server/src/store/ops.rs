@@ -146,6 +146,18 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// An attempt's ending, fenced by its attempt number and status (a lease that
+    /// ran out is `Op::Finish` with `lease_expired_by`, written by the reclaim).
+    pub fn finish(attempt: Arc<Attempt>, transition: Transition) -> Self {
+        Op::Finish {
+            attempt,
+            transition,
+            lease_expired_by: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Submitted(Vec<Submitted>),

@@ -196,44 +196,27 @@ impl Frames {
         let message = match first.message {
             ToWorker::Task(task) => {
                 let mut bytes = task.payload_bytes();
-                let mut tasks = vec![crate::wire::task(task.row, task.deadline)];
-                while tasks.len() < BATCH_MAX {
-                    let Ok(out) = self.rx.try_recv() else { break };
-                    match out.message {
-                        ToWorker::Task(task) if bytes + task.payload_bytes() <= BATCH_BYTES => {
-                            bytes += task.payload_bytes();
-                            tasks.push(crate::wire::task(task.row, task.deadline));
-                        }
-                        _ => {
-                            self.next = Some(out);
-                            break;
-                        }
+                let first = crate::wire::task(task.row, task.deadline);
+                let mut tasks = self.gather(first, |message| match message {
+                    ToWorker::Task(task) if bytes + task.payload_bytes() <= BATCH_BYTES => {
+                        bytes += task.payload_bytes();
+                        Ok(crate::wire::task(task.row, task.deadline))
                     }
-                }
-                if tasks.len() == 1 {
-                    Message::Task(tasks.remove(0))
-                } else {
-                    Message::Tasks(v1::TaskBatch { tasks })
+                    other => Err(other),
+                });
+                match tasks.len() {
+                    1 => Message::Task(tasks.remove(0)),
+                    _ => Message::Tasks(v1::TaskBatch { tasks }),
                 }
             }
             ToWorker::Ack(first) => {
-                let mut acks = vec![ack(first)];
-                while acks.len() < BATCH_MAX {
-                    let Ok(out) = self.rx.try_recv() else { break };
-                    match out.message {
-                        // Its permit returns as it leaves the channel, as a lone
-                        // ack's does.
-                        ToWorker::Ack(next) => acks.push(ack(next)),
-                        _ => {
-                            self.next = Some(out);
-                            break;
-                        }
-                    }
-                }
-                if acks.len() == 1 {
-                    Message::Ack(acks.remove(0))
-                } else {
-                    Message::Acks(v1::AckBatch { acks })
+                let mut acks = self.gather(ack(first), |message| match message {
+                    ToWorker::Ack(next) => Ok(ack(next)),
+                    other => Err(other),
+                });
+                match acks.len() {
+                    1 => Message::Ack(acks.remove(0)),
+                    _ => Message::Acks(v1::AckBatch { acks }),
                 }
             }
             other => return encode(other, &self.greeting),
@@ -241,6 +224,31 @@ impl Frames {
         Ok(ServerMessage {
             message: Some(message),
         })
+    }
+
+    /// `first`, then what `take` makes of the messages waiting behind it, at
+    /// most [`BATCH_MAX`] in all; the first it refuses goes next, on its own.
+    /// The permit of each message taken returns as it leaves the channel, as a
+    /// lone message's does.
+    fn gather<T>(
+        &mut self,
+        first: T,
+        mut take: impl FnMut(ToWorker) -> Result<T, ToWorker>,
+    ) -> Vec<T> {
+        let mut items = vec![first];
+        while items.len() < BATCH_MAX {
+            let Ok(Outgoing { message, _permit }) = self.rx.try_recv() else {
+                break;
+            };
+            match take(message) {
+                Ok(item) => items.push(item),
+                Err(message) => {
+                    self.next = Some(Outgoing { message, _permit });
+                    break;
+                }
+            }
+        }
+        items
     }
 }
 

@@ -154,11 +154,7 @@ impl Registry {
             // row over and may be running it.
             return rows
                 .iter()
-                .map(|row| Op::Finish {
-                    attempt: self.fenced(&Attempt::from_row(row)),
-                    transition: Transition::Release,
-                    lease_expired_by: None,
-                })
+                .map(|row| Op::finish(self.fenced(&Attempt::from_row(row)), Transition::Release))
                 .collect();
         };
         worker.reserved = worker.reserved.saturating_sub(claim.limit);
@@ -183,11 +179,7 @@ impl Registry {
             // The worker never got it: back to SCHEDULED, uncounted (its session
             // is ending).
             if let Err(row) = sent {
-                undelivered.push(Op::Finish {
-                    attempt: self.fenced(&row.attempt),
-                    transition: Transition::Release,
-                    lease_expired_by: None,
-                });
+                undelivered.push(Op::finish(self.fenced(&row.attempt), Transition::Release));
             }
         }
         let group = worker.group.clone();

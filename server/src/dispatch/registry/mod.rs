@@ -649,11 +649,7 @@ impl Registry {
         let released = std::mem::take(&mut self.lock().released);
         released
             .into_iter()
-            .map(|attempt| Op::Finish {
-                attempt: self.fenced(&attempt),
-                transition: Transition::Release,
-                lease_expired_by: None,
-            })
+            .map(|attempt| Op::finish(self.fenced(&attempt), Transition::Release))
             .collect()
     }
 

@@ -307,11 +307,7 @@ impl Session {
                 details: Some(details),
             }]));
         }
-        ops.push(Op::Finish {
-            attempt,
-            transition,
-            lease_expired_by: None,
-        });
+        ops.push(Op::finish(attempt, transition));
         Forward::Commit {
             ops,
             ack,
@@ -371,11 +367,7 @@ impl Session {
                         now,
                     ),
                 };
-                Op::Finish {
-                    attempt,
-                    transition,
-                    lease_expired_by: None,
-                }
+                Op::finish(attempt, transition)
             })
             .collect();
         match &end {

@@ -96,11 +96,7 @@ async fn a_run_of_endings_judges_each_alone(store: &dyn Store) -> ActivityRow {
     ];
     let ops = finishes
         .into_iter()
-        .map(|(row, transition)| Op::Finish {
-            attempt: Arc::new(Attempt::from_row(&row)),
-            transition,
-            lease_expired_by: None,
-        })
+        .map(|(row, transition)| Op::finish(Arc::new(Attempt::from_row(&row)), transition))
         .collect();
     let accepted: Vec<bool> = apply(store, ops, T0 + 5)
         .await
@@ -238,11 +234,8 @@ pub(super) async fn endings_and_the_claim_that_refills_their_slots_share_a_batch
     assert_eq!(claimed, ["x", "y"]);
     let mut stale = running[1].clone();
     stale.attempt = 9;
-    let ending = |row: &ActivityRow, transition| Op::Finish {
-        attempt: Arc::new(Attempt::from_row(row)),
-        transition,
-        lease_expired_by: None,
-    };
+    let ending =
+        |row: &ActivityRow, transition| Op::finish(Arc::new(Attempt::from_row(row)), transition);
     let outcomes = apply(
         store,
         vec![

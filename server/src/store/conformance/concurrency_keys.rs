@@ -243,11 +243,8 @@ pub(super) async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store
             .collect()
     };
     let (a, b) = (of("a"), of("b"));
-    let end = |row: &ActivityRow, transition| Op::Finish {
-        attempt: Arc::new(Attempt::from_row(row)),
-        transition,
-        lease_expired_by: None,
-    };
+    let end =
+        |row: &ActivityRow, transition| Op::finish(Arc::new(Attempt::from_row(row)), transition);
     let retry = Transition::Retry {
         next_at: T0 + 1_000,
         error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
@@ -426,11 +423,7 @@ pub(super) async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store
     submit(store, keyed("a")).await;
     let running = claim(store, &["t"], 1, T0).await;
     assert_eq!(running.len(), 1);
-    let ending = Op::Finish {
-        attempt: Arc::new(Attempt::from_row(&running[0])),
-        transition: output("done"),
-        lease_expired_by: None,
-    };
+    let ending = Op::finish(Arc::new(Attempt::from_row(&running[0])), output("done"));
     let outcomes = apply(
         store,
         vec![ending, Op::Submit(vec![keyed("b")]), enforce()],
@@ -481,11 +474,7 @@ pub(super) async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store
     let running = claim(store, &["t"], 1, T0 + 10_000).await;
     assert_eq!(running[0].key.activity_id, "b");
     submit(store, keyed("d")).await;
-    let ending = Op::Finish {
-        attempt: Arc::new(Attempt::from_row(&running[0])),
-        transition: output("done"),
-        lease_expired_by: None,
-    };
+    let ending = Op::finish(Arc::new(Attempt::from_row(&running[0])), output("done"));
     let outcomes = apply(store, vec![ending, claim_for(&["t"], 1)], T0 + 10_001).await;
     match outcomes.last() {
         Some(Outcome::Claimed { rows, .. }) => assert_eq!(

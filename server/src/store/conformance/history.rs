@@ -41,11 +41,7 @@ async fn retries_and_a_completion_are_recorded_with_who_ran_them(store: &dyn Sto
         attempt: 1,
         ..Attempt::from_row(&row)
     };
-    let late = Op::Finish {
-        attempt: Arc::new(stale),
-        transition: output("late"),
-        lease_expired_by: None,
-    };
+    let late = Op::finish(Arc::new(stale), output("late"));
     assert!(matches!(
         one(store, late, T0 + 2_100).await,
         Outcome::Finished { accepted: false }

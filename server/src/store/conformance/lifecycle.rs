@@ -220,10 +220,11 @@ pub(super) async fn rows_at_the_payload_limit_release_together(store: &dyn Store
     let rows = claim(store, &["t"], 3, T0).await;
     let ops: Vec<Op> = rows
         .iter()
-        .map(|row| Op::Finish {
-            attempt: std::sync::Arc::new(Attempt::from_row(row)),
-            transition: Transition::Release,
-            lease_expired_by: None,
+        .map(|row| {
+            Op::finish(
+                std::sync::Arc::new(Attempt::from_row(row)),
+                Transition::Release,
+            )
         })
         .collect();
     let outcomes = store.apply(ops.into(), T0).await;

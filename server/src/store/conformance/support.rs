@@ -100,11 +100,7 @@ pub(super) async fn finish(
     transition: Transition,
     now: i64,
 ) -> bool {
-    let op = Op::Finish {
-        attempt: Arc::new(Attempt::from_row(row)),
-        transition,
-        lease_expired_by: None,
-    };
+    let op = Op::finish(Arc::new(Attempt::from_row(row)), transition);
     match one(store, op, now).await {
         Outcome::Finished { accepted } => accepted,
         other => panic!("expected Finished, got {other:?}"),
