@@ -116,6 +116,18 @@ impl Loop {
         self.publish_outgoing();
     }
 
+    /// Writes `mine` in a transaction of its own, and sets off what it did.
+    async fn apply_alone(
+        &mut self,
+        mine: &[Op],
+        now: UnixMillis,
+    ) -> Result<Vec<Outcome>, store::Error> {
+        let ops = crate::breakage::unfence(&*self.store, Arc::from(mine)).await;
+        let mut outcomes = self.store.apply(ops, now).await?;
+        self.apply_effects(mine, &mut outcomes, now);
+        Ok(outcomes)
+    }
+
     /// A failed batch, retried request by request so one bad request cannot fail
     /// its neighbours; its claims are planned again and committed on their own,
     /// so dispatch does not wait on it. Pauses only when nothing commits at all.
@@ -135,37 +147,17 @@ impl Loop {
         // Ops outside any request (carried releases) are retried on their own.
         let owned_end = requests.first().map_or(first_claim, |r| r.range.start);
         if owned_end > 0 {
-            let mine = &ops[..owned_end];
-            match self
-                .store
-                .apply(
-                    crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
-                    now,
-                )
-                .await
-            {
-                Ok(mut outcomes) => {
-                    committed = true;
-                    self.apply_effects(mine, &mut outcomes, now);
-                }
+            match self.apply_alone(&ops[..owned_end], now).await {
+                Ok(_) => committed = true,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot release rows; they stay RUNNING until reclaimed")
                 }
             }
         }
         for request in requests {
-            let mine = &ops[request.range.clone()];
-            let result = match self
-                .store
-                .apply(
-                    crate::breakage::unfence(&*self.store, Arc::from(mine)).await,
-                    now,
-                )
-                .await
-            {
-                Ok(mut outcomes) => {
+            let result = match self.apply_alone(&ops[request.range.clone()], now).await {
+                Ok(outcomes) => {
                     committed = true;
-                    self.apply_effects(mine, &mut outcomes, now);
                     Ok(outcomes)
                 }
                 Err(e) => {
