@@ -120,7 +120,10 @@ mod tests {
         // At the very instant the token is back there is nothing to wait for.
         assert_eq!(bucket.refills_at(nanos(1_000_020)), None);
         // A token back part-way through a millisecond is waited for to its end.
-        assert_eq!(refill_millis(1_000_020_500_000, 1_000_019_000_000), Some(1_000_021));
+        assert_eq!(
+            refill_millis(1_000_020_500_000, 1_000_019_000_000),
+            Some(1_000_021)
+        );
         assert_eq!(bucket.available(nanos(1_000_059)), 2);
         // Idle for long, it holds no more than the burst.
         assert_eq!(bucket.available(nanos(2_000_000)), 5);
