@@ -162,6 +162,25 @@ test("batched frames: tasks and acks unpack in order; results of one turn leave 
   const frame = written[0]!.message;
   assert.equal(frame?.$case, "results");
   if (frame?.$case === "results") assert.deepEqual(frame.value.results.map((r) => r.activityId), ["a", "b"]);
+  // Large outputs leave before the turn ends, so no frame grows past the bound.
+  written.length = 0;
+  const large = (activityId: string) => ({
+    message: {
+      $case: "result" as const,
+      value: {
+        workflowId: "wf",
+        activityId,
+        attempt: 1,
+        outcome: { $case: "output" as const, value: { data: new Uint8Array(700 * 1024), contentType: "", encoding: "" } as never },
+      },
+    },
+  });
+  batched.send(large("l1"));
+  assert.equal(written.length, 0, "under the bound: held");
+  batched.send(large("l2"));
+  assert.equal(written.length, 1, "past the bound: sent at once");
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(written.length, 1, "nothing left behind");
   // Anything else sent goes after the results before it.
   written.length = 0;
   batched.send(result("c"));

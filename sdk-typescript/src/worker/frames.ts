@@ -38,8 +38,27 @@ class Unbatched implements Outbound {
   }
 }
 
-/** The most results one frame carries. */
+/**
+ * The most results one frame carries, and the bytes past which it takes no more:
+ * far below the server's message limit (16 MiB at the least), which one frame
+ * of many large outputs would pass.
+ */
 const BATCH_MAX = 256;
+const BATCH_BYTES = 1024 * 1024;
+
+/** About the bytes `result` takes on the wire (at most, for its texts). */
+function roughSize(result: ActivityResult): number {
+  const outcome = result.outcome;
+  const ids = 3 * (result.workflowId.length + result.activityId.length) + 16;
+  switch (outcome?.$case) {
+    case "output":
+      return ids + outcome.value.data.length;
+    case "error":
+      return ids + 3 * (outcome.value.type.length + outcome.value.message.length) + (outcome.value.details?.data.length ?? 0);
+    default:
+      return ids;
+  }
+}
 
 /**
  * Results sent in one turn of the event loop leave as one frame; anything else
@@ -47,12 +66,14 @@ const BATCH_MAX = 256;
  */
 class Batched extends Unbatched {
   #results: ActivityResult[] = [];
+  #bytes = 0;
   #scheduled = false;
 
   override send(message: WorkerMessage): void {
     if (message.message?.$case === "result") {
       this.#results.push(message.message.value);
-      if (this.#results.length >= BATCH_MAX) return this.#flush();
+      this.#bytes += roughSize(message.message.value);
+      if (this.#results.length >= BATCH_MAX || this.#bytes >= BATCH_BYTES) return this.#flush();
       if (!this.#scheduled) {
         this.#scheduled = true;
         setImmediate(() => this.#flush());
@@ -73,6 +94,7 @@ class Batched extends Unbatched {
     const results = this.#results;
     if (results.length === 0) return;
     this.#results = [];
+    this.#bytes = 0;
     if (results.length === 1) {
       super.send({ message: { $case: "result", value: results[0]! } });
     } else {
