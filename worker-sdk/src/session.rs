@@ -471,9 +471,13 @@ impl<'a> Loop<'a> {
     /// Sends a finished attempt's result, with those finished beside it when the
     /// server takes batches.
     async fn report(&mut self, first: v1::ActivityResult) {
+        let first = self.finished(first);
+        if !self.batches {
+            return self.send(worker_message::Message::Result(first)).await;
+        }
         let mut bytes = prost::Message::encoded_len(&first);
-        let mut results = vec![self.finished(first)];
-        while self.batches && results.len() < BATCH_MAX && bytes < BATCH_BYTES {
+        let mut results = vec![first];
+        while results.len() < BATCH_MAX && bytes < BATCH_BYTES {
             let Ok(next) = self.carry.results.1.try_recv() else {
                 break;
             };

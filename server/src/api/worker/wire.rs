@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::validate;
+use super::{Error, validate};
 use crate::{
     dispatch::{
         outbound::{Ack, Cancel, CancelKind, Ending, Outgoing, ToWorker},
@@ -295,9 +295,11 @@ pub(super) fn encode(message: ToWorker, greeting: &Greeting) -> Result<ServerMes
         ToWorker::Drain { deadline } => Message::Drain(v1::Drain {
             deadline: deadline.map(time::to_proto),
         }),
-        ToWorker::End(Ending::Protocol(why)) => return Err(Status::invalid_argument(why)),
+        ToWorker::End(Ending::Protocol(why)) => {
+            return Err(Error::InvalidArgument(why.to_owned()).into());
+        }
         ToWorker::End(Ending::Lost(why)) => {
-            return Err(Status::unavailable(format!("worker lost: {why}")));
+            return Err(Error::Unavailable(format!("worker lost: {why}")).into());
         }
     };
     Ok(ServerMessage {
