@@ -120,7 +120,7 @@ async fn an_sdk_shutdown_under_load_loses_no_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_server_does_not_evict_healthy_workers() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let store: Arc<dyn Store> = faulty.clone();
     let server = TestServer::start_with_store(
         move |_| Box::pin(async move { store }),
@@ -224,7 +224,7 @@ async fn a_result_whose_commit_fails_twice_is_accepted(
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let store: Arc<dyn Store> = faulty.clone();
     let server =
         TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await;

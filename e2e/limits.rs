@@ -91,7 +91,7 @@ async fn unauthenticated_watch_streams_are_bounded_but_checks_are_not() {
 #[tokio::test]
 async fn a_unary_call_is_cut_at_the_request_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let store: Arc<dyn Store> = faulty.clone();
     let server = TestServer::start_with_store(
         move |_| Box::pin(async move { store }),

@@ -771,7 +771,7 @@ async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_written() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let server = resuming_on(&faulty).await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
@@ -827,7 +827,7 @@ async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_w
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_dropped_while_its_ticket_is_saved_leaves_nothing_registered() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     faulty.shared.store(true, Ordering::SeqCst);
     let server = resuming_on(&faulty).await;
     faulty.hold_tickets(true);
@@ -848,7 +848,7 @@ async fn a_session_dropped_while_its_ticket_is_saved_leaves_nothing_registered()
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resume_dropped_while_its_ticket_is_saved_loses_its_attempt_after_the_grace() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     faulty.shared.store(true, Ordering::SeqCst);
     let store: Arc<dyn Store> = faulty.clone();
     let server = TestServer::start_with_store(
@@ -947,7 +947,7 @@ async fn resume_lacking_a_task(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_to_send_again_is_read_again_when_the_read_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let server = resuming_on(&faulty).await;
     let mut client = server.client().await;
     faulty.failed_gets.store(2, Ordering::SeqCst);
@@ -965,7 +965,7 @@ async fn a_task_to_send_again_is_read_again_when_the_read_fails() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let server = resuming_on(&faulty).await;
     let mut client = server.client().await;
     faulty.hold_gets(true);
@@ -1001,7 +1001,7 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let store: Arc<dyn Store> = faulty.clone();
     let server = TestServer::start_with_store(
         move |_| Box::pin(async move { store }),

@@ -19,7 +19,7 @@ async fn server_on(faulty: &Arc<Faulty>) -> TestServer {
 #[tokio::test]
 async fn a_dead_committer_stops_the_node_with_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     // The committer reads the due times as it starts: it dies at once.
     faulty.panic_on_due_times.store(true, Ordering::SeqCst);
     let mut server = server_on(&faulty).await;
@@ -35,7 +35,7 @@ async fn a_dead_committer_stops_the_node_with_an_error() {
 #[tokio::test]
 async fn losing_the_listener_for_other_nodes_stops_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     faulty.listens.store(true, Ordering::SeqCst);
     let mut server = server_on(&faulty).await;
     let mut client = server.client().await;
@@ -56,7 +56,7 @@ async fn losing_the_listener_for_other_nodes_stops_the_node() {
 #[tokio::test]
 async fn a_drain_ends_while_the_database_hangs() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = Faulty::sqlite(&format!("sqlite://{}", dir.path().join("f.db").display())).await;
+    let faulty = Faulty::in_dir(dir.path()).await;
     let mut server = server_on(&faulty).await;
     let mut client = server.client().await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;

@@ -9,11 +9,7 @@ use std::sync::{
     atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 
-use spool_proto::time::UnixMillis;
-use spool_server::store::{
-    self, ActivityRow, DueTimes, Key, ListPage, ListQuery, Op, Outcome, Remote, RunningPage,
-    StatusCounts, Store,
-};
+use spool_server::store::{self, Op, Remote, Store, layer::Layer};
 use tokio::sync::{mpsc, watch};
 
 pub struct Faulty {
@@ -48,6 +44,11 @@ pub struct Faulty {
 }
 
 impl Faulty {
+    /// On a fresh SQLite database in `dir`.
+    pub async fn in_dir(dir: &std::path::Path) -> Arc<Self> {
+        Self::sqlite(&format!("sqlite://{}", dir.join("f.db").display())).await
+    }
+
     pub async fn sqlite(database: &str) -> Arc<Self> {
         let inner = store::open(database).await.expect("open the store");
         Arc::new(Self {
@@ -111,103 +112,40 @@ fn take_failure(count: &AtomicUsize) -> Result<(), store::Error> {
 }
 
 #[async_trait::async_trait]
-impl Store for Faulty {
-    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, store::Error> {
+impl Layer for Faulty {
+    fn inner(&self) -> &dyn Store {
+        self.inner.as_ref()
+    }
+    async fn before_apply(&self, ops: &[Op]) -> Result<(), store::Error> {
         wait_while(&self.stalled).await;
-        if ops.iter().any(|op| matches!(op, Op::Finish { .. })) {
+        if ends_an_attempt(ops) {
             wait_while(&self.held_endings).await;
             take_failure(&self.failed_endings)?;
-            let outcomes = self.inner.apply(ops, now).await?;
-            take_failure(&self.lost_replies)?;
-            return Ok(outcomes);
         }
-        self.inner.apply(ops, now).await
+        Ok(())
     }
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
+    async fn after_apply(&self, ops: &[Op]) -> Result<(), store::Error> {
+        if ends_an_attempt(ops) {
+            take_failure(&self.lost_replies)?;
+        }
+        Ok(())
+    }
+    async fn before_get(&self) -> Result<(), store::Error> {
         wait_while(&self.held_gets).await;
-        take_failure(&self.failed_gets)?;
-        self.inner.get(key).await
+        take_failure(&self.failed_gets)
     }
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {
-        self.inner.list(query).await
-    }
-    async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
-        self.inner.stats(namespace).await
-    }
-    async fn history(&self, id: i64) -> Result<Vec<store::AttemptRecord>, store::Error> {
-        self.inner.history(id).await
-    }
-    async fn type_counts(&self, now: i64) -> Result<Vec<store::TypeCounts>, store::Error> {
-        self.inner.type_counts(now).await
-    }
-    async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
-        self.inner.running(after, limit).await
-    }
-    async fn expired_leases(
-        &self,
-        now: UnixMillis,
-        limit: u32,
-    ) -> Result<Vec<ActivityRow>, store::Error> {
-        self.inner.expired_leases(now, limit).await
-    }
-    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, store::Error> {
+    fn before_due_times(&self) {
         assert!(
             !self.panic_on_due_times.load(Ordering::SeqCst),
             "injected: due_times panics"
         );
-        self.inner.due_times(after, limit).await
     }
-    async fn set_priority_aging(
-        &self,
-        per_level: Option<std::time::Duration>,
-    ) -> Result<bool, store::Error> {
-        self.inner.set_priority_aging(per_level).await
-    }
-    async fn concurrency_limits(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
-        self.inner.concurrency_limits(namespace).await
-    }
-    async fn fairness_weights(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<store::fairness::FairnessWeightUse>, store::Error> {
-        self.inner.fairness_weights(namespace).await
-    }
-    async fn concurrency_key(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        key: &str,
-    ) -> Result<Option<(u64, u64)>, store::Error> {
-        self.inner
-            .concurrency_key(namespace, activity_type, key)
-            .await
-    }
-    async fn rate_limits(
-        &self,
-        namespace: Option<&str>,
-        now: UnixMillis,
-    ) -> Result<Vec<store::rate::RateLimitUse>, store::Error> {
-        self.inner.rate_limits(namespace, now).await
+    async fn before_save_ticket(&self) {
+        self.tickets_saving.fetch_add(1, Ordering::SeqCst);
+        wait_while(&self.held_tickets).await;
     }
     fn single_node(&self) -> bool {
         !self.shared.load(Ordering::SeqCst) && self.inner.single_node()
-    }
-    fn now(&self) -> UnixMillis {
-        self.inner.now()
-    }
-    async fn save_ticket(&self, ticket: &store::SessionTicket) -> Result<(), store::Error> {
-        self.tickets_saving.fetch_add(1, Ordering::SeqCst);
-        wait_while(&self.held_tickets).await;
-        self.inner.save_ticket(ticket).await
-    }
-    fn others_staying(&self) -> bool {
-        self.inner.others_staying()
-    }
-    async fn set_draining(&self, draining: bool) {
-        self.inner.set_draining(draining).await
     }
     async fn subscribe(&self) -> Result<Option<mpsc::Receiver<Remote>>, store::Error> {
         if !self.listens.load(Ordering::SeqCst) {
@@ -217,4 +155,8 @@ impl Store for Faulty {
         *self.remote.lock().unwrap() = Some(tx);
         Ok(Some(rx))
     }
+}
+
+fn ends_an_attempt(ops: &[Op]) -> bool {
+    ops.iter().any(|op| matches!(op, Op::Finish { .. }))
 }

@@ -24,6 +24,8 @@ mod ops;
 mod change;
 pub mod concurrency;
 pub mod fairness;
+#[cfg(any(test, feature = "testing"))]
+pub mod layer;
 pub mod postgres;
 pub mod rate;
 mod rows;

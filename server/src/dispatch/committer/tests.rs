@@ -7,10 +7,7 @@ use super::*;
 use crate::{
     dispatch::outbound::{Outgoing, ToWorker},
     dispatch::registry::Registration,
-    store::{
-        ActivityRow, DueTimes, ListPage, ListQuery, NewActivity, Payload, RetrySpec, RunningPage,
-        SqliteStore, StatusCounts, Timeouts,
-    },
+    store::{NewActivity, Payload, RetrySpec, SqliteStore, Timeouts, layer::Layer},
 };
 
 /// SQLite, except that a batch holding a cancel whose reason is "poison"
@@ -79,8 +76,11 @@ async fn wait_while(gate: &tokio::sync::watch::Sender<bool>) {
 }
 
 #[async_trait::async_trait]
-impl Store for Poisoned {
-    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, store::Error> {
+impl Layer for Poisoned {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+    async fn before_apply(&self, ops: &[Op]) -> Result<(), store::Error> {
         self.batches
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -99,75 +99,11 @@ impl Store for Poisoned {
                 message: "datatype mismatch".to_owned(),
             });
         }
-        let applied = self.inner.apply(ops, now).await;
+        Ok(())
+    }
+    async fn after_apply(&self, _ops: &[Op]) -> Result<(), store::Error> {
         self.written.fetch_add(1, Ordering::SeqCst);
-        applied
-    }
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, store::Error> {
-        self.inner.get(key).await
-    }
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, store::Error> {
-        self.inner.list(query).await
-    }
-    async fn stats(&self, namespace: &str) -> Result<StatusCounts, store::Error> {
-        self.inner.stats(namespace).await
-    }
-    async fn history(&self, id: i64) -> Result<Vec<store::AttemptRecord>, store::Error> {
-        self.inner.history(id).await
-    }
-    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<store::TypeCounts>, store::Error> {
-        self.inner.type_counts(now).await
-    }
-    async fn running(&self, after: i64, limit: u32) -> Result<RunningPage, store::Error> {
-        self.inner.running(after, limit).await
-    }
-    async fn expired_leases(
-        &self,
-        now: UnixMillis,
-        limit: u32,
-    ) -> Result<Vec<ActivityRow>, store::Error> {
-        self.inner.expired_leases(now, limit).await
-    }
-    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, store::Error> {
-        self.inner.due_times(after, limit).await
-    }
-    async fn set_priority_aging(
-        &self,
-        per_level: Option<std::time::Duration>,
-    ) -> Result<bool, store::Error> {
-        self.inner.set_priority_aging(per_level).await
-    }
-    async fn concurrency_limits(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<store::concurrency::ConcurrencyLimit>, store::Error> {
-        self.inner.concurrency_limits(namespace).await
-    }
-    async fn fairness_weights(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<store::fairness::FairnessWeightUse>, store::Error> {
-        self.inner.fairness_weights(namespace).await
-    }
-    async fn concurrency_key(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        key: &str,
-    ) -> Result<Option<(u64, u64)>, store::Error> {
-        self.inner
-            .concurrency_key(namespace, activity_type, key)
-            .await
-    }
-    async fn rate_limits(
-        &self,
-        namespace: Option<&str>,
-        now: UnixMillis,
-    ) -> Result<Vec<store::rate::RateLimitUse>, store::Error> {
-        self.inner.rate_limits(namespace, now).await
-    }
-    fn single_node(&self) -> bool {
-        true
+        Ok(())
     }
     fn writers(&self) -> usize {
         self.writers
