@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::{
     ActivityRow, AttemptRecord, DueTimes, Error, Event, Key, ListPage, ListQuery, Op, Outcome,
-    Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts,
+    Reads, Remote, RunningPage, SessionTicket, StatusCounts, Store, TakeSession, TypeCounts,
     concurrency::ConcurrencyLimit, fairness::FairnessWeightUse, rate::RateLimitUse,
 };
 
@@ -64,20 +64,7 @@ pub trait Layer: Send + Sync + 'static {
 }
 
 #[async_trait::async_trait]
-impl<L: Layer> Store for L {
-    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
-        self.before_apply(&ops).await?;
-        let outcomes = self.inner().apply(ops.clone(), now).await?;
-        self.after_apply(&ops).await?;
-        Ok(outcomes)
-    }
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
-        self.before_get().await?;
-        self.inner().get(key).await
-    }
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
-        self.inner().list(query).await
-    }
+impl<L: Layer> Reads for L {
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
         self.inner().stats(namespace).await
     }
@@ -125,6 +112,23 @@ impl<L: Layer> Store for L {
         self.inner()
             .concurrency_key(namespace, activity_type, key)
             .await
+    }
+}
+
+#[async_trait::async_trait]
+impl<L: Layer> Store for L {
+    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error> {
+        self.before_apply(&ops).await?;
+        let outcomes = self.inner().apply(ops.clone(), now).await?;
+        self.after_apply(&ops).await?;
+        Ok(outcomes)
+    }
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
+        self.before_get().await?;
+        self.inner().get(key).await
+    }
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
+        self.inner().list(query).await
     }
     async fn set_priority_aging(
         &self,

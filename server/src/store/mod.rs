@@ -62,18 +62,11 @@ impl Anchored {
     }
 }
 
+/// The reads both dialects make with the same statements (see `reads.rs`): what
+/// callers and the dashboard show, and what the server's own sweeps and timer
+/// read.
 #[async_trait::async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Runs `ops` in order in one transaction, committed durably before it returns.
-    /// An `Err` means nothing of the batch was written. (Shared, not borrowed: a
-    /// backend may hand the batch to a thread of its own.)
-    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error>;
-
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
-
-    /// One page of rows in id order (submission order), or newest first.
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
-
+pub trait Reads: Send + Sync + 'static {
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;
 
     /// The ended attempts of row `id`, oldest first (at most [`HISTORY_LIMIT`]).
@@ -129,6 +122,19 @@ pub trait Store: Send + Sync + 'static {
         activity_type: &str,
         key: &str,
     ) -> Result<Option<(u64, u64)>, Error>;
+}
+
+#[async_trait::async_trait]
+pub trait Store: Reads {
+    /// Runs `ops` in order in one transaction, committed durably before it returns.
+    /// An `Err` means nothing of the batch was written. (Shared, not borrowed: a
+    /// backend may hand the batch to a thread of its own.)
+    async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error>;
+
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
+
+    /// One page of rows in id order (submission order), or newest first.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. True

@@ -1,21 +1,19 @@
 //! The reads both dialects make the same way, written once: each dialect's
-//! module invokes [`shared_reads!`] with its pool type, and the statements come
-//! from its own `sql` module. Rows decode through `rows`, as every read does.
+//! module invokes [`shared_reads!`] for its store, and the statements come from
+//! its own `sql` module. Rows decode through `rows`, as every read does.
 
-/// Defines `mod reads` in the invoking dialect's module: one function per read,
-/// taking the pool it runs on (callers' reads, or the server's own).
+/// Implements [`Reads`](crate::store::Reads) for the invoking dialect's store:
+/// callers' reads run on the pool named `callers`, the server's own (the
+/// committer's due times, the sweeps) on the one named `own`, so that callers
+/// holding every connection never hold up dispatch.
 macro_rules! shared_reads {
-    ($pool:ty) => {
-        mod reads {
-            use super::*;
-
-            pub(super) async fn stats(
-                pool: &$pool,
-                namespace: &str,
-            ) -> Result<StatusCounts, Error> {
+    ($store:ty, callers: $callers:ident, own: $own:ident) => {
+        #[async_trait::async_trait]
+        impl crate::store::Reads for $store {
+            async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
                 let rows = sqlx::query(sql::STATS)
                     .bind(namespace)
-                    .fetch_all(pool)
+                    .fetch_all(&self.$callers)
                     .await?;
                 let pairs = rows
                     .iter()
@@ -24,34 +22,27 @@ macro_rules! shared_reads {
                 rows::status_counts(pairs)
             }
 
-            pub(super) async fn history(
-                pool: &$pool,
-                id: i64,
-            ) -> Result<Vec<AttemptRecord>, Error> {
-                let rows = sqlx::query(sql::HISTORY).bind(id).fetch_all(pool).await?;
+            async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
+                let rows = sqlx::query(sql::HISTORY)
+                    .bind(id)
+                    .fetch_all(&self.$callers)
+                    .await?;
                 Ok(rows::decode_attempts(rows.iter().map(rows::Sqlx)))
             }
 
-            pub(super) async fn type_counts(
-                pool: &$pool,
-                now: UnixMillis,
-            ) -> Result<Vec<TypeCounts>, Error> {
+            async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
                 let rows = sqlx::query(sql::TYPE_COUNTS)
                     .bind(now)
-                    .fetch_all(pool)
+                    .fetch_all(&self.$callers)
                     .await?;
                 rows::type_counts(rows.iter().map(rows::Sqlx))
             }
 
-            pub(super) async fn running(
-                pool: &$pool,
-                after_id: i64,
-                limit: u32,
-            ) -> Result<RunningPage, Error> {
+            async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
                 let rows = sqlx::query(sql::RUNNING)
                     .bind(after_id)
                     .bind(i64::from(limit))
-                    .fetch_all(pool)
+                    .fetch_all(&self.$own)
                     .await?;
                 Ok(RunningPage {
                     next_after: (rows.len() == limit as usize)
@@ -61,28 +52,24 @@ macro_rules! shared_reads {
                 })
             }
 
-            pub(super) async fn expired_leases(
-                pool: &$pool,
+            async fn expired_leases(
+                &self,
                 now: UnixMillis,
                 limit: u32,
             ) -> Result<Vec<ActivityRow>, Error> {
                 let rows = sqlx::query(sql::EXPIRED_LEASES)
                     .bind(now)
                     .bind(i64::from(limit))
-                    .fetch_all(pool)
+                    .fetch_all(&self.$own)
                     .await?;
                 Ok(rows::decode_all(&rows, "expired_leases"))
             }
 
-            pub(super) async fn due_times(
-                pool: &$pool,
-                after: UnixMillis,
-                limit: u32,
-            ) -> Result<DueTimes, Error> {
+            async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
                 let rows = sqlx::query(sql::DUE_TIMES)
                     .bind(after)
                     .bind(i64::from(limit))
-                    .fetch_all(pool)
+                    .fetch_all(&self.$own)
                     .await?;
                 let rows = rows
                     .iter()
@@ -91,40 +78,40 @@ macro_rules! shared_reads {
                 Ok(rows::due_times(rows, limit))
             }
 
-            pub(super) async fn rate_limits(
-                pool: &$pool,
+            async fn rate_limits(
+                &self,
                 namespace: Option<&str>,
                 now: UnixMillis,
             ) -> Result<Vec<rate::RateLimitUse>, Error> {
                 let rows = sqlx::query(sql::RATE_LIMITS)
                     .bind(namespace)
-                    .fetch_all(pool)
+                    .fetch_all(&self.$callers)
                     .await?;
                 rows.iter()
                     .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
                     .collect()
             }
 
-            pub(super) async fn concurrency_limits(
-                pool: &$pool,
+            async fn concurrency_limits(
+                &self,
                 namespace: Option<&str>,
             ) -> Result<Vec<crate::store::concurrency::ConcurrencyLimit>, Error> {
                 let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
                     .bind(namespace)
-                    .fetch_all(pool)
+                    .fetch_all(&self.$callers)
                     .await?;
                 rows.iter()
                     .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
                     .collect()
             }
 
-            pub(super) async fn fairness_weights(
-                pool: &$pool,
+            async fn fairness_weights(
+                &self,
                 namespace: Option<&str>,
             ) -> Result<Vec<crate::store::fairness::FairnessWeightUse>, Error> {
                 let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
                     .bind(namespace)
-                    .fetch_all(pool)
+                    .fetch_all(&self.$callers)
                     .await?;
                 let weights = rows
                     .iter()
@@ -136,15 +123,15 @@ macro_rules! shared_reads {
                         Ok(sqlx::query_as(sql::WAITING_BY_FAIRNESS_KEY)
                             .bind(namespace)
                             .bind(activity_type)
-                            .fetch_all(pool)
+                            .fetch_all(&self.$callers)
                             .await?)
                     },
                 )
                 .await
             }
 
-            pub(super) async fn concurrency_key(
-                pool: &$pool,
+            async fn concurrency_key(
+                &self,
                 namespace: &str,
                 activity_type: &str,
                 key: &str,
@@ -153,7 +140,7 @@ macro_rules! shared_reads {
                     .bind(namespace)
                     .bind(activity_type)
                     .bind(key)
-                    .fetch_optional(pool)
+                    .fetch_optional(&self.$callers)
                     .await?;
                 row.map(|r| rows::key_counts(&rows::Sqlx(&r))).transpose()
             }

@@ -440,7 +440,7 @@ fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
     rows::decode(&rows::Sqlx(row))
 }
 
-shared_reads!(sqlx::PgPool);
+shared_reads!(PostgresStore, callers: readers, own: pool);
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {
@@ -499,26 +499,6 @@ impl Store for PostgresStore {
             rows: rows::decode_all(&rows, "list"),
             next_after: more.then_some(last),
         })
-    }
-
-    async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        reads::stats(&self.readers, namespace).await
-    }
-
-    async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
-        reads::history(&self.readers, id).await
-    }
-
-    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
-        reads::type_counts(&self.readers, now).await
-    }
-
-    async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        reads::running(&self.pool, after_id, limit).await
-    }
-
-    async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        reads::expired_leases(&self.pool, now, limit).await
     }
 
     async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
@@ -586,41 +566,6 @@ impl Store for PostgresStore {
         notify::subscribe(self.pool.clone(), self.channel.clone())
             .await
             .map(Some)
-    }
-
-    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        reads::due_times(&self.pool, after, limit).await
-    }
-
-    async fn rate_limits(
-        &self,
-        namespace: Option<&str>,
-        now: UnixMillis,
-    ) -> Result<Vec<rate::RateLimitUse>, Error> {
-        reads::rate_limits(&self.readers, namespace, now).await
-    }
-
-    async fn concurrency_limits(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
-        reads::concurrency_limits(&self.readers, namespace).await
-    }
-
-    async fn fairness_weights(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<super::fairness::FairnessWeightUse>, Error> {
-        reads::fairness_weights(&self.readers, namespace).await
-    }
-
-    async fn concurrency_key(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        key: &str,
-    ) -> Result<Option<(u64, u64)>, Error> {
-        reads::concurrency_key(&self.readers, namespace, activity_type, key).await
     }
 
     async fn set_priority_aging(

@@ -6,6 +6,7 @@ use std::{
 };
 
 use super::*;
+use crate::store::Reads;
 use sqlx::PgConnection;
 
 /// A store in a schema of its own, with `extra` session options.

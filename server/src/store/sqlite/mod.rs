@@ -219,7 +219,7 @@ impl SqliteStore {
     }
 }
 
-shared_reads!(sqlx::SqlitePool);
+shared_reads!(SqliteStore, callers: readers, own: internal);
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
@@ -272,26 +272,6 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
-        reads::stats(&self.readers, namespace).await
-    }
-
-    async fn history(&self, id: i64) -> Result<Vec<AttemptRecord>, Error> {
-        reads::history(&self.readers, id).await
-    }
-
-    async fn type_counts(&self, now: UnixMillis) -> Result<Vec<TypeCounts>, Error> {
-        reads::type_counts(&self.readers, now).await
-    }
-
-    async fn running(&self, after_id: i64, limit: u32) -> Result<RunningPage, Error> {
-        reads::running(&self.internal, after_id, limit).await
-    }
-
-    async fn expired_leases(&self, now: UnixMillis, limit: u32) -> Result<Vec<ActivityRow>, Error> {
-        reads::expired_leases(&self.internal, now, limit).await
-    }
-
     fn single_node(&self) -> bool {
         true
     }
@@ -308,41 +288,6 @@ impl Store for SqliteStore {
     /// one covers.
     fn beside_min_rows(&self) -> usize {
         16
-    }
-
-    async fn due_times(&self, after: UnixMillis, limit: u32) -> Result<DueTimes, Error> {
-        reads::due_times(&self.internal, after, limit).await
-    }
-
-    async fn rate_limits(
-        &self,
-        namespace: Option<&str>,
-        now: UnixMillis,
-    ) -> Result<Vec<rate::RateLimitUse>, Error> {
-        reads::rate_limits(&self.readers, namespace, now).await
-    }
-
-    async fn concurrency_limits(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<super::concurrency::ConcurrencyLimit>, Error> {
-        reads::concurrency_limits(&self.readers, namespace).await
-    }
-
-    async fn fairness_weights(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<Vec<super::fairness::FairnessWeightUse>, Error> {
-        reads::fairness_weights(&self.readers, namespace).await
-    }
-
-    async fn concurrency_key(
-        &self,
-        namespace: &str,
-        activity_type: &str,
-        key: &str,
-    ) -> Result<Option<(u64, u64)>, Error> {
-        reads::concurrency_key(&self.readers, namespace, activity_type, key).await
     }
 
     async fn set_priority_aging(
@@ -376,6 +321,7 @@ fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Reads;
 
     /// One process per file: a second open of a file in use is refused, and the
     /// file is free again once the first store is gone.
