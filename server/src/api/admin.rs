@@ -14,7 +14,7 @@ use super::{
 };
 use crate::dispatch::Core;
 use crate::drain::Drainer;
-use crate::store::{Op, Outcome};
+use crate::store::{Op, Outcome, Setting};
 
 pub struct AdminApi {
     core: Arc<Core>,
@@ -23,24 +23,25 @@ pub struct AdminApi {
 
 impl AdminApi {
     /// Deletes a setting of a namespace's type (a limit, of the type or of one
-    /// key, or a fairness key's weight), with the op `remove` makes for the
-    /// namespace and type; true when there was one. Rows a limit held back may go
-    /// at once.
+    /// key, or a fairness key's weight); true when there was one. Rows a limit
+    /// held back may go at once.
     async fn delete_setting<T>(
         &self,
         request: &Request<T>,
         namespace: &str,
         activity_type: &str,
-        remove: impl FnOnce(String, String) -> Op,
+        setting: Setting,
     ) -> Result<bool, Error> {
         let namespace = validate::namespace(namespace)?;
         validate::name("activity_type", activity_type)?;
         authorize(request, Role::Admin, &namespace)?;
-        let op = remove(namespace.clone(), activity_type.to_owned());
+        let op = Op::Remove {
+            namespace: namespace.clone(),
+            activity_type: activity_type.to_owned(),
+            setting,
+        };
         let deleted = match self.commit(op).await? {
-            Outcome::RateLimitRemoved(deleted)
-            | Outcome::ConcurrencyLimitRemoved(deleted)
-            | Outcome::FairnessWeightRemoved(deleted) => deleted,
+            Outcome::Removed(deleted) => deleted,
             other => return Err(unexpected(&format!("delete answered {other:?}"))),
         };
         self.core.registry.mark_due(&namespace, activity_type);
@@ -154,11 +155,7 @@ impl AdminService for AdminApi {
                 &request,
                 &r.namespace,
                 &r.activity_type,
-                |namespace, activity_type| Op::RemoveRateLimit {
-                    namespace,
-                    activity_type,
-                    key,
-                },
+                Setting::RateLimit(key),
             )
             .await?;
         Ok(Response::new(v1::DeleteRateLimitResponse { deleted }))
@@ -219,11 +216,7 @@ impl AdminService for AdminApi {
                 &request,
                 &r.namespace,
                 &r.activity_type,
-                |namespace, activity_type| Op::RemoveConcurrencyLimit {
-                    namespace,
-                    activity_type,
-                    key,
-                },
+                Setting::ConcurrencyLimit(key),
             )
             .await?;
         Ok(Response::new(v1::DeleteConcurrencyLimitResponse {
@@ -275,11 +268,7 @@ impl AdminService for AdminApi {
                 &request,
                 &r.namespace,
                 &r.activity_type,
-                |namespace, activity_type| Op::RemoveFairnessWeight {
-                    namespace,
-                    activity_type,
-                    key,
-                },
+                Setting::FairnessWeight(key),
             )
             .await?;
         Ok(Response::new(v1::DeleteFairnessWeightResponse { deleted }))

@@ -92,12 +92,12 @@ pub enum Op {
     /// Set (or replace) the rate limit of a namespace's type; its bucket keeps what
     /// was taken from it. Outcome: `RateLimitSet`.
     SetRateLimit(rate::RateLimit),
-    /// Outcome: `RateLimitRemoved`, true when there was one.
-    RemoveRateLimit {
+    /// Delete one setting of a namespace's type. Outcome: `Removed`, true when
+    /// there was one.
+    Remove {
         namespace: String,
         activity_type: String,
-        /// Only this concurrency key's limit.
-        key: Option<String>,
+        setting: Setting,
     },
     /// Set (or replace) how many rows of each concurrency key of a namespace's
     /// type may run at once. Outcome: `ConcurrencyLimitSet`.
@@ -116,23 +116,10 @@ pub enum Op {
         max_running: Option<u32>,
         weight: u32,
     },
-    /// The type's limit, or with `key` that key's own. Outcome:
-    /// `ConcurrencyLimitRemoved`, true when there was one.
-    RemoveConcurrencyLimit {
-        namespace: String,
-        activity_type: String,
-        key: Option<String>,
-    },
     /// Set (or replace) the weight of one fairness key of a namespace's type: rows
     /// of the key submitted from now on are placed with it, whatever weight they
     /// were given. Outcome: `FairnessWeightSet`.
     SetFairnessWeight(fairness::FairnessWeight),
-    /// Outcome: `FairnessWeightRemoved`, true when there was one.
-    RemoveFairnessWeight {
-        namespace: String,
-        activity_type: String,
-        key: String,
-    },
     /// Apply the type's concurrency strategy to keys that may be over their limit
     /// (those a submit added to): cancel each one's newest or oldest activities
     /// beyond its limit. One statement finds the keys over their limit, so a
@@ -192,11 +179,9 @@ pub enum Outcome {
     Recorded(u64),
     Expired(Vec<Key>),
     RateLimitSet,
-    RateLimitRemoved(bool),
+    Removed(bool),
     ConcurrencyLimitSet,
-    ConcurrencyLimitRemoved(bool),
     FairnessWeightSet,
-    FairnessWeightRemoved(bool),
     /// Each activity cancelled, with its status before.
     Enforced(Vec<(ActivityStatus, ActivityRow)>),
 }
@@ -231,5 +216,26 @@ impl Claim {
     pub fn left_after(&self, taken: usize) -> Option<i64> {
         let left = i64::from(self.limit) - i64::try_from(taken).unwrap_or(i64::MAX);
         (left > 0).then_some(left)
+    }
+}
+
+/// A setting of a namespace's type that [`Op::Remove`] deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    /// The type's rate limit, or with a key that concurrency key's own.
+    RateLimit(Option<String>),
+    /// The type's concurrency limit, or with a key that key's own.
+    ConcurrencyLimit(Option<String>),
+    /// One fairness key's weight.
+    FairnessWeight(String),
+}
+
+impl Setting {
+    /// The key the setting is of, if it is one key's.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::RateLimit(key) | Self::ConcurrencyLimit(key) => key.as_deref(),
+            Self::FairnessWeight(key) => Some(key),
+        }
     }
 }

@@ -330,3 +330,17 @@ macro_rules! over_limit {
         )
     };
 }
+
+/// The statement that deletes a [`Setting`](crate::store::Setting), from the
+/// invoking dialect's `sql` module (the names are the same in both).
+macro_rules! removal {
+    ($setting:expr) => {
+        match $setting {
+            crate::store::Setting::RateLimit(None) => sql::REMOVE_RATE_LIMIT,
+            crate::store::Setting::RateLimit(Some(_)) => sql::REMOVE_KEY_RATE_LIMIT,
+            crate::store::Setting::ConcurrencyLimit(None) => sql::REMOVE_CONCURRENCY_LIMIT,
+            crate::store::Setting::ConcurrencyLimit(Some(_)) => sql::REMOVE_KEY_LIMIT,
+            crate::store::Setting::FairnessWeight(_) => sql::REMOVE_FAIRNESS_WEIGHT,
+        }
+    };
+}

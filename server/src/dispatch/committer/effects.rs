@@ -65,12 +65,10 @@ impl Loop {
                 | Op::Prune { .. }
                 | Op::Rerank { .. }
                 | Op::SetRateLimit(_)
-                | Op::RemoveRateLimit { .. }
+                | Op::Remove { .. }
                 | Op::SetConcurrencyLimit { .. }
                 | Op::SetKeyLimit { .. }
-                | Op::RemoveConcurrencyLimit { .. }
-                | Op::SetFairnessWeight(_)
-                | Op::RemoveFairnessWeight { .. } => {}
+                | Op::SetFairnessWeight(_) => {}
             }
         }
     }

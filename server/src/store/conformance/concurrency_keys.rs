@@ -95,14 +95,14 @@ pub(super) async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, 
     );
 
     // Without a limit, a key holds nothing back.
-    let remove = Op::RemoveConcurrencyLimit {
+    let remove = Op::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
-        key: None,
+        setting: Setting::ConcurrencyLimit(None),
     };
     assert!(matches!(
         one(store, remove, T0).await,
-        Outcome::ConcurrencyLimitRemoved(true)
+        Outcome::Removed(true)
     ));
     let mut rest: Vec<_> = claim(store, &["t"], 20, T0 + 1_000)
         .await
@@ -182,18 +182,18 @@ pub(super) async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) 
     // does the key.
     one(store, key_limit("slow", None, 1), T0).await;
     assert_eq!(count(&claim(store, &["t"], 50, T0 + 2).await, "slow"), 1);
-    let remove = Op::RemoveConcurrencyLimit {
+    let remove = Op::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
-        key: Some("vip".into()),
+        setting: Setting::ConcurrencyLimit(Some("vip".into())),
     };
     assert!(matches!(
         one(store, remove.clone(), T0).await,
-        Outcome::ConcurrencyLimitRemoved(true)
+        Outcome::Removed(true)
     ));
     assert!(matches!(
         one(store, remove, T0).await,
-        Outcome::ConcurrencyLimitRemoved(false)
+        Outcome::Removed(false)
     ));
     assert!(
         claim(store, &["t"], 50, T0 + 3).await.is_empty(),

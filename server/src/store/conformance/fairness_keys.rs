@@ -281,15 +281,15 @@ pub(super) async fn a_weight_set_for_a_fairness_key_places_its_new_rows(
 
     // Deleted, h's new rows weigh what they say again: 1, a millisecond each
     // after its chain's 40 places of a third (13.32 ms).
-    let remove = || Op::RemoveFairnessWeight {
+    let remove = || Op::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
-        key: "h".into(),
+        setting: Setting::FairnessWeight("h".into()),
     };
     let removed = one(store, remove(), T0).await;
-    assert!(matches!(removed, Outcome::FairnessWeightRemoved(true)));
+    assert!(matches!(removed, Outcome::Removed(true)));
     let again = one(store, remove(), T0).await;
-    assert!(matches!(again, Outcome::FairnessWeightRemoved(false)));
+    assert!(matches!(again, Outcome::Removed(false)));
     let rows = vec![fair("h40", "t", "h", 1), fair("h41", "t", "h", 1)];
     one(store, Op::Submit(rows), T0).await;
     assert_eq!(raw.scalar(&fair_at("h40")).await, T0 + 14);

@@ -74,18 +74,18 @@ pub(super) async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _
     }
     assert_eq!(claimed(one(store, other, T0 + 500).await), (1, vec![]));
 
-    let remove = || Op::RemoveRateLimit {
+    let remove = || Op::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
-        key: None,
+        setting: Setting::RateLimit(None),
     };
     assert!(matches!(
         one(store, remove(), T0).await,
-        Outcome::RateLimitRemoved(true)
+        Outcome::Removed(true)
     ));
     assert!(matches!(
         one(store, remove(), T0).await,
-        Outcome::RateLimitRemoved(false)
+        Outcome::Removed(false)
     ));
     assert_eq!(
         at(T0 + 600).await,
@@ -175,14 +175,14 @@ pub(super) async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _ra
         "the bucket spent at T0 + 1.5s is still empty"
     );
     // Removed, the key's rows go at once.
-    let remove = Op::RemoveRateLimit {
+    let remove = Op::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
-        key: Some("mail".into()),
+        setting: Setting::RateLimit(Some("mail".into())),
     };
     assert!(matches!(
         one(store, remove, T0).await,
-        Outcome::RateLimitRemoved(true)
+        Outcome::Removed(true)
     ));
     assert_eq!(at(T0 + 1_500).await.0, ["mail-late"]);
 }

@@ -182,46 +182,20 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
             max_running,
             weight,
         } => set_key_limit(conn, namespace, activity_type, key, *max_running, *weight).await,
-        Op::RemoveConcurrencyLimit {
-            namespace,
-            activity_type,
-            key,
-        } => {
-            let statement = match key {
-                None => sql::REMOVE_CONCURRENCY_LIMIT,
-                Some(_) => sql::REMOVE_KEY_LIMIT,
-            };
-            remove(conn, statement, namespace, activity_type, key.as_deref())
-                .await
-                .map(Outcome::ConcurrencyLimitRemoved)
-        }
         Op::SetFairnessWeight(set) => set_fairness_weight(conn, set).await,
-        Op::RemoveFairnessWeight {
+        Op::Remove {
             namespace,
             activity_type,
-            key,
+            setting,
         } => remove(
             conn,
-            sql::REMOVE_FAIRNESS_WEIGHT,
+            removal!(setting),
             namespace,
             activity_type,
-            Some(key),
+            setting.key(),
         )
         .await
-        .map(Outcome::FairnessWeightRemoved),
-        Op::RemoveRateLimit {
-            namespace,
-            activity_type,
-            key,
-        } => {
-            let statement = match key {
-                None => sql::REMOVE_RATE_LIMIT,
-                Some(_) => sql::REMOVE_KEY_RATE_LIMIT,
-            };
-            remove(conn, statement, namespace, activity_type, key.as_deref())
-                .await
-                .map(Outcome::RateLimitRemoved)
-        }
+        .map(Outcome::Removed),
         Op::Rerank { ids } => rerank(conn, *ids).await.map(Outcome::Reranked),
         Op::Prune { before, limit } => prune(conn, *before, *limit, now).await.map(Outcome::Pruned),
         Op::Renew {

@@ -346,43 +346,19 @@ fn apply_one(
             max_running,
             weight,
         } => set_key_limit(conn, namespace, activity_type, key, *max_running, *weight),
-        Op::RemoveConcurrencyLimit {
-            namespace,
-            activity_type,
-            key,
-        } => {
-            let statement = match key {
-                None => sql::REMOVE_CONCURRENCY_LIMIT,
-                Some(_) => sql::REMOVE_KEY_LIMIT,
-            };
-            remove(conn, statement, namespace, activity_type, key.as_deref())
-                .map(Outcome::ConcurrencyLimitRemoved)
-        }
         Op::SetFairnessWeight(set) => set_fairness_weight(conn, set),
-        Op::RemoveFairnessWeight {
+        Op::Remove {
             namespace,
             activity_type,
-            key,
+            setting,
         } => remove(
             conn,
-            sql::REMOVE_FAIRNESS_WEIGHT,
+            removal!(setting),
             namespace,
             activity_type,
-            Some(key),
+            setting.key(),
         )
-        .map(Outcome::FairnessWeightRemoved),
-        Op::RemoveRateLimit {
-            namespace,
-            activity_type,
-            key,
-        } => {
-            let statement = match key {
-                None => sql::REMOVE_RATE_LIMIT,
-                Some(_) => sql::REMOVE_KEY_RATE_LIMIT,
-            };
-            remove(conn, statement, namespace, activity_type, key.as_deref())
-                .map(Outcome::RateLimitRemoved)
-        }
+        .map(Outcome::Removed),
         Op::Prune { before, limit } => prune(conn, *before, *limit, now).map(Outcome::Pruned),
         Op::Rerank { ids } => rerank(conn, *ids).map(Outcome::Reranked),
         Op::Renew {
