@@ -1,13 +1,9 @@
 //! The smaller holes: a worker leaving cleanly, a stalled server, bare heartbeats,
 //! absurd SDK durations.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use spool_proto::v1::{self, ActivityStatus, server_message, worker_message};
-use spool_server::store::Store;
 use spool_testkit::faults::Faulty;
 
 use crate::harness::*;
@@ -121,11 +117,9 @@ async fn an_sdk_shutdown_under_load_loses_no_attempt() {
 async fn a_stalled_server_does_not_evict_healthy_workers() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
-    let store: Arc<dyn Store> = faulty.clone();
-    let server = TestServer::start_with_store(
-        move |_| Box::pin(async move { store }),
-        |c| c.heartbeat_interval = Duration::from_millis(100),
-    )
+    let server = TestServer::on_store(faulty.clone(), |c| {
+        c.heartbeat_interval = Duration::from_millis(100)
+    })
     .await;
     let mut client = server.client().await;
     const N: usize = 300;
@@ -225,9 +219,7 @@ async fn a_result_whose_commit_fails_twice_is_accepted(
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
-    let store: Arc<dyn Store> = faulty.clone();
-    let server =
-        TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await;
+    let server = TestServer::on_store(faulty.clone(), |_| {}).await;
     let mut client = server.client().await;
     submit(&mut client, request("t", "wf", "a")).await;
     let mut worker = RawWorker::connect(&server, &["t"], 1).await;

@@ -112,13 +112,9 @@ impl TestServer {
     }
 
     /// A server on a store the test made (one with faults, say).
-    pub async fn start_with_store(
-        store: impl FnOnce(String) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Store>>>>,
-        configure: impl FnOnce(&mut Config),
-    ) -> Self {
+    pub async fn on_store(store: Arc<dyn Store>, configure: impl FnOnce(&mut Config)) -> Self {
         let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
         let database = format!("sqlite://{}", dir.path().join("spool.db").display());
-        let store = store(database.clone()).await;
         Self::start_nodes(dir, database, 1, Some(store), configure).await
     }
 

@@ -1,10 +1,9 @@
 //! What one caller may take: sessions per token, unauthenticated streams, a unary
 //! call's running time.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use spool_proto::v1;
-use spool_server::store::Store;
 use spool_testkit::faults::Faulty;
 use tonic::{Code, Status};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -92,11 +91,9 @@ async fn unauthenticated_watch_streams_are_bounded_but_checks_are_not() {
 async fn a_unary_call_is_cut_at_the_request_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
-    let store: Arc<dyn Store> = faulty.clone();
-    let server = TestServer::start_with_store(
-        move |_| Box::pin(async move { store }),
-        |c| c.limits.request_timeout = Duration::from_millis(300),
-    )
+    let server = TestServer::on_store(faulty.clone(), |c| {
+        c.limits.request_timeout = Duration::from_millis(300)
+    })
     .await;
     let mut client = server.client().await;
     let mut admin = server.admin().await;

@@ -12,7 +12,6 @@ use std::{
 };
 
 use spool_proto::v1::{self, server_message, worker_message};
-use spool_server::store::Store;
 use spool_testkit::{faults::Faulty, proxy};
 use spool_worker::{Connection, ResultAck, Worker};
 
@@ -850,11 +849,9 @@ async fn a_resume_dropped_while_its_ticket_is_saved_loses_its_attempt_after_the_
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
     faulty.shared.store(true, Ordering::SeqCst);
-    let store: Arc<dyn Store> = faulty.clone();
-    let server = TestServer::start_with_store(
-        move |_| Box::pin(async move { store }),
-        |c| c.resume_grace = Some(Duration::from_secs(1)),
-    )
+    let server = TestServer::on_store(faulty.clone(), |c| {
+        c.resume_grace = Some(Duration::from_secs(1))
+    })
     .await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 2).await;
@@ -912,11 +909,9 @@ async fn dropped_while_saving_its_ticket(
 
 /// One node on a store with faults the test switches on, that resumes sessions.
 async fn resuming_on(faulty: &Arc<Faulty>) -> TestServer {
-    let store: Arc<dyn Store> = faulty.clone();
-    TestServer::start_with_store(
-        move |_| Box::pin(async move { store }),
-        |c| c.resume_grace = Some(Duration::from_secs(5)),
-    )
+    TestServer::on_store(faulty.clone(), |c| {
+        c.resume_grace = Some(Duration::from_secs(5))
+    })
     .await
 }
 
@@ -1002,14 +997,10 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
 async fn a_lacked_task_the_server_stopped_meanwhile_is_not_sent_after_its_cancel() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
-    let store: Arc<dyn Store> = faulty.clone();
-    let server = TestServer::start_with_store(
-        move |_| Box::pin(async move { store }),
-        |c| {
-            c.resume_grace = Some(Duration::from_secs(5));
-            c.heartbeat_interval = Duration::from_millis(250);
-        },
-    )
+    let server = TestServer::on_store(faulty.clone(), |c| {
+        c.resume_grace = Some(Duration::from_secs(5));
+        c.heartbeat_interval = Duration::from_millis(250);
+    })
     .await;
     let mut client = server.client().await;
     let mut first = RawWorker::connect(&server, &["raw"], 1).await;

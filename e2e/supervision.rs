@@ -6,14 +6,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use spool_server::{server::Error, store::Store};
+use spool_server::server::Error;
 use spool_testkit::faults::Faulty;
 
 use crate::harness::*;
 
 async fn server_on(faulty: &Arc<Faulty>) -> TestServer {
-    let store: Arc<dyn Store> = faulty.clone();
-    TestServer::start_with_store(move |_| Box::pin(async move { store }), |_| {}).await
+    TestServer::on_store(faulty.clone(), |_| {}).await
 }
 
 #[tokio::test]
