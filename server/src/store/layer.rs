@@ -65,6 +65,9 @@ pub trait Layer: Send + Sync + 'static {
 
 #[async_trait::async_trait]
 impl<L: Layer> Reads for L {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
+        self.inner().list(query).await
+    }
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error> {
         self.inner().stats(namespace).await
     }
@@ -126,9 +129,6 @@ impl<L: Layer> Store for L {
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
         self.before_get().await?;
         self.inner().get(key).await
-    }
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
-        self.inner().list(query).await
     }
     async fn set_priority_aging(
         &self,

@@ -67,6 +67,9 @@ impl Anchored {
 /// read.
 #[async_trait::async_trait]
 pub trait Reads: Send + Sync + 'static {
+    /// One page of rows in id order (submission order), or newest first.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
+
     async fn stats(&self, namespace: &str) -> Result<StatusCounts, Error>;
 
     /// The ended attempts of row `id`, oldest first (at most [`HISTORY_LIMIT`]).
@@ -132,9 +135,6 @@ pub trait Store: Reads {
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error>;
 
     async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
-
-    /// One page of rows in id order (submission order), or newest first.
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. True

@@ -460,47 +460,6 @@ impl Store for PostgresStore {
         write::select_one(&mut conn, key, sql::SELECT_BY_KEY).await
     }
 
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
-        // Sizes first, so the page is cut by bytes before any payload is read.
-        let status = query.status.map(|s| s as i64);
-        let (paths, rows_sql) = if query.newest_first {
-            (&sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST)
-        } else {
-            (&sql::LIST_SIZES, sql::LIST)
-        };
-        let sizes_sql = paths.of(query.status);
-        // Planned for these values each time (an unnamed statement): a generic plan
-        // cannot tell a namespace or a status of a hundred rows from one of a
-        // million, and walked the primary key through every row of the table for
-        // them. Planning costs a fraction of a millisecond; a List is not dispatch.
-        let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
-            .persistent(false)
-            .bind(&query.namespace)
-            .bind(query.cursor())
-            .bind(status)
-            .bind(query.activity_type.as_deref())
-            .bind(i64::from(query.limit) + 1)
-            .fetch_all(&self.readers)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
-            .collect::<Result<_, sqlx::Error>>()?;
-        if sizes.is_empty() {
-            return Ok(ListPage::default());
-        }
-        let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let ids = rows::page_ids(&sizes, last, query.newest_first);
-        let rows = sqlx::query(rows_sql)
-            .bind(ids)
-            .bind(status)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(ListPage {
-            rows: rows::decode_all(&rows, "list"),
-            next_after: more.then_some(last),
-        })
-    }
-
     async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
         sqlx::query(sql::SAVE_TICKET)
             .bind(&ticket.worker_id)

@@ -236,42 +236,6 @@ impl Store for SqliteStore {
         select_by_key(&mut conn, key).await
     }
 
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
-        // Sizes first, so the page is cut by bytes before any payload is read.
-        let status = query.status.map(|s| s as i64);
-        let (paths, rows_sql) = if query.newest_first {
-            (&sql::LIST_SIZES_NEWEST, sql::LIST_NEWEST)
-        } else {
-            (&sql::LIST_SIZES, sql::LIST)
-        };
-        let sizes_sql = paths.of(query.status);
-        let sizes: Vec<(i64, i64)> = sqlx::query(sizes_sql)
-            .bind(&query.namespace)
-            .bind(query.cursor())
-            .bind(status)
-            .bind(query.activity_type.as_deref())
-            .bind(i64::from(query.limit) + 1)
-            .fetch_all(&self.readers)
-            .await?
-            .iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get::<Option<i64>, _>(1)?.unwrap_or(0))))
-            .collect::<Result<_, sqlx::Error>>()?;
-        if sizes.is_empty() {
-            return Ok(ListPage::default());
-        }
-        let (last, more) = rows::page_bounds(&sizes, query.limit, query.max_bytes);
-        let ids = rows::page_ids(&sizes, last, query.newest_first);
-        let rows = sqlx::query(rows_sql)
-            .bind(serde_json::Value::from(ids).to_string())
-            .bind(status)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(ListPage {
-            rows: rows::decode_all(&rows, "list"),
-            next_after: more.then_some(last),
-        })
-    }
-
     fn single_node(&self) -> bool {
         true
     }

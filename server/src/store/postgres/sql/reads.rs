@@ -49,6 +49,11 @@ pub const LIST_SIZES: crate::store::rows::ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `$2`.
 pub const LIST_SIZES_NEWEST: crate::store::rows::ListSizes = list_paths!("<", "DESC");
 
+/// [`LIST`]'s `$1`: the page's ids, as an array.
+pub fn page_ids(ids: Vec<i64>) -> Vec<i64> {
+    ids
+}
+
 /// The rows of a page: the ids `$1` that still have status `$2` (or any, when
 /// NULL), since a row may have moved on after its size was read.
 pub const LIST: &str = concat!(
