@@ -138,9 +138,7 @@ async fn a_key_never_runs_more_than_its_limit() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn two_nodes_keep_one_limit() {
-    let database = postgres_schema().await;
-    let a = TestServer::start_on_database(&database).await;
-    let b = TestServer::start_on_database(&database).await;
+    let (a, b) = TestServer::two_on_postgres().await;
     limit_two(&a).await;
     let keyed = Arc::new(Gauge::default());
     let _on_a = counting_worker(&a, keyed.clone());
@@ -644,9 +642,7 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn a_fairness_weight_set_on_one_node_holds_on_another() {
-    let database = postgres_schema().await;
-    let a = TestServer::start_on_database(&database).await;
-    let b = TestServer::start_on_database(&database).await;
+    let (a, b) = TestServer::two_on_postgres().await;
     for (key, weight) in [("heavy", 3), ("light", 1)] {
         a.admin()
             .await

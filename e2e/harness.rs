@@ -170,6 +170,14 @@ impl TestServer {
         Self::start_on_database_with(database, |_| {}).await
     }
 
+    /// Two nodes on one fresh PostgreSQL schema.
+    pub async fn two_on_postgres() -> (Self, Self) {
+        let database = postgres_schema().await;
+        let a = Self::start_on_database(&database).await;
+        let b = Self::start_on_database(&database).await;
+        (a, b)
+    }
+
     /// [`TestServer::start_on_database`], configured.
     pub async fn start_on_database_with(
         database: &str,

@@ -270,8 +270,7 @@ async fn worker_text_is_sanitised_on_sqlite() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn worker_text_is_sanitised_on_postgres() {
-    let database = postgres_schema().await;
-    let server = TestServer::start_on_database(&database).await;
+    let server = TestServer::start_on_database(&postgres_schema().await).await;
     worker_text_is_sanitised(&server).await;
 }
 

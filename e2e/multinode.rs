@@ -13,9 +13,7 @@ use crate::harness::*;
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn nodes_sharing_a_database_hand_work_to_each_other() {
-    let database = postgres_schema().await;
-    let a = TestServer::start_on_database(&database).await;
-    let b = TestServer::start_on_database(&database).await;
+    let (a, b) = TestServer::two_on_postgres().await;
     let _worker_on_b =
         b.worker(|w| w.activity("t", |_, _| async { spool_worker::json(&"ran on b") }));
     b.await_workers(1).await;
@@ -68,9 +66,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
-    let database = postgres_schema().await;
-    let a = TestServer::start_on_database(&database).await;
-    let b = TestServer::start_on_database(&database).await;
+    let (a, b) = TestServer::two_on_postgres().await;
     let _worker_on_b = b.worker(|w| w.activity("t", |_, _| async { Ok(Default::default()) }));
     b.await_workers(1).await;
     let mut client_a = a.client().await;

@@ -168,9 +168,7 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
     ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
 )]
 async fn two_nodes_take_from_one_bucket() {
-    let database = postgres_schema().await;
-    let a = TestServer::start_on_database(&database).await;
-    let b = TestServer::start_on_database(&database).await;
+    let (a, b) = TestServer::two_on_postgres().await;
     a.admin()
         .await
         .set_rate_limit(v1::SetRateLimitRequest {
