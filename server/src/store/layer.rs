@@ -65,6 +65,10 @@ pub trait Layer: Send + Sync + 'static {
 
 #[async_trait::async_trait]
 impl<L: Layer> Reads for L {
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
+        self.before_get().await?;
+        self.inner().get(key).await
+    }
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
         self.inner().list(query).await
     }
@@ -125,10 +129,6 @@ impl<L: Layer> Store for L {
         let outcomes = self.inner().apply(ops.clone(), now).await?;
         self.after_apply(&ops).await?;
         Ok(outcomes)
-    }
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
-        self.before_get().await?;
-        self.inner().get(key).await
     }
     async fn set_priority_aging(
         &self,

@@ -67,6 +67,8 @@ impl Anchored {
 /// read.
 #[async_trait::async_trait]
 pub trait Reads: Send + Sync + 'static {
+    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
+
     /// One page of rows in id order (submission order), or newest first.
     async fn list(&self, query: &ListQuery) -> Result<ListPage, Error>;
 
@@ -133,8 +135,6 @@ pub trait Store: Reads {
     /// An `Err` means nothing of the batch was written. (Shared, not borrowed: a
     /// backend may hand the batch to a thread of its own.)
     async fn apply(&self, ops: Arc<[Op]>, now: UnixMillis) -> Result<Vec<Outcome>, Error>;
-
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error>;
 
     /// Sets how much waiting outweighs one level of priority in the claim order
     /// (`None`: priority is strict), for every node sharing the database. True

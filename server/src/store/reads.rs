@@ -10,6 +10,18 @@ macro_rules! shared_reads {
     ($store:ty, callers: $callers:ident, own: $own:ident) => {
         #[async_trait::async_trait]
         impl crate::store::Reads for $store {
+            async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
+                let row = sqlx::query(sql::SELECT_BY_KEY)
+                    .bind(&key.namespace)
+                    .bind(&key.workflow_id)
+                    .bind(&key.activity_id)
+                    .fetch_optional(&self.$callers)
+                    .await?;
+                row.as_ref()
+                    .map(|r| rows::decode(&rows::Sqlx(r)))
+                    .transpose()
+            }
+
             async fn list(&self, query: &ListQuery) -> Result<ListPage, Error> {
                 // Sizes first, so the page is cut by bytes before any payload is read.
                 let status = query.status.map(|s| s as i64);

@@ -455,11 +455,6 @@ impl Store for PostgresStore {
         Ok(outcomes)
     }
 
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
-        let mut conn = self.readers.acquire().await?;
-        write::select_one(&mut conn, key, sql::SELECT_BY_KEY).await
-    }
-
     async fn save_ticket(&self, ticket: &SessionTicket) -> Result<(), Error> {
         sqlx::query(sql::SAVE_TICKET)
             .bind(&ticket.worker_id)

@@ -29,8 +29,7 @@ use sqlx::{
     Connection, Row, SqliteConnection,
     migrate::Migrator,
     sqlite::{
-        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-        SqliteSynchronous,
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
 };
 pub use writer::WRITER_THREAD;
@@ -231,11 +230,6 @@ impl Store for SqliteStore {
         self.clock.now()
     }
 
-    async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
-        let mut conn = self.readers.acquire().await?;
-        select_by_key(&mut conn, key).await
-    }
-
     fn single_node(&self) -> bool {
         true
     }
@@ -263,23 +257,6 @@ impl Store for SqliteStore {
             .set_priority_aging(super::priority_aging_ms(per_level))
             .await
     }
-}
-
-async fn select_by_key(
-    conn: &mut SqliteConnection,
-    key: &Key,
-) -> Result<Option<ActivityRow>, Error> {
-    let row = sqlx::query(sql::SELECT_BY_KEY)
-        .bind(&key.namespace)
-        .bind(&key.workflow_id)
-        .bind(&key.activity_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    row.as_ref().map(decode).transpose()
-}
-
-fn decode(row: &SqliteRow) -> Result<ActivityRow, Error> {
-    rows::decode(&rows::Sqlx(row))
 }
 
 #[cfg(test)]
