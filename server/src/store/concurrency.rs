@@ -76,12 +76,15 @@ impl Strategy {
         }
     }
 
-    pub fn from_code(code: i64) -> Option<Self> {
+    /// [`Strategy::code`] read back; any other code is a corrupt row.
+    pub fn from_code(code: i64) -> Result<Self, super::Error> {
         match code {
-            0 => Some(Strategy::Queue),
-            1 => Some(Strategy::CancelNewest),
-            2 => Some(Strategy::CancelInProgress),
-            _ => None,
+            0 => Ok(Strategy::Queue),
+            1 => Ok(Strategy::CancelNewest),
+            2 => Ok(Strategy::CancelInProgress),
+            _ => Err(super::Error::Corrupt(format!(
+                "unknown concurrency strategy {code}"
+            ))),
         }
     }
 

@@ -488,8 +488,7 @@ pub(super) fn concurrency_limit(
         weight: small(4, "concurrency key weight")?,
         keys: count(5)?,
         running: count(6)?,
-        strategy: super::concurrency::Strategy::from_code(row.int(7)?)
-            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?,
+        strategy: super::concurrency::Strategy::from_code(row.int(7)?)?,
         held: count(8)?,
     })
 }

@@ -344,3 +344,18 @@ macro_rules! removal {
         }
     };
 }
+
+/// The statement that picks a key's active rows beyond its limit for a
+/// [`Strategy`](crate::store::concurrency::Strategy) to cancel, from the invoking
+/// dialect's `sql` module; `None` for the strategy that cancels nothing.
+macro_rules! beyond_limit {
+    ($strategy:expr) => {
+        match $strategy {
+            crate::store::concurrency::Strategy::Queue => None,
+            crate::store::concurrency::Strategy::CancelNewest => Some(sql::ACTIVE_OF_KEY),
+            crate::store::concurrency::Strategy::CancelInProgress => {
+                Some(sql::ACTIVE_OF_KEY_NEWEST)
+            }
+        }
+    };
+}

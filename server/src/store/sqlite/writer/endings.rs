@@ -50,12 +50,9 @@ pub(super) fn enforce(
     }
     let mut cancelled = Vec::new();
     for (key, max_running, code) in over {
-        let strategy = concurrency::Strategy::from_code(code)
-            .ok_or_else(|| Error::Corrupt("unknown concurrency strategy".to_owned()))?;
-        let beyond = match strategy {
-            concurrency::Strategy::Queue => continue,
-            concurrency::Strategy::CancelNewest => sql::ACTIVE_OF_KEY,
-            concurrency::Strategy::CancelInProgress => sql::ACTIVE_OF_KEY_NEWEST,
+        let strategy = concurrency::Strategy::from_code(code)?;
+        let Some(beyond) = beyond_limit!(strategy) else {
+            continue;
         };
         let mut rows = Vec::new();
         {
