@@ -229,9 +229,7 @@ pub const MAX_PRIORITY_AGING: Duration = Duration::from_secs(86_400);
 /// [`Store::set_priority_aging`]'s setting as stored: whole milliseconds, 0 for
 /// strict priority, at most [`MAX_PRIORITY_AGING`].
 fn priority_aging_ms(per_level: Option<Duration>) -> i64 {
-    per_level.map_or(0, |d| {
-        i64::try_from(d.min(MAX_PRIORITY_AGING).as_millis()).unwrap_or(0)
-    })
+    per_level.map_or(0, |d| spool_proto::time::millis(d.min(MAX_PRIORITY_AGING)))
 }
 
 /// One embedded migration (`sql` from `migrations/<dialect>/`), numbered the same

@@ -29,7 +29,7 @@ pub struct RateLimit {
 impl RateLimit {
     /// The period as stored: whole milliseconds, at most [`MAX_PERIOD`].
     pub fn period_ms(&self) -> i64 {
-        i64::try_from(self.period.min(MAX_PERIOD).as_millis()).unwrap_or(0)
+        spool_proto::time::millis(self.period.min(MAX_PERIOD))
     }
 
     /// How long one row's token takes to come back.

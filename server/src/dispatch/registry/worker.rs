@@ -335,8 +335,7 @@ impl Worker {
         let now = Instant::now();
         // The attempt's wall time runs from its dispatch, on the store's clock: the
         // claim's time plus what the row waited here.
-        let waited = i64::try_from(now.saturating_duration_since(claimed_at).as_millis())
-            .unwrap_or(i64::MAX);
+        let waited = spool_proto::time::millis(now.saturating_duration_since(claimed_at));
         let now_wall = attempt.started_at.saturating_add(waited);
         span.in_scope(|| tracing::debug!(waited_ms = waited, "dispatched"));
         self.inflight.insert(
@@ -392,7 +391,6 @@ impl Inflight {
 
 /// The wall time an `Instant` of the past corresponds to, for display.
 pub(super) fn wall_of(then: Instant) -> UnixMillis {
-    let ago = i64::try_from(Instant::now().saturating_duration_since(then).as_millis())
-        .unwrap_or(i64::MAX);
+    let ago = time::millis(Instant::now().saturating_duration_since(then));
     time::now_millis().saturating_sub(ago)
 }
