@@ -241,7 +241,7 @@ mod tests {
             outbound::{Outgoing, ToWorker},
             registry::{Answer, Registration},
         },
-        store::{self, ActivityStatus, Key, NewActivity, Payload, RetrySpec, Timeouts},
+        store::{self, ActivityStatus, Key, Payload},
     };
 
     struct Node {
@@ -268,34 +268,9 @@ mod tests {
             },
             None,
         );
-        let (worker_id, _tx, mut outbound, _evict) = registry.register(
-            Registration {
-                namespace: "default".into(),
-                identity: "test".into(),
-                activity_types: vec!["t".into()],
-                max_concurrency: 1,
-                ticket: None,
-            },
-            0,
-        );
-        let new = NewActivity {
-            key: key(),
-            activity_type: "t".into(),
-            input: Payload::default(),
-            next_at: 0,
-            retry: RetrySpec {
-                max_attempts: 1,
-                initial_interval_ms: 1_000,
-                backoff_coefficient: 2.0,
-                max_interval_ms: 1_000,
-                non_retryable: Vec::new(),
-            },
-            timeouts: Timeouts::default(),
-            priority: 0,
-            headers: Default::default(),
-            concurrency_key: None,
-            fairness: None,
-        };
+        let (worker_id, _tx, mut outbound, _evict) =
+            registry.register(Registration::for_tests(1), 0);
+        let new = store::new_activity_for_tests("a", "t");
         committer
             .commit(vec![store::Op::Submit(vec![new])])
             .await

@@ -86,33 +86,16 @@ pub fn release(attempt: &Attempt, now: UnixMillis) -> Transition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Key, Timeouts};
 
     fn attempt(n: u32, max: u32) -> Attempt {
-        Attempt {
-            id: 1,
-            key: Key {
-                namespace: "default".into(),
-                workflow_id: "w".into(),
-                activity_id: "a".into(),
-            },
-            activity_type: "t".into(),
-            attempt: n,
-            uncounted: 0,
-            retry: RetrySpec {
-                max_attempts: max,
-                initial_interval_ms: 1_000,
-                backoff_coefficient: 2.0,
-                max_interval_ms: 300_000,
-                non_retryable: vec!["Fatal".into()],
-            },
-            timeouts: Timeouts::default(),
-            created_at: 0,
-            started_at: 0,
-            expires_at: None,
-            owner_node: None,
-            concurrency_key: None,
-        }
+        let retry = RetrySpec {
+            max_attempts: max,
+            initial_interval_ms: 1_000,
+            backoff_coefficient: 2.0,
+            max_interval_ms: 300_000,
+            non_retryable: vec!["Fatal".into()],
+        };
+        crate::store::attempt_for_tests(1, n, retry)
     }
 
     fn error(kind: ErrorKind, ty: &str) -> ActivityError {

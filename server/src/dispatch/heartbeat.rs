@@ -213,36 +213,17 @@ fn reclaims(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        dispatch::timeouts::TimedOut,
-        store::{Key, RetrySpec, Timeouts},
-    };
+    use crate::{dispatch::timeouts::TimedOut, store::RetrySpec};
 
     fn attempt(id: i64, n: u32, max_attempts: u32) -> Arc<Attempt> {
-        Arc::new(Attempt {
-            id,
-            key: Key {
-                namespace: String::new(),
-                workflow_id: "wf".into(),
-                activity_id: format!("a{id}"),
-            },
-            activity_type: "t".into(),
-            attempt: n,
-            uncounted: 0,
-            retry: RetrySpec {
-                max_attempts,
-                initial_interval_ms: 1_000,
-                backoff_coefficient: 2.0,
-                max_interval_ms: 10_000,
-                non_retryable: Vec::new(),
-            },
-            timeouts: Timeouts::default(),
-            created_at: 0,
-            started_at: 0,
-            expires_at: None,
-            owner_node: None,
-            concurrency_key: None,
-        })
+        let retry = RetrySpec {
+            max_attempts,
+            initial_interval_ms: 1_000,
+            backoff_coefficient: 2.0,
+            max_interval_ms: 10_000,
+            non_retryable: Vec::new(),
+        };
+        Arc::new(crate::store::attempt_for_tests(id, n, retry))
     }
 
     fn timed_out(attempt: Arc<Attempt>, final_: bool) -> TimedOut {

@@ -290,6 +290,17 @@ pub(crate) fn running_row_for_tests(id: i64, activity_id: &str, worker_id: &str)
     }
 }
 
+/// Attempt `n` of activity `a{id}`, with `retry`, for unit tests of what decides
+/// an attempt's end.
+#[cfg(test)]
+pub(crate) fn attempt_for_tests(id: i64, n: u32, retry: RetrySpec) -> Attempt {
+    Attempt {
+        attempt: n,
+        retry,
+        ..Attempt::from_row(&running_row_for_tests(id, &format!("a{id}"), "w"))
+    }
+}
+
 /// A retry policy of one attempt, for unit tests.
 #[cfg(test)]
 pub(crate) fn one_attempt_for_tests() -> RetrySpec {

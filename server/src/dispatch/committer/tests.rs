@@ -7,7 +7,7 @@ use super::*;
 use crate::{
     dispatch::outbound::{Outgoing, ToWorker},
     dispatch::registry::Registration,
-    store::{NewActivity, Payload, RetrySpec, SqliteStore, Timeouts, layer::Layer},
+    store::{NewActivity, RetrySpec, SqliteStore, layer::Layer},
 };
 
 /// SQLite, except that a batch holding a cancel whose reason is "poison"
@@ -115,14 +115,6 @@ impl Layer for Poisoned {
 
 fn new(id: &str) -> NewActivity {
     NewActivity {
-        key: Key {
-            namespace: "default".into(),
-            workflow_id: "wf".into(),
-            activity_id: id.into(),
-        },
-        activity_type: "t".into(),
-        input: Payload::default(),
-        next_at: 0,
         retry: RetrySpec {
             max_attempts: 3,
             initial_interval_ms: 1000,
@@ -130,11 +122,7 @@ fn new(id: &str) -> NewActivity {
             max_interval_ms: 60_000,
             non_retryable: Vec::new(),
         },
-        timeouts: Timeouts::default(),
-        priority: 0,
-        headers: Default::default(),
-        concurrency_key: None,
-        fairness: None,
+        ..store::new_activity_for_tests(id, "t")
     }
 }
 
@@ -164,13 +152,7 @@ fn with_worker(
         None,
     );
     let (_id, _tx, rx, _evict) = registry.register(
-        Registration {
-            namespace: "default".into(),
-            identity: "test".into(),
-            activity_types: vec!["t".into()],
-            max_concurrency,
-            ticket: None,
-        },
+        Registration::for_tests(max_concurrency),
         spool_proto::time::now_millis(),
     );
     (committer, task, rx, registry)

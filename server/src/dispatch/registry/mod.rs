@@ -79,6 +79,21 @@ pub struct Registration {
     pub ticket: Option<Ticket>,
 }
 
+impl Registration {
+    /// A worker of type "t" in the default namespace with `max_concurrency`
+    /// slots, that cannot resume: for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(max_concurrency: u32) -> Self {
+        Self {
+            namespace: "default".into(),
+            identity: "test".into(),
+            activity_types: vec!["t".into()],
+            max_concurrency,
+            ticket: None,
+        }
+    }
+}
+
 /// A session's claim to its worker after a drop: a secret the worker was given,
 /// valid once, and the token (by its name, never its secret) that opened the
 /// session, which alone may resume it.

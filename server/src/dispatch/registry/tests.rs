@@ -7,13 +7,7 @@ use super::*;
 use crate::store::{ActivityRow, Op, Transition};
 
 fn registration(max_concurrency: u32) -> Registration {
-    Registration {
-        namespace: "default".into(),
-        identity: "test".into(),
-        activity_types: vec!["t".into()],
-        max_concurrency,
-        ticket: None,
-    }
+    Registration::for_tests(max_concurrency)
 }
 
 fn kinds(rx: &mut mpsc::Receiver<Outgoing>) -> Vec<&'static str> {
