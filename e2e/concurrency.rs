@@ -11,9 +11,7 @@ use std::{
     time::Duration,
 };
 
-use spool_proto::v1::{
-    self, ActivityStatus, admin_service_client::AdminServiceClient, server_message,
-};
+use spool_proto::v1::{self, ActivityStatus, admin_service_client::AdminServiceClient};
 use tonic::transport::Channel;
 
 use crate::harness::*;
@@ -333,15 +331,7 @@ async fn strategies_cancel_the_newest_or_the_oldest() {
     assert_eq!(status(&newcomer), ActivityStatus::Scheduled);
     // The cancel of the oldest, and the newcomer in the room it left (in either
     // order).
-    let (mut cancelled, mut started) = (None, None);
-    while cancelled.is_none() || started.is_none() {
-        match raw.next().await {
-            server_message::Message::Cancel(c) => cancelled = Some(c),
-            server_message::Message::Task(t) => started = Some(t),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let (cancelled, started) = (cancelled.unwrap(), started.unwrap());
+    let (started, cancelled) = raw.task_and_cancel().await;
     assert_eq!(cancelled.activity_id, "n0", "the oldest");
     assert_eq!(started.activity_id, "p0", "the newcomer runs");
     assert!(

@@ -39,30 +39,6 @@ async fn goodbye_is_answered_with_drain_and_nothing_follows_it() {
     assert!(worker.ack().await.accepted);
 }
 
-/// Every activity in the default namespace, over all pages.
-async fn list_all(
-    client: &mut v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
-) -> Vec<v1::Activity> {
-    let mut all = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list(v1::ListRequest {
-                page_size: 1000,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        all.extend(page.activities);
-        if page.next_page_token.is_empty() {
-            return all;
-        }
-        token = page.next_page_token;
-    }
-}
-
 /// An SDK worker shut down while tasks keep coming never drops one: everything it
 /// was sent is run or handed back, so no attempt is lost. A worker that stays
 /// runs the rest; then every one of the 300 completed on its first counted

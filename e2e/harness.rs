@@ -357,28 +357,7 @@ where
     spool_testkit::fixtures::eventually_for(WAIT, what, check).await
 }
 
-/// Polls the default namespace's Stats through `client` until `done` accepts
-/// them, failing the test after `within`; returns the Stats that did.
-pub async fn stats_until(
-    client: &ActivityServiceClient<Channel>,
-    within: Duration,
-    what: &str,
-    done: impl Fn(&v1::StatsResponse) -> bool,
-) -> v1::StatsResponse {
-    let done = &done;
-    spool_testkit::fixtures::eventually_for(within, what, || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            done(&stats).then_some(stats)
-        }
-    })
-    .await
-}
+pub use spool_testkit::calls::{list_all, stats_until};
 
 pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
     v1::ActivityKey {
@@ -577,6 +556,20 @@ impl RawWorker {
             }
         }
         (ack.unwrap(), task.unwrap())
+    }
+
+    /// A task and a cancel, in either order (a cancel and the task sent in the
+    /// room it left, or a resent task and the cancel of another).
+    pub async fn task_and_cancel(&mut self) -> (v1::ActivityTask, v1::CancelActivity) {
+        let (mut task, mut cancel) = (None, None);
+        while task.is_none() || cancel.is_none() {
+            match self.next().await {
+                server_message::Message::Task(t) => task = Some(t),
+                server_message::Message::Cancel(c) => cancel = Some(c),
+                other => panic!("expected a task and a cancel, got {other:?}"),
+            }
+        }
+        (task.unwrap(), cancel.unwrap())
     }
 
     pub async fn ack(&mut self) -> v1::ResultAck {

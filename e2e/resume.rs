@@ -663,22 +663,12 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     .await
     .expect("a session");
     assert!(resumed.welcome.resumed);
-    let (mut resent, mut cancel) = (None, None);
-    while resent.is_none() || cancel.is_none() {
-        match resumed.next().await {
-            server_message::Message::Task(t) => resent = Some(t),
-            server_message::Message::Cancel(c) => cancel = Some(c),
-            other => panic!("expected a task and a cancel, got {other:?}"),
-        }
-    }
+    let (resent, cancel) = resumed.task_and_cancel().await;
     assert_eq!(
-        resent.map(|t| (t.activity_id, t.attempt)),
-        Some((lost.activity_id.clone(), 1))
+        (resent.activity_id, resent.attempt),
+        (lost.activity_id.clone(), 1)
     );
-    assert_eq!(
-        cancel.map(|c| c.activity_id),
-        Some(cancelled.activity_id.clone())
-    );
+    assert_eq!(cancel.activity_id, cancelled.activity_id.clone());
     resumed.complete(&lost, 1).await;
     assert!(resumed.ack().await.accepted);
 }

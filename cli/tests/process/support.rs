@@ -421,18 +421,8 @@ pub fn now_ms() -> i64 {
 
 /// Waits up to `within` until the server's Stats count `n` activities completed.
 pub async fn await_completed(client: &ActivityServiceClient<Channel>, n: usize, within: Duration) {
-    eventually_for(within, &format!("{n} activities to complete"), || {
-        let mut client = client.clone();
-        async move {
-            let stats = client
-                .stats(v1::StatsRequest::default())
-                .await
-                .ok()?
-                .into_inner();
-            (stats.completed == n as u64).then_some(())
-        }
-    })
-    .await;
+    let what = format!("{n} activities to complete");
+    stats_until(client, within, &what, |s| s.completed == n as u64).await;
 }
 
 pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
@@ -502,26 +492,7 @@ pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
     v1::ActivityStatus::try_from(activity.status).expect("known status")
 }
 
-pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Activity> {
-    let mut all = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list(v1::ListRequest {
-                page_size: 1000,
-                page_token: token,
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
-        all.extend(page.activities);
-        if page.next_page_token.is_empty() {
-            return all;
-        }
-        token = page.next_page_token;
-    }
-}
+pub use spool_testkit::calls::{list_all, stats_until};
 
 pub use spool_testkit::fixtures::eventually_for;
 
