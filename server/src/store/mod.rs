@@ -3,7 +3,7 @@
 //! The store is the authority for an activity's status, attempt and outcome. Every
 //! write goes through [`Store::apply`], which runs a batch of [`Op`]s in one
 //! transaction and returns one [`Outcome`] per op, in order; the caller (the group
-//! committer) owns batching. Reads ([`Store::get`], [`Store::list`], [`Store::stats`])
+//! committer) owns batching. Reads ([`Reads::get`], [`Reads::list`], [`Reads::stats`])
 //! see only committed state.
 //!
 //! Invariants every implementation keeps:
