@@ -339,4 +339,4 @@ pub(crate) fn new_activity_for_tests(activity_id: &str, activity_type: &str) -> 
 mod conformance;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

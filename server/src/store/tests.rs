@@ -3,6 +3,23 @@
 use super::error::postgres_class;
 use super::*;
 
+/// With every callers' read connection held, the server's own work does not
+/// wait: a write, the committer's due times, the sweep's reclaims. Each
+/// dialect's test holds its connections and then calls this.
+pub(crate) async fn own_work_never_waits_behind_callers(store: &dyn Store) {
+    let quick = Duration::from_secs(2);
+    let prune = Arc::from(vec![Op::Prune {
+        before: 0,
+        limit: 1,
+    }]);
+    let applied = tokio::time::timeout(quick, store.apply(prune, 0)).await;
+    assert!(matches!(applied, Ok(Ok(_))), "a write waited: {applied:?}");
+    let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
+    assert!(matches!(due, Ok(Ok(_))), "due times waited: {due:?}");
+    let leases = tokio::time::timeout(quick, store.expired_leases(0, 10)).await;
+    assert!(matches!(leases, Ok(Ok(_))), "reclaim waited");
+}
+
 #[test]
 fn only_what_may_pass_is_transient() {
     let sqlite = |code| {

@@ -644,21 +644,7 @@ async fn writes_never_wait_behind_callers_reads() {
                 .unwrap_or_else(|e| panic!("{e}")),
         );
     }
-    let quick = std::time::Duration::from_secs(2);
-    let applied = tokio::time::timeout(
-        quick,
-        store.apply(
-            Arc::from(vec![Op::Prune {
-                before: 0,
-                limit: 1,
-            }]),
-            0,
-        ),
-    )
-    .await;
-    assert!(matches!(applied, Ok(Ok(_))), "a write waited: {applied:?}");
-    let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
-    assert!(matches!(due, Ok(Ok(_))), "due times waited");
+    crate::store::tests::own_work_never_waits_behind_callers(&store).await;
     drop(held);
 }
 

@@ -262,7 +262,6 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Reads;
 
     /// One process per file: a second open of a file in use is refused, and the
     /// file is free again once the first store is gone.
@@ -282,9 +281,9 @@ mod tests {
     }
 
     /// Callers holding every API read connection do not hold up the server's own
-    /// reads (the committer's due times, the sweep's reclaims).
+    /// work (see `own_work_never_waits_behind_callers`).
     #[tokio::test]
-    async fn the_servers_own_reads_never_wait_behind_callers() {
+    async fn the_servers_own_work_never_waits_behind_callers() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let url = format!("sqlite://{}", dir.path().join("spool.db").display());
         let store = SqliteStore::open(&url)
@@ -300,11 +299,7 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{e}")),
             );
         }
-        let quick = std::time::Duration::from_secs(2);
-        let due = tokio::time::timeout(quick, store.due_times(0, 10)).await;
-        assert!(matches!(due, Ok(Ok(_))), "due times waited: {due:?}");
-        let leases = tokio::time::timeout(quick, store.expired_leases(0, 10)).await;
-        assert!(matches!(leases, Ok(Ok(_))), "reclaim waited");
+        crate::store::tests::own_work_never_waits_behind_callers(&store).await;
         drop(held);
     }
 }
