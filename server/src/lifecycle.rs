@@ -116,12 +116,15 @@ mod tests {
 
     #[test]
     fn retryable_error_retries_until_the_budget_is_spent() {
-        let t = on_failure(
-            &attempt(1, 3),
-            error(ErrorKind::Retryable, "X"),
-            10_000,
-            0.5,
-        );
+        let of_three = |n| {
+            on_failure(
+                &attempt(n, 3),
+                error(ErrorKind::Retryable, "X"),
+                10_000,
+                0.5,
+            )
+        };
+        let t = of_three(1);
         assert!(
             matches!(
                 t,
@@ -132,12 +135,7 @@ mod tests {
             ),
             "{t:?}"
         );
-        let t = on_failure(
-            &attempt(2, 3),
-            error(ErrorKind::Retryable, "X"),
-            10_000,
-            0.5,
-        );
+        let t = of_three(2);
         assert!(
             matches!(
                 t,
@@ -148,12 +146,7 @@ mod tests {
             ),
             "the second of three retries, after twice the interval: {t:?}"
         );
-        let t = on_failure(
-            &attempt(3, 3),
-            error(ErrorKind::Retryable, "X"),
-            10_000,
-            0.5,
-        );
+        let t = of_three(3);
         assert!(matches!(t, Transition::Fail { .. }), "{t:?}");
     }
 
