@@ -83,30 +83,33 @@ impl ActivityError {
 
     pub(crate) fn into_outcome(self) -> v1::activity_result::Outcome {
         use v1::activity_result::Outcome;
+        let error = |kind: ErrorKind, r#type, message, details, next_retry_delay: Option<_>| {
+            Outcome::Error(v1::ActivityError {
+                kind: kind as i32,
+                r#type,
+                message,
+                details,
+                next_retry_delay: next_retry_delay.map(spool_proto::duration::to_proto),
+            })
+        };
         match self {
             Self::Retryable {
                 error_type,
                 message,
                 details,
                 next_retry_delay,
-            } => Outcome::Error(v1::ActivityError {
-                kind: ErrorKind::Retryable as i32,
-                r#type: error_type,
+            } => error(
+                ErrorKind::Retryable,
+                error_type,
                 message,
                 details,
-                next_retry_delay: next_retry_delay.map(spool_proto::duration::to_proto),
-            }),
+                next_retry_delay,
+            ),
             Self::Terminal {
                 error_type,
                 message,
                 details,
-            } => Outcome::Error(v1::ActivityError {
-                kind: ErrorKind::Terminal as i32,
-                r#type: error_type,
-                message,
-                details,
-                next_retry_delay: None,
-            }),
+            } => error(ErrorKind::Terminal, error_type, message, details, None),
             Self::Snooze(delay) => Outcome::Snooze(spool_proto::duration::to_proto(delay)),
         }
     }
