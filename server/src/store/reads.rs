@@ -30,12 +30,8 @@ macro_rules! shared_reads {
                 } else {
                     (&sql::LIST_SIZES, sql::LIST)
                 };
-                // Planned for these values each time (an unnamed statement): a
-                // generic plan cannot tell a namespace or a status of a hundred rows
-                // from one of a million, and PostgreSQL's walked the primary key
-                // through every row of the table for them. A List is not dispatch.
                 let sizes: Vec<(i64, i64)> = sqlx::query(paths.of(query.status))
-                    .persistent(false)
+                    .persistent(sql::LIST_SIZES_KEPT)
                     .bind(&query.namespace)
                     .bind(query.cursor())
                     .bind(status)

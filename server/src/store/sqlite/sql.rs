@@ -491,6 +491,10 @@ pub const LIST_SIZES: crate::store::rows::ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `?2`.
 pub const LIST_SIZES_NEWEST: crate::store::rows::ListSizes = list_paths!("<", "DESC");
 
+/// Whether the statement of [`LIST_SIZES`] is kept prepared: yes, SQLite's
+/// planner does not look at the values bound.
+pub const LIST_SIZES_KEPT: bool = true;
+
 /// [`LIST`]'s `?1`: the page's ids, as a JSON array (SQLite binds no arrays).
 pub fn page_ids(ids: Vec<i64>) -> String {
     serde_json::Value::from(ids).to_string()

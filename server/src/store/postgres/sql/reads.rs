@@ -49,6 +49,13 @@ pub const LIST_SIZES: crate::store::rows::ListSizes = list_paths!(">", "");
 /// [`LIST_SIZES`] newest first: ids below `$2`.
 pub const LIST_SIZES_NEWEST: crate::store::rows::ListSizes = list_paths!("<", "DESC");
 
+/// Whether the statement of [`LIST_SIZES`] is kept prepared. Not here: planned
+/// for its values each time (an unnamed statement), since a generic plan cannot
+/// tell a namespace or a status of a hundred rows from one of a million, and
+/// walked the primary key through every row of the table for them. Planning
+/// costs a fraction of a millisecond; a List is not dispatch.
+pub const LIST_SIZES_KEPT: bool = false;
+
 /// [`LIST`]'s `$1`: the page's ids, as an array.
 pub fn page_ids(ids: Vec<i64>) -> Vec<i64> {
     ids
