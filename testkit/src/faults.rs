@@ -46,11 +46,8 @@ pub struct Faulty {
 impl Faulty {
     /// On a fresh SQLite database in `dir`.
     pub async fn in_dir(dir: &std::path::Path) -> Arc<Self> {
-        Self::sqlite(&format!("sqlite://{}", dir.join("f.db").display())).await
-    }
-
-    pub async fn sqlite(database: &str) -> Arc<Self> {
-        let inner = store::open(database).await.expect("open the store");
+        let database = format!("sqlite://{}", dir.join("f.db").display());
+        let inner = store::open(&database).await.expect("open the store");
         Arc::new(Self {
             inner,
             stalled: watch::Sender::new(false),
