@@ -14,7 +14,7 @@ use super::{
 };
 use crate::dispatch::Core;
 use crate::drain::Drainer;
-use crate::store::{Op, Outcome, Setting};
+use crate::store::{Op, Outcome, Setting, SettingChange};
 
 pub struct AdminApi {
     core: Arc<Core>,
@@ -35,11 +35,11 @@ impl AdminApi {
         let namespace = validate::namespace(namespace)?;
         validate::name("activity_type", activity_type)?;
         authorize(request, Role::Admin, &namespace)?;
-        let op = Op::Remove {
+        let op = Op::Setting(SettingChange::Remove {
             namespace: namespace.clone(),
             activity_type: activity_type.to_owned(),
             setting,
-        };
+        });
         let deleted = match self.commit(op).await? {
             Outcome::Removed(deleted) => deleted,
             other => return Err(unexpected(&format!("delete answered {other:?}"))),
@@ -114,7 +114,10 @@ impl AdminService for AdminApi {
             limit.activity_type.clone(),
             limit.key.clone(),
         );
-        match self.commit(Op::SetRateLimit(limit)).await? {
+        match self
+            .commit(Op::Setting(SettingChange::RateLimit(limit)))
+            .await?
+        {
             Outcome::RateLimitSet => {}
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }
@@ -169,7 +172,7 @@ impl AdminService for AdminApi {
             validate::concurrency_limit(request.get_ref().concurrency_limit.clone())?;
         authorize(&request, Role::Admin, &namespace)?;
         let key = match &op {
-            Op::SetKeyLimit { key, .. } => Some(key.clone()),
+            Op::Setting(SettingChange::KeyLimit { key, .. }) => Some(key.clone()),
             _ => None,
         };
         match self.commit(op).await? {
@@ -230,7 +233,10 @@ impl AdminService for AdminApi {
     ) -> Result<Response<v1::SetFairnessWeightResponse>, Status> {
         let weight = validate::fairness_weight(request.get_ref().fairness_weight.clone())?;
         authorize(&request, Role::Admin, &weight.namespace)?;
-        match self.commit(Op::SetFairnessWeight(weight.clone())).await? {
+        match self
+            .commit(Op::Setting(SettingChange::FairnessWeight(weight.clone())))
+            .await?
+        {
             Outcome::FairnessWeightSet => {}
             other => return Err(unexpected(&format!("set answered {other:?}")).into()),
         }

@@ -30,7 +30,7 @@ use crate::{
     config::{Config, RetryDefaults},
     dispatch::registry::Registration,
     store::{
-        Fairness, Key, NewActivity, Op, Payload, RetrySpec, Timeouts, concurrency,
+        Fairness, Key, NewActivity, Op, Payload, RetrySpec, SettingChange, Timeouts, concurrency,
         fairness::FairnessWeight,
         rate::{self, RateLimit},
     },
@@ -66,6 +66,21 @@ pub fn name(field: &str, value: &str) -> Result<(), Error> {
         return Err(invalid(format!("{field} is required")));
     }
     short(field, value)
+}
+
+/// A list of at most `max` names (`hint` follows the limit in the refusal),
+/// each a valid name.
+fn names(field: &str, list: &[String], max: usize, hint: &str) -> Result<(), Error> {
+    if list.len() > max {
+        return Err(invalid(format!(
+            "{field} has {} entries; the limit is {max}{hint}",
+            list.len()
+        )));
+    }
+    for (i, t) in list.iter().enumerate() {
+        name(&format!("{field}[{i}]"), t)?;
+    }
+    Ok(())
 }
 
 /// A possibly empty string of at most 255 bytes without control characters.
@@ -260,25 +275,25 @@ pub fn concurrency_limit(
                     .to_owned(),
             ));
         }
-        Op::SetKeyLimit {
+        Op::Setting(SettingChange::KeyLimit {
             namespace: namespace.clone(),
             activity_type: limit.activity_type.clone(),
             weight: in_weight_range("concurrency_limit.weight", limit.weight, true)?,
             key: limit.concurrency_key,
             max_running: (limit.max_running > 0).then_some(limit.max_running),
-        }
+        })
     } else {
         if limit.weight != 0 {
             return Err(invalid(
                 "concurrency_limit.weight is one key's: give its concurrency_key".to_owned(),
             ));
         }
-        Op::SetConcurrencyLimit {
+        Op::Setting(SettingChange::ConcurrencyLimit {
             namespace: namespace.clone(),
             activity_type: limit.activity_type.clone(),
             max_running: limit.max_running,
             strategy,
-        }
+        })
     };
     Ok((namespace, limit.activity_type, op))
 }
@@ -351,15 +366,12 @@ pub fn retry_policy(
             duration::format(initial)
         )));
     }
-    if policy.non_retryable_error_types.len() > MAX_NON_RETRYABLE_TYPES {
-        return Err(invalid(format!(
-            "retry_policy.non_retryable_error_types has {} entries; the limit is {MAX_NON_RETRYABLE_TYPES}",
-            policy.non_retryable_error_types.len()
-        )));
-    }
-    for (i, t) in policy.non_retryable_error_types.iter().enumerate() {
-        name(&format!("retry_policy.non_retryable_error_types[{i}]"), t)?;
-    }
+    names(
+        "retry_policy.non_retryable_error_types",
+        &policy.non_retryable_error_types,
+        MAX_NON_RETRYABLE_TYPES,
+        "",
+    )?;
     Ok(RetrySpec {
         max_attempts: if policy.max_attempts == 0 {
             defaults.max_attempts
@@ -562,15 +574,12 @@ pub fn hello(hello: v1::Hello, max_concurrency: u32) -> Result<Registration, Err
                 .to_owned(),
         ));
     }
-    if hello.activity_types.len() > MAX_HELLO_TYPES {
-        return Err(invalid(format!(
-            "hello.activity_types has {} entries; the limit is {MAX_HELLO_TYPES}: split the types over several workers",
-            hello.activity_types.len()
-        )));
-    }
-    for (i, t) in hello.activity_types.iter().enumerate() {
-        name(&format!("hello.activity_types[{i}]"), t)?;
-    }
+    names(
+        "hello.activity_types",
+        &hello.activity_types,
+        MAX_HELLO_TYPES,
+        ": split the types over several workers",
+    )?;
     short("hello.identity", &hello.identity)?;
     let mut types: Vec<std::sync::Arc<str>> = hello
         .activity_types

@@ -29,6 +29,7 @@ pub mod layer;
 pub mod postgres;
 pub mod rate;
 mod rows;
+pub mod settings;
 pub mod sqlite;
 
 use std::{sync::Arc, time::Duration};
@@ -232,11 +233,12 @@ fn priority_aging_ms(per_level: Option<Duration>) -> i64 {
     per_level.map_or(0, |d| spool_proto::time::millis(d.min(MAX_PRIORITY_AGING)))
 }
 
-/// One embedded migration (`sql` from `migrations/<dialect>/`), numbered the same
-/// in both dialects.
-fn migration(version: i64, name: &str, sql: &'static str) -> sqlx::migrate::Migration {
+/// One embedded migration: its file's stem (`0001_activities`) and its SQL.
+fn migration(stem: &str, sql: &'static str) -> sqlx::migrate::Migration {
+    // A stem that is not `NNNN_name` is caught by `migrations_are_numbered_in_order`.
+    let (version, name) = stem.split_once('_').unwrap_or(("0", stem));
     sqlx::migrate::Migration::new(
-        version,
+        version.parse().unwrap_or(0),
         name.to_owned().into(),
         sqlx::migrate::MigrationType::Simple,
         sqlx::SqlSafeStr::into_sql_str(sql),
@@ -340,3 +342,12 @@ mod conformance;
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// Each dialect's migrations are numbered 1, 2, 3… in order, each named.
+#[cfg(test)]
+fn migrations_are_numbered_in_order(migrator: &sqlx::migrate::Migrator) {
+    let versions: Vec<i64> = migrator.iter().map(|m| m.version).collect();
+    let expected: Vec<i64> = (1..=versions.len() as i64).collect();
+    assert_eq!(versions, expected);
+    assert!(migrator.iter().all(|m| !m.description.is_empty()));
+}

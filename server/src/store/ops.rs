@@ -89,37 +89,9 @@ pub enum Op {
     /// The next step of a pass that ranks waiting rows again after a change of
     /// the priority aging: the next `ids` ids. Outcome: `Reranked`.
     Rerank { ids: u32 },
-    /// Set (or replace) the rate limit of a namespace's type; its bucket keeps what
-    /// was taken from it. Outcome: `RateLimitSet`.
-    SetRateLimit(rate::RateLimit),
-    /// Delete one setting of a namespace's type. Outcome: `Removed`, true when
-    /// there was one.
-    Remove {
-        namespace: String,
-        activity_type: String,
-        setting: Setting,
-    },
-    /// Set (or replace) how many rows of each concurrency key of a namespace's
-    /// type may run at once. Outcome: `ConcurrencyLimitSet`.
-    SetConcurrencyLimit {
-        namespace: String,
-        activity_type: String,
-        max_running: u32,
-        strategy: concurrency::Strategy,
-    },
-    /// Set (or replace) one key's own limit (the type's when `None`) and weight.
-    /// Outcome: `ConcurrencyLimitSet`.
-    SetKeyLimit {
-        namespace: String,
-        activity_type: String,
-        key: String,
-        max_running: Option<u32>,
-        weight: u32,
-    },
-    /// Set (or replace) the weight of one fairness key of a namespace's type: rows
-    /// of the key submitted from now on are placed with it, whatever weight they
-    /// were given. Outcome: `FairnessWeightSet`.
-    SetFairnessWeight(fairness::FairnessWeight),
+    /// Set or remove a limit or a weight of a namespace's type: one statement
+    /// (see [`settings`]). Outcome: the change's.
+    Setting(SettingChange),
     /// Apply the type's concurrency strategy to keys that may be over their limit
     /// (those a submit added to): cancel each one's newest or oldest activities
     /// beyond its limit. One statement finds the keys over their limit, so a
@@ -219,7 +191,50 @@ impl Claim {
     }
 }
 
-/// A setting of a namespace's type that [`Op::Remove`] deletes.
+/// A change of one setting of a namespace's type, a limit or a weight, set (or
+/// replaced) or removed.
+#[derive(Debug, Clone)]
+pub enum SettingChange {
+    /// Set (or replace) the rate limit of a namespace's type; its bucket keeps what
+    /// was taken from it. Outcome: `RateLimitSet`.
+    RateLimit(rate::RateLimit),
+    /// Delete one setting of a namespace's type. Outcome: `Removed`, true when
+    /// there was one.
+    Remove {
+        namespace: String,
+        activity_type: String,
+        setting: Setting,
+    },
+    /// Set (or replace) how many rows of each concurrency key of a namespace's
+    /// type may run at once. Outcome: `ConcurrencyLimitSet`.
+    ConcurrencyLimit {
+        namespace: String,
+        activity_type: String,
+        max_running: u32,
+        strategy: concurrency::Strategy,
+    },
+    /// Set (or replace) one key's own limit (the type's when `None`) and weight.
+    /// Outcome: `ConcurrencyLimitSet`.
+    KeyLimit {
+        namespace: String,
+        activity_type: String,
+        key: String,
+        max_running: Option<u32>,
+        weight: u32,
+    },
+    /// Set (or replace) the weight of one fairness key of a namespace's type: rows
+    /// of the key submitted from now on are placed with it, whatever weight they
+    /// were given. Outcome: `FairnessWeightSet`.
+    FairnessWeight(fairness::FairnessWeight),
+}
+
+impl From<SettingChange> for Op {
+    fn from(change: SettingChange) -> Self {
+        Op::Setting(change)
+    }
+}
+
+/// A setting of a namespace's type that [`SettingChange::Remove`] deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Setting {
     /// The type's rate limit, or with a key that concurrency key's own.

@@ -63,20 +63,16 @@ where
 
 /// Decodes every row that can be; each that cannot is reported and left out.
 /// `read` names the read in the report.
-pub(super) fn decode_all<R>(rows: &[R], read: &'static str) -> Vec<ActivityRow>
+pub(super) fn decode_all<R: 'static>(rows: &[R], read: &'static str) -> Vec<ActivityRow>
 where
-    R: Row,
-    usize: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> f64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'a> Sqlx<'a, R>: Columns,
 {
     rows.iter()
-        .filter_map(|row| match decode(&Sqlx(row)) {
+        .map(Sqlx)
+        .filter_map(|row| match decode(&row) {
             Ok(decoded) => Some(decoded),
             Err(e) => {
-                unreadable(read, row.try_get::<i64, _>(col::ID).ok(), &e);
+                unreadable(read, row.opt_int(col::ID).ok().flatten(), &e);
                 None
             }
         })

@@ -331,16 +331,21 @@ macro_rules! over_limit {
     };
 }
 
-/// The statement that deletes a [`Setting`](crate::store::Setting), from the
-/// invoking dialect's `sql` module (the names are the same in both).
-macro_rules! removal {
-    ($setting:expr) => {
-        match $setting {
-            crate::store::Setting::RateLimit(None) => sql::REMOVE_RATE_LIMIT,
-            crate::store::Setting::RateLimit(Some(_)) => sql::REMOVE_KEY_RATE_LIMIT,
-            crate::store::Setting::ConcurrencyLimit(None) => sql::REMOVE_CONCURRENCY_LIMIT,
-            crate::store::Setting::ConcurrencyLimit(Some(_)) => sql::REMOVE_KEY_LIMIT,
-            crate::store::Setting::FairnessWeight(_) => sql::REMOVE_FAIRNESS_WEIGHT,
+/// The invoking dialect's [`Statements`](crate::store::settings::Statements),
+/// from its `sql` module's constants (the names are the same in both).
+macro_rules! setting_statements {
+    () => {
+        crate::store::settings::Statements {
+            set_rate_limit: SET_RATE_LIMIT,
+            set_key_rate_limit: SET_KEY_RATE_LIMIT,
+            set_concurrency_limit: SET_CONCURRENCY_LIMIT,
+            set_key_limit: SET_KEY_LIMIT,
+            set_fairness_weight: SET_FAIRNESS_WEIGHT,
+            remove_rate_limit: REMOVE_RATE_LIMIT,
+            remove_key_rate_limit: REMOVE_KEY_RATE_LIMIT,
+            remove_concurrency_limit: REMOVE_CONCURRENCY_LIMIT,
+            remove_key_limit: REMOVE_KEY_LIMIT,
+            remove_fairness_weight: REMOVE_FAIRNESS_WEIGHT,
         }
     };
 }
@@ -357,5 +362,25 @@ macro_rules! beyond_limit {
                 Some(sql::ACTIVE_OF_KEY_NEWEST)
             }
         }
+    };
+}
+
+/// A dialect's embedded migrations, named by their files' stems in
+/// `migrations/<dialect>/` (`0001_activities`: version 1, `activities`).
+macro_rules! migrations {
+    ($dialect:literal, $($stem:literal),+ $(,)?) => {
+        sqlx::migrate::Migrator::with_migrations(vec![$(
+            crate::store::migration(
+                $stem,
+                include_str!(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/src/store/migrations/",
+                    $dialect,
+                    "/",
+                    $stem,
+                    ".sql"
+                )),
+            ),
+        )+])
     };
 }

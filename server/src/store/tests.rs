@@ -3,6 +3,33 @@
 use super::error::postgres_class;
 use super::*;
 
+/// A fresh SQLite file in its own directory, which must outlive the store.
+pub(crate) async fn sqlite_for_tests() -> (tempfile::TempDir, SqliteStore) {
+    let (dir, url) = sqlite_url_for_tests();
+    let store = SqliteStore::open(&url)
+        .await
+        .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    (dir, store)
+}
+
+/// The URL of a fresh SQLite file, with the directory that holds it.
+pub(crate) fn sqlite_url_for_tests() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+    (dir, url)
+}
+
+/// Holds every connection of a pool, as callers' slow reads would.
+pub(crate) async fn hold_every_connection<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> Vec<sqlx::pool::PoolConnection<DB>> {
+    let mut held = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        held.push(pool.acquire().await.unwrap_or_else(|e| panic!("{e}")));
+    }
+    held
+}
+
 /// With every callers' read connection held, the server's own work does not
 /// wait: a write, the committer's due times, the sweep's reclaims. Each
 /// dialect's test holds its connections and then calls this.

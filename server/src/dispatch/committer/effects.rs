@@ -64,11 +64,7 @@ impl Loop {
                 | Op::RecordHeartbeats(_)
                 | Op::Prune { .. }
                 | Op::Rerank { .. }
-                | Op::SetRateLimit(_)
-                | Op::Remove { .. }
-                | Op::SetConcurrencyLimit { .. }
-                | Op::SetKeyLimit { .. }
-                | Op::SetFairnessWeight(_) => {}
+                | Op::Setting(_) => {}
             }
         }
     }

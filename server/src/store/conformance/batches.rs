@@ -72,12 +72,7 @@ async fn a_run_of_submits_stores_them_in_order(store: &dyn Store) {
 /// alone. Returns e, whose stale ending was refused: still running.
 async fn a_run_of_endings_judges_each_alone(store: &dyn Store) -> ActivityRow {
     let rows = claim(store, &["t"], 5, T0).await;
-    let row = |id: &str| {
-        rows.iter()
-            .find(|r| r.key.activity_id == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("{id} claimed"))
-    };
+    let row = |id: &str| by_id(&rows, id);
     let mut stale = row("e");
     stale.attempt = 7;
     let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "bulk".into());

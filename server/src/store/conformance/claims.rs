@@ -63,16 +63,7 @@ pub(super) async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _ra
     let first = claim(store, &["t"], 10, T0).await;
     assert_eq!(first.len(), 2);
     // The second attempt of "a", claimed after its first is retried.
-    let retried = finish(
-        store,
-        &first[0],
-        Transition::Retry {
-            next_at: T0 + 5,
-            error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
-        },
-        T0 + 1,
-    )
-    .await;
+    let retried = finish(store, &first[0], retry(T0 + 5, "again"), T0 + 1).await;
     assert!(retried);
     let again = claim(store, &["t"], 10, T0 + 10).await;
     assert_eq!(again.len(), 1);

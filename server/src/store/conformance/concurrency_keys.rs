@@ -13,12 +13,12 @@ pub(super) async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, 
         row.concurrency_key = key.map(str::to_owned);
         row
     };
-    let set = Op::SetConcurrencyLimit {
+    let set = Op::Setting(SettingChange::ConcurrencyLimit {
         namespace: "default".into(),
         activity_type: "t".into(),
         max_running: 2,
         strategy: concurrency::Strategy::Queue,
-    };
+    });
     assert!(matches!(
         one(store, set, T0).await,
         Outcome::ConcurrencyLimitSet
@@ -76,11 +76,7 @@ pub(super) async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, 
 
     // A row that ends makes room; one that goes back to waiting too.
     assert!(finish(store, a[0], output("done"), T0).await);
-    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into());
-    let retry = Transition::Retry {
-        next_at: T0 + 1_000,
-        error,
-    };
+    let retry = retry(T0 + 1_000, "again");
     assert!(finish(store, a[1], retry, T0).await);
     let next = claim(store, &["t"], 20, T0).await;
     assert_eq!(
@@ -95,11 +91,11 @@ pub(super) async fn a_concurrency_key_runs_at_most_its_limit(store: &dyn Store, 
     );
 
     // Without a limit, a key holds nothing back.
-    let remove = Op::Remove {
+    let remove = Op::Setting(SettingChange::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
         setting: Setting::ConcurrencyLimit(None),
-    };
+    });
     assert!(matches!(
         one(store, remove, T0).await,
         Outcome::Removed(true)
@@ -145,12 +141,12 @@ pub(super) async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) 
     // With the type's limit of 2: vip's own 4 beside it, plain at the type's.
     one(
         store,
-        Op::SetConcurrencyLimit {
+        Op::Setting(SettingChange::ConcurrencyLimit {
             namespace: "default".into(),
             activity_type: "t".into(),
             max_running: 2,
             strategy: concurrency::Strategy::Queue,
-        },
+        }),
         T0,
     )
     .await;
@@ -182,11 +178,11 @@ pub(super) async fn a_key_may_have_its_own_limit(store: &dyn Store, _raw: &Raw) 
     // does the key.
     one(store, key_limit("slow", None, 1), T0).await;
     assert_eq!(count(&claim(store, &["t"], 50, T0 + 2).await, "slow"), 1);
-    let remove = Op::Remove {
+    let remove = Op::Setting(SettingChange::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
         setting: Setting::ConcurrencyLimit(Some("vip".into())),
-    };
+    });
     assert!(matches!(
         one(store, remove.clone(), T0).await,
         Outcome::Removed(true)
@@ -245,10 +241,7 @@ pub(super) async fn key_counts_follow_every_move_of_their_rows(store: &dyn Store
     let (a, b) = (of("a"), of("b"));
     let end =
         |row: &ActivityRow, transition| Op::finish(Arc::new(Attempt::from_row(row)), transition);
-    let retry = Transition::Retry {
-        next_at: T0 + 1_000,
-        error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
-    };
+    let retry = retry(T0 + 1_000, "again");
     // Endings and a claim in one batch, as the committer runs them.
     apply(
         store,
@@ -320,11 +313,13 @@ pub(super) async fn concurrency_strategies_cancel_the_newest_or_the_oldest(
     store: &dyn Store,
     _raw: &Raw,
 ) {
-    let limit = |strategy| Op::SetConcurrencyLimit {
-        namespace: "default".into(),
-        activity_type: "t".into(),
-        max_running: 2,
-        strategy,
+    let limit = |strategy| {
+        Op::Setting(SettingChange::ConcurrencyLimit {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            max_running: 2,
+            strategy,
+        })
     };
     // A submit and the strategy applied to its key, as the API commits them.
     let submit_keyed = |id: &'static str| async move {
@@ -401,12 +396,12 @@ pub(super) async fn concurrency_strategies_cancel_the_newest_or_the_oldest(
 pub(super) async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store, _raw: &Raw) {
     one(
         store,
-        Op::SetConcurrencyLimit {
+        Op::Setting(SettingChange::ConcurrencyLimit {
             namespace: "default".into(),
             activity_type: "t".into(),
             max_running: 1,
             strategy: concurrency::Strategy::CancelNewest,
-        },
+        }),
         T0,
     )
     .await;
@@ -447,10 +442,7 @@ pub(super) async fn a_batchs_endings_make_room_for_its_submits(store: &dyn Store
     assert_eq!(running[0].key.activity_id, "b");
     let retry = Op::Finish {
         attempt: Arc::new(Attempt::from_row(&running[0])),
-        transition: Transition::Retry {
-            next_at: T0 + 10_000,
-            error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
-        },
+        transition: retry(T0 + 10_000, "again"),
         lease_expired_by: None,
     };
     let outcomes = apply(

@@ -22,10 +22,7 @@ pub(super) async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(
 ) {
     // Tenant a's backlog, in one submit; then one row of tenant b and one row
     // without a fairness key.
-    let backlog = (0..50)
-        .map(|i| fair(&format!("a{i}"), "t", "a", 1))
-        .collect();
-    one(store, Op::Submit(backlog), T0).await;
+    backlog_of_a(store, 50).await;
     submit(store, fair("b0", "t", "b", 1)).await;
     submit(store, new("u0", "t")).await;
     assert_eq!(get(store, "b0").await.fairness_key.as_deref(), Some("b"));
@@ -89,10 +86,7 @@ pub(super) async fn a_newcomer_joins_the_head_of_a_backlog_behind_now(
 ) {
     // a's backlog has waited 10 s past the virtual times it was given when b's
     // first row comes.
-    let backlog = (0..20)
-        .map(|i| fair(&format!("a{i}"), "t", "a", 1))
-        .collect();
-    one(store, Op::Submit(backlog), T0).await;
+    backlog_of_a(store, 20).await;
     let later = T0 + 10_000;
     let b0 = NewActivity {
         next_at: later,
@@ -191,12 +185,12 @@ pub(super) async fn a_weight_set_for_a_fairness_key_places_its_new_rows(
     raw: &Raw,
 ) {
     let weight = |namespace: &str, ty: &str, key: &str, weight: u32| {
-        Op::SetFairnessWeight(FairnessWeight {
+        Op::Setting(SettingChange::FairnessWeight(FairnessWeight {
             namespace: namespace.into(),
             activity_type: ty.into(),
             key: key.into(),
             weight,
-        })
+        }))
     };
     // h weighs 3 on t; l weighs 1 on t (set twice: the second replaces the
     // first). h's weights of another type and of another namespace are not t's
@@ -281,10 +275,12 @@ pub(super) async fn a_weight_set_for_a_fairness_key_places_its_new_rows(
 
     // Deleted, h's new rows weigh what they say again: 1, a millisecond each
     // after its chain's 40 places of a third (13.32 ms).
-    let remove = || Op::Remove {
-        namespace: "default".into(),
-        activity_type: "t".into(),
-        setting: Setting::FairnessWeight("h".into()),
+    let remove = || {
+        Op::Setting(SettingChange::Remove {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            setting: Setting::FairnessWeight("h".into()),
+        })
     };
     let removed = one(store, remove(), T0).await;
     assert!(matches!(removed, Outcome::Removed(true)));
@@ -327,4 +323,12 @@ pub(super) async fn fairness_keys_order_a_concurrency_keys_own_rows(store: &dyn 
     // claim beside k's.
     submit(store, row("m0", "m", "a")).await;
     assert_eq!(ids(claim(store, &["t"], 2, T0).await), ["a2", "m0"]);
+}
+
+/// Tenant a's backlog of `n` rows of type "t", in one submit at `T0`.
+async fn backlog_of_a(store: &dyn Store, n: usize) {
+    let backlog = (0..n)
+        .map(|i| fair(&format!("a{i}"), "t", "a", 1))
+        .collect();
+    one(store, Op::Submit(backlog), T0).await;
 }

@@ -28,11 +28,7 @@ async fn retries_and_a_completion_are_recorded_with_who_ran_them(store: &dyn Sto
     for (n, at) in [(1, T0), (2, T0 + 1_000)] {
         let row = claim(store, &["t"], 1, at).await.remove(0);
         assert_eq!(row.attempt, n);
-        let error = crate::store::server_error(ErrorKind::Retryable, "Boom", format!("try {n}"));
-        let retry = Transition::Retry {
-            next_at: at + 1_000,
-            error,
-        };
+        let retry = retry(at + 1_000, &format!("try {n}"));
         assert!(finish(store, &row, retry, at + 300).await);
     }
     let row = claim(store, &["t"], 1, T0 + 2_000).await.remove(0);

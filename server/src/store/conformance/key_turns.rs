@@ -123,10 +123,7 @@ pub(super) async fn a_key_back_from_a_retry_has_no_credit_for_its_absence(
     for i in 0..20 {
         claim(store, &["t"], 1, T0 + 1 + i).await;
     }
-    let retry = Transition::Retry {
-        next_at: T0 + 30,
-        error: crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into()),
-    };
+    let retry = retry(T0 + 30, "again");
     assert!(finish(store, solo, retry, T0 + 30).await);
     for i in 1..6 {
         submit(store, keyed(format!("solo-{i}"), "solo")).await;
@@ -179,8 +176,7 @@ pub(super) async fn a_key_with_nothing_due_does_not_hold_back_the_others(
 /// type and priority, beside unkeyed rows, and claims them in their order (keys
 /// in turn, each by priority; the claim serves keys before unkeyed rows).
 pub(super) async fn sqlite_claims_the_waiting_rows_of_keys_after_a_reopen() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+    let (_dir, url) = crate::store::tests::sqlite_url_for_tests();
     let open = || async {
         SqliteStore::open(&url)
             .await

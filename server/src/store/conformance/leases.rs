@@ -11,12 +11,7 @@ pub(super) async fn renew_extends_only_attempts_still_running(store: &dyn Store,
         submit(store, new(id, "t")).await;
     }
     let rows = claim(store, &["t"], 3, T0).await;
-    let row = |id: &str| {
-        rows.iter()
-            .find(|r| r.key.activity_id == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("{id}"))
-    };
+    let row = |id: &str| by_id(&rows, id);
     let (a, b, c) = (row("a"), row("b"), row("c"));
     finish(store, &b, output("done"), T0 + 1).await;
     let attempts = vec![(a.id, a.attempt), (b.id, b.attempt), (c.id, c.attempt + 1)];

@@ -30,11 +30,7 @@ pub(super) async fn finish_is_fenced_by_attempt_and_status(store: &dyn Store, _r
 pub(super) async fn retry_and_snooze_reschedule(store: &dyn Store, _raw: &Raw) {
     submit(store, new("a", "t")).await;
     let row = claim(store, &["t"], 1, T0).await.remove(0);
-    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "first".into());
-    let retry = Transition::Retry {
-        next_at: T0 + 500,
-        error,
-    };
+    let retry = retry(T0 + 500, "first");
     assert!(finish(store, &row, retry, T0).await);
     let row = get(store, "a").await;
     assert_eq!(row.status, ActivityStatus::Scheduled);

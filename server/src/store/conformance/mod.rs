@@ -86,8 +86,7 @@ impl Raw {
 }
 
 async fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+    let (dir, url) = crate::store::tests::sqlite_url_for_tests();
     let store = SqliteStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("open {url}: {e}"));
@@ -139,10 +138,7 @@ macro_rules! conformance {
         mod postgres_backend {
             $($(
                 #[tokio::test]
-                #[cfg_attr(
-                    not(spool_test_postgres),
-                    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
-                )]
+                #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL (docs/TESTING.md)")]
                 async fn $name() {
                     let f = super::postgres().await;
                     super::$topic::$name(f.store.as_ref(), &f.raw).await;

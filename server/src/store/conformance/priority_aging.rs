@@ -29,11 +29,7 @@ pub(super) async fn priority_ages_once_set_and_is_strict_again_when_unset(
     // counts as due at T0, after y, due at T0 - 0.5 s.
     submit(store, row("x", 1, T0)).await;
     let x = claim(store, &["t"], 1, T0).await.remove(0);
-    let error = crate::store::server_error(ErrorKind::Retryable, "Boom", "again".into());
-    let retry = Transition::Retry {
-        next_at: T0 + 1_000,
-        error,
-    };
+    let retry = retry(T0 + 1_000, "again");
     assert!(finish(store, &x, retry, T0).await);
     submit(store, row("y", 0, T0 - 500)).await;
     assert_eq!(claim_order(store, T0 + 1_000).await, ["y", "x"]);

@@ -14,7 +14,12 @@ pub(super) async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _
         burst: 2,
     };
     assert!(matches!(
-        one(store, Op::SetRateLimit(limit("default")), T0).await,
+        one(
+            store,
+            Op::Setting(SettingChange::RateLimit(limit("default"))),
+            T0
+        )
+        .await,
         Outcome::RateLimitSet
     ));
     // The same type of another namespace is not limited by it.
@@ -74,10 +79,12 @@ pub(super) async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _
     }
     assert_eq!(claimed(one(store, other, T0 + 500).await), (1, vec![]));
 
-    let remove = || Op::Remove {
-        namespace: "default".into(),
-        activity_type: "t".into(),
-        setting: Setting::RateLimit(None),
+    let remove = || {
+        Op::Setting(SettingChange::Remove {
+            namespace: "default".into(),
+            activity_type: "t".into(),
+            setting: Setting::RateLimit(None),
+        })
     };
     assert!(matches!(
         one(store, remove(), T0).await,
@@ -104,7 +111,12 @@ pub(super) async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _ra
         period: std::time::Duration::from_secs(1),
         burst: 2,
     };
-    one(store, Op::SetRateLimit(limit.clone()), T0).await;
+    one(
+        store,
+        Op::Setting(SettingChange::RateLimit(limit.clone())),
+        T0,
+    )
+    .await;
     let keyed = |id: String, key: Option<&str>| {
         let mut row = new(&id, "t");
         row.concurrency_key = key.map(str::to_owned);
@@ -175,11 +187,11 @@ pub(super) async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _ra
         "the bucket spent at T0 + 1.5s is still empty"
     );
     // Removed, the key's rows go at once.
-    let remove = Op::Remove {
+    let remove = Op::Setting(SettingChange::Remove {
         namespace: "default".into(),
         activity_type: "t".into(),
         setting: Setting::RateLimit(Some("mail".into())),
-    };
+    });
     assert!(matches!(
         one(store, remove, T0).await,
         Outcome::Removed(true)

@@ -162,14 +162,14 @@ async fn run_case(store: &dyn Store, n: usize, case: &Case) -> (usize, usize) {
     let ty = format!("limits{n}");
     let shown = format!("case {n}: {case:?}");
     let limit = |key: Option<String>, (per_period, period_ms, burst): Rate| {
-        Op::SetRateLimit(rate::RateLimit {
+        Op::Setting(SettingChange::RateLimit(rate::RateLimit {
             namespace: "default".into(),
             activity_type: ty.clone(),
             key,
             per_period,
             period: std::time::Duration::from_millis(period_ms),
             burst,
-        })
+        }))
     };
     let mut setup = Vec::new();
     let mut type_bucket = case.rate.map(Bucket::new);
@@ -177,12 +177,12 @@ async fn run_case(store: &dyn Store, n: usize, case: &Case) -> (usize, usize) {
         setup.push(limit(None, rate));
     }
     if let Some(max_running) = case.max_running {
-        setup.push(Op::SetConcurrencyLimit {
+        setup.push(Op::Setting(SettingChange::ConcurrencyLimit {
             namespace: "default".into(),
             activity_type: ty.clone(),
             max_running,
             strategy: concurrency::Strategy::Queue,
-        });
+        }));
     }
     let mut keys: BTreeMap<Option<String>, KeyModel> = BTreeMap::new();
     let mut rows = Vec::new();
@@ -192,13 +192,13 @@ async fn run_case(store: &dyn Store, n: usize, case: &Case) -> (usize, usize) {
             setup.push(limit(Some(name.clone()), rate));
         }
         if let Some(max_running) = spec.max_running {
-            setup.push(Op::SetKeyLimit {
+            setup.push(Op::Setting(SettingChange::KeyLimit {
                 namespace: "default".into(),
                 activity_type: ty.clone(),
                 key: name.clone(),
                 max_running: Some(max_running),
                 weight: 1,
-            });
+            }));
         }
         for i in 0..spec.rows + spec.later {
             let mut row = new(&format!("{ty}-{name}-{i}"), &ty);

@@ -215,15 +215,13 @@ pub(super) async fn every_status_lists_in_order_and_counts_apart_from_other_name
             "{ns}"
         );
     }
-    let counts = store
-        .type_counts(T0 + 1)
-        .await
-        .unwrap_or_else(|e| panic!("type_counts: {e}"));
-    let summary: Vec<_> = counts
-        .iter()
-        .map(|c| (c.namespace.as_str(), c.due, c.delayed, c.running, c.failed))
-        .collect();
-    assert_eq!(summary, [("default", 2, 0, 3, 1), ("other", 2, 0, 3, 1)]);
+    assert_eq!(
+        backlog_at(store, T0 + 1, |c| c.namespace.clone()).await,
+        [
+            ("default".to_owned(), 2, 0, 3, 1),
+            ("other".to_owned(), 2, 0, 3, 1)
+        ]
+    );
 }
 
 pub(super) async fn stats_count_by_status(store: &dyn Store, _raw: &Raw) {
@@ -270,23 +268,27 @@ pub(super) async fn type_counts_split_the_backlog(store: &dyn Store, _raw: &Raw)
     let dead = get(store, "dead").await;
     let error = crate::store::server_error(ErrorKind::Terminal, "Fatal", "no".into());
     assert!(finish(store, &dead, Transition::Fail { error }, T0 + 1).await);
+    assert_eq!(
+        backlog_at(store, T0 + 10, |c| c.activity_type.clone()).await,
+        [("a".to_owned(), 2, 1, 0, 0), ("b".to_owned(), 0, 0, 1, 1)]
+    );
+}
+
+/// The type counts at `now`, each as its name (`name` picks namespace or type),
+/// due, delayed, running and failed.
+async fn backlog_at(
+    store: &dyn Store,
+    now: i64,
+    name: impl Fn(&TypeCounts) -> String,
+) -> Vec<(String, u64, u64, u64, u64)> {
     let counts = store
-        .type_counts(T0 + 10)
+        .type_counts(now)
         .await
         .unwrap_or_else(|e| panic!("type_counts: {e}"));
-    let summary: Vec<_> = counts
+    counts
         .iter()
-        .map(|c| {
-            (
-                c.activity_type.as_str(),
-                c.due,
-                c.delayed,
-                c.running,
-                c.failed,
-            )
-        })
-        .collect();
-    assert_eq!(summary, [("a", 2, 1, 0, 0), ("b", 0, 0, 1, 1)]);
+        .map(|c| (name(c), c.due, c.delayed, c.running, c.failed))
+        .collect()
 }
 
 pub(super) async fn running_and_due_times(store: &dyn Store, _raw: &Raw) {

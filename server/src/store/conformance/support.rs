@@ -107,6 +107,22 @@ pub(super) async fn finish(
     }
 }
 
+/// The row of `id` among `rows`.
+pub(super) fn by_id(rows: &[ActivityRow], id: &str) -> ActivityRow {
+    rows.iter()
+        .find(|r| r.key.activity_id == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} is not among the rows"))
+}
+
+/// A retryable failure ("Boom", `message`), due again at `next_at`.
+pub(super) fn retry(next_at: i64, message: &str) -> Transition {
+    Transition::Retry {
+        next_at,
+        error: crate::store::server_error(ErrorKind::Retryable, "Boom", message.to_owned()),
+    }
+}
+
 pub(super) fn output(s: &str) -> Transition {
     Transition::Complete {
         output: Payload {
@@ -118,13 +134,13 @@ pub(super) fn output(s: &str) -> Transition {
 
 /// A key's own limit and weight, as the API commits them.
 pub(super) fn key_limit(key: &str, max_running: Option<u32>, weight: u32) -> Op {
-    Op::SetKeyLimit {
+    Op::Setting(SettingChange::KeyLimit {
         namespace: "default".into(),
         activity_type: "t".into(),
         key: key.into(),
         max_running,
         weight,
-    }
+    })
 }
 
 /// Claims the due rows of type `t` one at a time, and names them in that order.

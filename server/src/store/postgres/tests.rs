@@ -6,8 +6,13 @@ use std::{
 };
 
 use super::*;
-use crate::store::Reads;
+use crate::store::{Reads, SettingChange};
 use sqlx::PgConnection;
+
+#[test]
+fn migrations_are_numbered_in_order() {
+    crate::store::migrations_are_numbered_in_order(&these_migrations());
+}
 
 /// A store in a schema of its own, with `extra` session options.
 async fn store_with(extra: &[(&str, &str)]) -> PostgresStore {
@@ -84,7 +89,7 @@ fn nodelay_of_sockets_to(port: u16) -> Vec<(RawFd, bool)> {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_node_starts_on_a_database_a_newer_version_migrated() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
@@ -118,7 +123,7 @@ async fn a_node_starts_on_a_database_a_newer_version_migrated() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn connections_to_postgres_send_without_nagle() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
@@ -152,7 +157,7 @@ async fn connections_to_postgres_send_without_nagle() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
     let store = Arc::new(store_with(&[]).await);
@@ -166,7 +171,10 @@ async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
             burst: 1_000,
         };
         store
-            .apply(Arc::from([Op::SetRateLimit(limit)]), 1_000)
+            .apply(
+                Arc::from([Op::Setting(SettingChange::RateLimit(limit))]),
+                1_000,
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -243,7 +251,7 @@ async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
@@ -308,7 +316,7 @@ async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
@@ -339,7 +347,7 @@ async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_node_alone_in_its_schema_publishes_nothing() {
     let alone = store_with(&[]).await;
@@ -446,7 +454,7 @@ async fn fill(conn: &mut PgConnection, n: i64, status: i64) {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout() {
     let store = store_with(&[("statement_timeout", "1s")]).await;
@@ -514,7 +522,7 @@ async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_claim_is_a_range_scan_of_the_due_index_whatever_the_statistics() {
     let store = store_with(&[]).await;
@@ -558,7 +566,7 @@ async fn a_claim_is_a_range_scan_of_the_due_index_whatever_the_statistics() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn readers_are_connected_before_the_first_read() {
     let store = store_with(&[]).await;
@@ -582,7 +590,7 @@ async fn readers_are_connected_before_the_first_read() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn keys_outgrowing_their_statistics_are_analyzed_again() {
     let store = store_with(&[]).await;
@@ -630,20 +638,11 @@ async fn keys_outgrowing_their_statistics_are_analyzed_again() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn writes_never_wait_behind_callers_reads() {
     let store = store_with(&[]).await;
-    let mut held = Vec::new();
-    for _ in 0..8 {
-        held.push(
-            store
-                .readers
-                .acquire()
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
-    }
+    let held = crate::store::tests::hold_every_connection(&store.readers).await;
     crate::store::tests::own_work_never_waits_behind_callers(&store).await;
     drop(held);
 }
@@ -654,7 +653,7 @@ async fn writes_never_wait_behind_callers_reads() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn the_urls_sslmode_is_honoured() {
     let url = spool_testkit::fixtures::postgres_url();
@@ -687,7 +686,7 @@ async fn the_urls_sslmode_is_honoured() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn sessions_of_the_version_before_count_keys_through_the_triggers() {
     let store = store_with(&[]).await;
@@ -748,7 +747,7 @@ async fn sessions_of_the_version_before_count_keys_through_the_triggers() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn submits_and_endings_move_their_keys_counts_in_place() {
     use crate::store::{Attempt, Claim, Transition};
@@ -833,7 +832,7 @@ async fn submits_and_endings_move_their_keys_counts_in_place() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn sessions_set_statement_lock_and_idle_timeouts() {
     let store = store_with(&[("lock_timeout", "3s")]).await;
@@ -861,7 +860,7 @@ async fn sessions_set_statement_lock_and_idle_timeouts() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn writing_sessions_never_commit_without_flushing() {
     for (asked, kept) in [("off", "on"), ("remote_apply", "remote_apply")] {
@@ -888,7 +887,7 @@ async fn writing_sessions_never_commit_without_flushing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn two_nodes_racing_for_rows_claim_each_once_and_keep_a_keys_limit() {
     use std::{
@@ -921,13 +920,13 @@ async fn two_nodes_racing_for_rows_claim_each_once_and_keep_a_keys_limit() {
         activity.concurrency_key = Some("k".into());
         activity
     }));
-    let limit = Op::SetKeyLimit {
+    let limit = Op::Setting(SettingChange::KeyLimit {
         namespace: "default".into(),
         activity_type: "keyed".into(),
         key: "k".into(),
         max_running: Some(2),
         weight: 1,
-    };
+    });
     nodes[0]
         .apply(vec![limit, Op::Submit(activities)].into(), now)
         .await

@@ -22,10 +22,7 @@ use super::{decode, sql};
 use crate::store::{
     ActivityRow, ActivityStatus, Claim, Error, HeartbeatDetails, Key, NewActivity, Op, Outcome,
     change::{self, Conflict, Ending, Found},
-    concurrency::{self, Strategy},
-    fairness::{self, FairnessWeight},
-    rate::{self, RateLimit},
-    rows,
+    concurrency, fairness, rate, rows,
 };
 use spool_proto::time::UnixMillis;
 
@@ -163,39 +160,12 @@ async fn apply_one(conn: &mut PgConnection, op: &Op, now: UnixMillis) -> Result<
         Op::Claim(claim) => claim_rows(conn, claim, now).await,
         Op::Cancel { key, reason } => cancel(conn, key, reason, now).await,
         Op::Redrive { key } => redrive(conn, key, now).await,
-        Op::SetRateLimit(limit) => set_rate_limit(conn, limit).await,
-        Op::SetConcurrencyLimit {
-            namespace,
-            activity_type,
-            max_running,
-            strategy,
-        } => set_concurrency_limit(conn, namespace, activity_type, *max_running, *strategy).await,
         Op::EnforceConcurrency {
             namespace,
             activity_type,
             keys,
         } => enforce(conn, namespace, activity_type, keys, now).await,
-        Op::SetKeyLimit {
-            namespace,
-            activity_type,
-            key,
-            max_running,
-            weight,
-        } => set_key_limit(conn, namespace, activity_type, key, *max_running, *weight).await,
-        Op::SetFairnessWeight(set) => set_fairness_weight(conn, set).await,
-        Op::Remove {
-            namespace,
-            activity_type,
-            setting,
-        } => remove(
-            conn,
-            removal!(setting),
-            namespace,
-            activity_type,
-            setting.key(),
-        )
-        .await
-        .map(Outcome::Removed),
+        Op::Setting(change) => write_setting(conn, change.write(&sql::SETTINGS)).await,
         Op::Rerank { ids } => rerank(conn, *ids).await.map(Outcome::Reranked),
         Op::Prune { before, limit } => prune(conn, *before, *limit, now).await.map(Outcome::Pruned),
         Op::Renew {

@@ -36,104 +36,28 @@ pub use writer::WRITER_THREAD;
 use writer::Writer;
 
 fn migrator() -> Migrator {
-    use super::migration;
-    Migrator::with_migrations(vec![
-        migration(
-            1,
-            "activities",
-            include_str!("../migrations/sqlite/0001_activities.sql"),
-        ),
-        migration(
-            2,
-            "integer_times",
-            include_str!("../migrations/sqlite/0002_integer_times.sql"),
-        ),
-        migration(
-            3,
-            "headers",
-            include_str!("../migrations/sqlite/0003_headers.sql"),
-        ),
-        migration(
-            4,
-            "attempts",
-            include_str!("../migrations/sqlite/0004_attempts.sql"),
-        ),
-        migration(
-            5,
-            "transition_free_lists",
-            include_str!("../migrations/sqlite/0005_transition_free_lists.sql"),
-        ),
-        migration(
-            6,
-            "priority_aging",
-            include_str!("../migrations/sqlite/0006_priority_aging.sql"),
-        ),
-        migration(
-            7,
-            "upcoming_rows_only",
-            include_str!("../migrations/sqlite/0007_upcoming_rows_only.sql"),
-        ),
-        migration(
-            8,
-            "rate_limits",
-            include_str!("../migrations/sqlite/0008_rate_limits.sql"),
-        ),
-        migration(
-            9,
-            "concurrency_keys",
-            include_str!("../migrations/sqlite/0009_concurrency_keys.sql"),
-        ),
-        migration(
-            10,
-            "keyed_claims",
-            include_str!("../migrations/sqlite/0010_keyed_claims.sql"),
-        ),
-        migration(
-            11,
-            "concurrency_strategies",
-            include_str!("../migrations/sqlite/0011_concurrency_strategies.sql"),
-        ),
-        migration(
-            12,
-            "key_shares",
-            include_str!("../migrations/sqlite/0012_key_shares.sql"),
-        ),
-        migration(
-            13,
-            "key_rate_limits",
-            include_str!("../migrations/sqlite/0013_key_rate_limits.sql"),
-        ),
-        migration(
-            14,
-            "keyed_endings",
-            include_str!("../migrations/sqlite/0014_keyed_endings.sql"),
-        ),
-        migration(
-            15,
-            "fairness_keys",
-            include_str!("../migrations/sqlite/0015_fairness_keys.sql"),
-        ),
-        migration(
-            16,
-            "fairness_weights",
-            include_str!("../migrations/sqlite/0016_fairness_weights.sql"),
-        ),
-        migration(
-            17,
-            "moves_on_expires_at",
-            include_str!("../migrations/sqlite/0017_moves_on_expires_at.sql"),
-        ),
-        migration(
-            18,
-            "keyed_waiting_in_memory",
-            include_str!("../migrations/sqlite/0018_keyed_waiting_in_memory.sql"),
-        ),
-        migration(
-            19,
-            "rerank_in_steps",
-            include_str!("../migrations/sqlite/0019_rerank_in_steps.sql"),
-        ),
-    ])
+    migrations!(
+        "sqlite",
+        "0001_activities",
+        "0002_integer_times",
+        "0003_headers",
+        "0004_attempts",
+        "0005_transition_free_lists",
+        "0006_priority_aging",
+        "0007_upcoming_rows_only",
+        "0008_rate_limits",
+        "0009_concurrency_keys",
+        "0010_keyed_claims",
+        "0011_concurrency_strategies",
+        "0012_key_shares",
+        "0013_key_rate_limits",
+        "0014_keyed_endings",
+        "0015_fairness_keys",
+        "0016_fairness_weights",
+        "0017_moves_on_expires_at",
+        "0018_keyed_waiting_in_memory",
+        "0019_rerank_in_steps",
+    )
 }
 
 pub struct SqliteStore {
@@ -263,12 +187,16 @@ impl Store for SqliteStore {
 mod tests {
     use super::*;
 
+    #[test]
+    fn migrations_are_numbered_in_order() {
+        crate::store::migrations_are_numbered_in_order(&migrator());
+    }
+
     /// One process per file: a second open of a file in use is refused, and the
     /// file is free again once the first store is gone.
     #[tokio::test]
     async fn a_database_file_is_held_by_one_store_at_a_time() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let (_dir, url) = crate::store::tests::sqlite_url_for_tests();
         let first = SqliteStore::open(&url)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -284,21 +212,8 @@ mod tests {
     /// work (see `own_work_never_waits_behind_callers`).
     #[tokio::test]
     async fn the_servers_own_work_never_waits_behind_callers() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
-        let store = SqliteStore::open(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut held = Vec::new();
-        for _ in 0..4 {
-            held.push(
-                store
-                    .readers
-                    .acquire()
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
-        }
+        let (_dir, store) = crate::store::tests::sqlite_for_tests().await;
+        let held = crate::store::tests::hold_every_connection(&store.readers).await;
         crate::store::tests::own_work_never_waits_behind_callers(&store).await;
         drop(held);
     }

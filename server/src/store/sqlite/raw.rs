@@ -259,19 +259,7 @@ impl Bind for f64 {
 
 impl Bind for str {
     fn bind_to(&self, slot: Slot<'_>) -> c_int {
-        let Ok(len) = c_int::try_from(self.len()) else {
-            return ffi::SQLITE_TOOBIG;
-        };
-        // Safety: SQLITE_TRANSIENT makes SQLite copy the bytes before returning.
-        unsafe {
-            ffi::sqlite3_bind_text(
-                slot.stmt.as_ptr(),
-                slot.index,
-                self.as_ptr().cast(),
-                len,
-                ffi::SQLITE_TRANSIENT(),
-            )
-        }
+        bind_copied(slot, self.as_bytes(), true)
     }
 }
 
@@ -283,19 +271,24 @@ impl Bind for String {
 
 impl Bind for [u8] {
     fn bind_to(&self, slot: Slot<'_>) -> c_int {
-        let Ok(len) = c_int::try_from(self.len()) else {
-            return ffi::SQLITE_TOOBIG;
-        };
-        // Safety: SQLITE_TRANSIENT makes SQLite copy the bytes; a zero-length blob
-        // is bound from a dangling-but-aligned pointer, which SQLite never reads.
-        unsafe {
-            ffi::sqlite3_bind_blob(
-                slot.stmt.as_ptr(),
-                slot.index,
-                self.as_ptr().cast(),
-                len,
-                ffi::SQLITE_TRANSIENT(),
-            )
+        bind_copied(slot, self, false)
+    }
+}
+
+/// Binds bytes as TEXT (`text`: UTF-8, as a `str` is) or as a BLOB.
+fn bind_copied(slot: Slot<'_>, bytes: &[u8], text: bool) -> c_int {
+    let Ok(len) = c_int::try_from(bytes.len()) else {
+        return ffi::SQLITE_TOOBIG;
+    };
+    let (stmt, index, at) = (slot.stmt.as_ptr(), slot.index, bytes.as_ptr());
+    // Safety: a live statement; SQLITE_TRANSIENT makes SQLite copy the bytes
+    // before returning; an empty slice's dangling-but-aligned pointer is never
+    // read.
+    unsafe {
+        if text {
+            ffi::sqlite3_bind_text(stmt, index, at.cast(), len, ffi::SQLITE_TRANSIENT())
+        } else {
+            ffi::sqlite3_bind_blob(stmt, index, at.cast(), len, ffi::SQLITE_TRANSIENT())
         }
     }
 }

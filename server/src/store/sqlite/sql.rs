@@ -636,6 +636,9 @@ pub const SET_KEY_RATE_LIMIT: &str = set_key_rate_limit!("?");
 pub const REMOVE_KEY_RATE_LIMIT: &str = "DELETE FROM key_rate_limits \
      WHERE namespace = ?1 AND activity_type = ?2 AND concurrency_key = ?3";
 
+/// The limits' and weights' statements, for their writes (`store::settings`).
+pub const SETTINGS: crate::store::settings::Statements = setting_statements!();
+
 /// When a key of type `?2` of namespace `?1` held back by its own rate limit has
 /// a token again, after `?3` (milliseconds).
 pub const KEY_REFILL: &str = concat!("SELECT ", key_refill!("?1", "?2", "?3", ""));

@@ -33,9 +33,7 @@ use crate::store::{
     ActivityRow, ActivityStatus, Attempt, Claim, Error, Fairness, HeartbeatDetails, Key,
     NewActivity, Op, Outcome, Transition,
     change::{self, Conflict, Ending, Entry, Found},
-    concurrency::{self, Strategy},
-    fairness::{self, FairnessWeight},
-    rate::{self, RateLimit},
+    concurrency, fairness, rate,
     rows::{self, encode_list},
 };
 
@@ -327,38 +325,12 @@ fn apply_one(
         } => finish(conn, attempt, transition, *lease_expired_by, now, moves),
         Op::Cancel { key, reason } => cancel(conn, key, reason, now, moves),
         Op::Redrive { key } => redrive(conn, key, now),
-        Op::SetRateLimit(limit) => set_rate_limit(conn, limit),
-        Op::SetConcurrencyLimit {
-            namespace,
-            activity_type,
-            max_running,
-            strategy,
-        } => set_concurrency_limit(conn, namespace, activity_type, *max_running, *strategy),
         Op::EnforceConcurrency {
             namespace,
             activity_type,
             keys,
         } => enforce(conn, namespace, activity_type, keys, now, moves),
-        Op::SetKeyLimit {
-            namespace,
-            activity_type,
-            key,
-            max_running,
-            weight,
-        } => set_key_limit(conn, namespace, activity_type, key, *max_running, *weight),
-        Op::SetFairnessWeight(set) => set_fairness_weight(conn, set),
-        Op::Remove {
-            namespace,
-            activity_type,
-            setting,
-        } => remove(
-            conn,
-            removal!(setting),
-            namespace,
-            activity_type,
-            setting.key(),
-        )
-        .map(Outcome::Removed),
+        Op::Setting(change) => write_setting(conn, change.write(&sql::SETTINGS)),
         Op::Prune { before, limit } => prune(conn, *before, *limit, now).map(Outcome::Pruned),
         Op::Rerank { ids } => rerank(conn, *ids).map(Outcome::Reranked),
         Op::Renew {

@@ -96,3 +96,6 @@ pub const SET_FAIRNESS_WEIGHT: &str = "INSERT INTO fairness_weights \
 
 pub const REMOVE_FAIRNESS_WEIGHT: &str = "DELETE FROM fairness_weights \
      WHERE namespace = $1 AND activity_type = $2 AND fairness_key = $3";
+
+/// The statements above, for the settings' writes (`store::settings`).
+pub const SETTINGS: crate::store::settings::Statements = setting_statements!();

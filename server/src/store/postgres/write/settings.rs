@@ -2,6 +2,7 @@
 //! re-ranking pass after a change of the priority aging, pruning, renewals.
 
 use super::*;
+use crate::store::settings::{Arg, SettingWrite};
 
 /// One step of the re-ranking pass, if one is left and no other node is taking
 /// its step: the next `ids` ids.
@@ -32,26 +33,21 @@ pub(super) async fn rerank(
     }))
 }
 
-/// A run of submits: every activity inserted by one statement when none of their
-/// keys exists or repeats (the common case); otherwise that insert is undone and
-/// each submit runs on its own, as it would alone.
-/// Deletes a limit of a namespace's type (with `key`, of that key) with
-/// `statement`; true when there was one.
-pub(super) async fn remove(
+/// A setting's write (`store::settings`), in one statement.
+pub(super) async fn write_setting(
     conn: &mut PgConnection,
-    statement: &'static str,
-    namespace: &str,
-    activity_type: &str,
-    key: Option<&str>,
-) -> Result<bool, Error> {
-    let q = sqlx::query(statement).bind(namespace).bind(activity_type);
-    let done = match key {
-        None => q,
-        Some(key) => q.bind(key),
+    write: SettingWrite<'_>,
+) -> Result<Outcome, Error> {
+    let mut q = sqlx::query(write.statement);
+    for arg in write.args {
+        q = match arg {
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt(v) => q.bind(v),
+            Arg::Text(v) => q.bind(v),
+        };
     }
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() > 0)
+    let done = q.execute(&mut *conn).await?;
+    Ok((write.outcome)(done.rows_affected()))
 }
 
 /// Extends the leases of the attempts still RUNNING, in one statement: those
@@ -112,78 +108,4 @@ pub(super) async fn prune(
         .rows_affected()
         .max(swept.rows_affected())
         .max(chains.rows_affected()))
-}
-
-pub(super) async fn set_fairness_weight(
-    conn: &mut PgConnection,
-    set: &FairnessWeight,
-) -> Result<Outcome, Error> {
-    sqlx::query(sql::SET_FAIRNESS_WEIGHT)
-        .bind(&set.namespace)
-        .bind(&set.activity_type)
-        .bind(&set.key)
-        .bind(i64::from(set.weight))
-        .execute(&mut *conn)
-        .await?;
-    Ok(Outcome::FairnessWeightSet)
-}
-
-pub(super) async fn set_key_limit(
-    conn: &mut PgConnection,
-    namespace: &str,
-    activity_type: &str,
-    key: &str,
-    max_running: Option<u32>,
-    weight: u32,
-) -> Result<Outcome, Error> {
-    sqlx::query(sql::SET_KEY_LIMIT)
-        .bind(namespace)
-        .bind(activity_type)
-        .bind(key)
-        .bind(max_running.map(i64::from))
-        .bind(i64::from(weight))
-        .execute(&mut *conn)
-        .await?;
-    Ok(Outcome::ConcurrencyLimitSet)
-}
-
-pub(super) async fn set_concurrency_limit(
-    conn: &mut PgConnection,
-    namespace: &str,
-    activity_type: &str,
-    max_running: u32,
-    strategy: Strategy,
-) -> Result<Outcome, Error> {
-    sqlx::query(sql::SET_CONCURRENCY_LIMIT)
-        .bind(namespace)
-        .bind(activity_type)
-        .bind(i64::from(max_running))
-        .bind(strategy.code())
-        .execute(&mut *conn)
-        .await?;
-    Ok(Outcome::ConcurrencyLimitSet)
-}
-
-pub(super) async fn set_rate_limit(
-    conn: &mut PgConnection,
-    limit: &RateLimit,
-) -> Result<Outcome, Error> {
-    let statement = match limit.key {
-        None => sql::SET_RATE_LIMIT,
-        Some(_) => sql::SET_KEY_RATE_LIMIT,
-    };
-    let q = sqlx::query(statement)
-        .bind(&limit.namespace)
-        .bind(&limit.activity_type)
-        .bind(i64::from(limit.per_period))
-        .bind(limit.period_ms())
-        .bind(i64::from(limit.burst))
-        .bind(limit.interval_ns());
-    match &limit.key {
-        None => q,
-        Some(key) => q.bind(key),
-    }
-    .execute(&mut *conn)
-    .await?;
-    Ok(Outcome::RateLimitSet)
 }

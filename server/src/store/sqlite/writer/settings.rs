@@ -2,6 +2,7 @@
 //! priority aging and its re-ranking pass, pruning, lease renewals.
 
 use super::*;
+use crate::store::settings::{Arg, SettingWrite};
 
 /// [`Writer::set_priority_aging`], in one transaction.
 pub(super) fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<bool, Error> {
@@ -100,104 +101,19 @@ pub(super) fn prune(
     Ok(pruned)
 }
 
-/// Deletes a limit of a namespace's type (with `key`, of that key) with
-/// `statement`; true when there was one.
-pub(super) fn remove(
+/// A setting's write (`store::settings`), in one statement.
+pub(super) fn write_setting(
     conn: &mut Connection,
-    statement: &'static str,
-    namespace: &str,
-    activity_type: &str,
-    key: Option<&str>,
-) -> Result<bool, Error> {
-    let q = conn
-        .query(statement)
-        .map_err(sqlite)?
-        .bind(namespace)
-        .bind(activity_type);
-    match key {
-        None => q,
-        Some(key) => q.bind(key),
+    write: SettingWrite<'_>,
+) -> Result<Outcome, Error> {
+    let mut q = conn.query(write.statement).map_err(sqlite)?;
+    for arg in &write.args {
+        q = match arg {
+            Arg::Int(v) => q.bind(v),
+            Arg::OptInt(v) => q.bind(v),
+            Arg::Text(v) => q.bind(*v),
+        };
     }
-    .execute()
-    .map(|removed| removed > 0)
-    .map_err(sqlite)
-}
-
-pub(super) fn set_fairness_weight(
-    conn: &mut Connection,
-    set: &FairnessWeight,
-) -> Result<Outcome, Error> {
-    conn.query(sql::SET_FAIRNESS_WEIGHT)
-        .map(|q| {
-            q.bind(set.namespace.as_str())
-                .bind(set.activity_type.as_str())
-                .bind(set.key.as_str())
-                .bind(&i64::from(set.weight))
-        })
-        .and_then(Query::execute)
-        .map(|_| Outcome::FairnessWeightSet)
-        .map_err(sqlite)
-}
-
-pub(super) fn set_key_limit(
-    conn: &mut Connection,
-    namespace: &str,
-    activity_type: &str,
-    key: &str,
-    max_running: Option<u32>,
-    weight: u32,
-) -> Result<Outcome, Error> {
-    conn.query(sql::SET_KEY_LIMIT)
-        .map(|q| {
-            q.bind(namespace)
-                .bind(activity_type)
-                .bind(key)
-                .bind(&max_running.map(i64::from))
-                .bind(&i64::from(weight))
-        })
-        .and_then(Query::execute)
-        .map(|_| Outcome::ConcurrencyLimitSet)
-        .map_err(sqlite)
-}
-
-pub(super) fn set_concurrency_limit(
-    conn: &mut Connection,
-    namespace: &str,
-    activity_type: &str,
-    max_running: u32,
-    strategy: Strategy,
-) -> Result<Outcome, Error> {
-    conn.query(sql::SET_CONCURRENCY_LIMIT)
-        .map(|q| {
-            q.bind(namespace)
-                .bind(activity_type)
-                .bind(&i64::from(max_running))
-                .bind(&strategy.code())
-        })
-        .and_then(Query::execute)
-        .map(|_| Outcome::ConcurrencyLimitSet)
-        .map_err(sqlite)
-}
-
-pub(super) fn set_rate_limit(conn: &mut Connection, limit: &RateLimit) -> Result<Outcome, Error> {
-    let statement = match limit.key {
-        None => sql::SET_RATE_LIMIT,
-        Some(_) => sql::SET_KEY_RATE_LIMIT,
-    };
-    let q = conn
-        .query(statement)
-        .map_err(sqlite)?
-        .bind(limit.namespace.as_str())
-        .bind(limit.activity_type.as_str())
-        .bind(&i64::from(limit.per_period))
-        .bind(&limit.period_ms())
-        .bind(&i64::from(limit.burst))
-        .bind(&limit.interval_ns());
-    match &limit.key {
-        None => q,
-        Some(key) => q.bind(key.as_str()),
-    }
-    .execute()
-    .map(|_| Outcome::RateLimitSet)
-    .map_err(sqlite)
+    let changed = q.execute().map_err(sqlite)?;
+    Ok((write.outcome)(changed))
 }
