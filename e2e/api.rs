@@ -157,13 +157,7 @@ async fn a_batch_is_one_commit_and_all_or_nothing() {
     };
     let err = client.submit_batch(batch).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
-    let missing = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "new-1")),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let missing = get_refused(&mut client, key("wf", "new-1")).await;
     assert_eq!(
         missing.code(),
         Code::NotFound,
@@ -304,21 +298,9 @@ async fn bad_input_is_refused_with_a_clear_status() {
     });
     refused(&mut client, r, Code::InvalidArgument, "max_attempts").await;
 
-    let err = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "missing")),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let err = get_refused(&mut client, key("wf", "missing")).await;
     assert_eq!(err.code(), Code::NotFound);
-    let err = client
-        .get(v1::GetRequest {
-            key: Some(key("", "a")),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let err = get_refused(&mut client, key("", "a")).await;
     assert_eq!(err.code(), Code::InvalidArgument);
     let err = client.get(v1::GetRequest::default()).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -365,13 +347,7 @@ async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
     assert!(submit(&mut client, ok).await.created);
     let stored = get(&mut client, key("wf", "fine")).await;
     assert_eq!(stored.input.unwrap().data.len(), 1024 * 1024);
-    let missing = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "big")),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let missing = get_refused(&mut client, key("wf", "big")).await;
     assert_eq!(missing.code(), Code::NotFound);
 }
 

@@ -3,25 +3,12 @@
 //! Fairness keys: one tenant's backlog does not hold back another's rows, and
 //! weights given at submit share the claims.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use spool_proto::v1::{self, ActivityStatus, admin_service_client::AdminServiceClient};
 use tonic::transport::Channel;
 
 use crate::harness::*;
-
-/// How many run now, and the most that ever ran at once.
-#[derive(Default)]
-struct Gauge {
-    now: AtomicU32,
-    most: AtomicU32,
-}
 
 /// A worker with room for 10 whose activity of type `t` holds its slot 30 ms,
 /// counting how many of key `k` run at once.
@@ -30,14 +17,11 @@ fn counting_worker(server: &TestServer, keyed: Arc<Gauge>) -> WorkerGuard {
         w.max_concurrency(10).activity("t", move |_, input| {
             let keyed = keyed.clone();
             async move {
-                let is_keyed = input.data.starts_with(br#"{"id":"k"#);
-                if is_keyed {
-                    let now = keyed.now.fetch_add(1, Ordering::SeqCst) + 1;
-                    keyed.most.fetch_max(now, Ordering::SeqCst);
-                }
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                if is_keyed {
-                    keyed.now.fetch_sub(1, Ordering::SeqCst);
+                let hold = tokio::time::sleep(Duration::from_millis(30));
+                if input.data.starts_with(br#"{"id":"k"#) {
+                    keyed.counted(hold).await;
+                } else {
+                    hold.await;
                 }
                 spool_worker::json(&"done")
             }
@@ -117,11 +101,7 @@ async fn a_key_never_runs_more_than_its_limit() {
     let _worker = counting_worker(&server, keyed.clone());
     server.await_workers(1).await;
     submit_and_wait(&server).await;
-    assert_eq!(
-        keyed.most.load(Ordering::SeqCst),
-        2,
-        "at most 2 at once, and the limit was used"
-    );
+    assert_eq!(keyed.most(), 2, "at most 2 at once, and the limit was used");
     let limits = concurrency_limits(&mut server.admin().await).await;
     assert_eq!(
         (limits.len(), limits[0].keys, limits[0].running),
@@ -133,7 +113,7 @@ async fn a_key_never_runs_more_than_its_limit() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn two_nodes_keep_one_limit() {
     let (a, b) = TestServer::two_on_postgres().await;
@@ -144,7 +124,7 @@ async fn two_nodes_keep_one_limit() {
     a.await_workers(1).await;
     b.await_workers(1).await;
     submit_and_wait(&a).await;
-    assert_eq!(keyed.most.load(Ordering::SeqCst), 2);
+    assert_eq!(keyed.most(), 2);
 }
 
 #[tokio::test]
@@ -451,31 +431,12 @@ async fn a_heavier_key_is_served_more_often() {
         (set.concurrency_key.as_str(), set.max_running, set.weight),
         ("heavy", 0, 3)
     );
-    let activities = ["heavy", "light"]
-        .into_iter()
-        .flat_map(|k| {
-            (0..60).map(move |i| {
-                let mut req = request("t", "wf", &format!("{k}-{i}"));
-                req.concurrency_key = k.into();
-                req
-            })
-        })
-        .collect();
-    server
-        .client()
-        .await
-        .submit_batch(v1::SubmitBatchRequest { activities })
-        .await
-        .unwrap();
-    // One slot: each claim takes one row, from the key whose turn it is.
-    let mut raw = RawWorker::connect(&server, &["t"], 1).await;
-    let mut task = raw.task().await;
-    let mut heavy = 0;
-    for _ in 0..40 {
-        heavy += usize::from(task.activity_id.starts_with("heavy"));
-        raw.complete(&task, task.attempt).await;
-        task = raw.ack_and_task().await.1;
-    }
+    let Served {
+        heavy,
+        raw: _worker,
+        next: task,
+        ..
+    } = serve_40(&server, |req, k| req.concurrency_key = k.into()).await;
     assert!(
         (28..=32).contains(&heavy),
         "weights 3 and 1: the heavy key ran {heavy} of 40"
@@ -538,19 +499,26 @@ async fn a_heavier_fairness_key_is_served_more_often() {
     );
 }
 
-/// Submits 60 rows of fairness key "heavy" and 60 of "light", with these
-/// weights, then serves 40 of them one at a time: how many of the heavy key's
-/// ran, and the order.
-async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usize, Vec<String>) {
-    let activities = [("heavy", heavy), ("light", light)]
+/// What a worker of one slot served of 60 rows of key "heavy" and 60 of
+/// "light": 40 of them, one at a time, each claim taking one row from the key
+/// whose turn it is.
+struct Served {
+    ids: Vec<String>,
+    /// How many of `ids` are the heavy key's.
+    heavy: usize,
+    raw: RawWorker,
+    /// The task that came after the 40, still running.
+    next: v1::ActivityTask,
+}
+
+/// Submits the rows at once (`keyed` sets a request's key), then serves 40.
+async fn serve_40(server: &TestServer, keyed: impl Fn(&mut v1::SubmitRequest, &str)) -> Served {
+    let activities = ["heavy", "light"]
         .into_iter()
-        .flat_map(|(k, weight)| {
-            (0..60).map(move |i| {
-                let mut req = request("t", "wf", &format!("{k}-{i}"));
-                req.fairness_key = k.into();
-                req.fairness_weight = weight;
-                req
-            })
+        .flat_map(|k| (0..60).map(move |i| (k, request("t", "wf", &format!("{k}-{i}")))))
+        .map(|(k, mut req)| {
+            keyed(&mut req, k);
+            req
         })
         .collect();
     server
@@ -560,15 +528,25 @@ async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usiz
         .await
         .unwrap();
     let mut raw = RawWorker::connect(server, &["t"], 1).await;
-    let mut task = raw.task().await;
-    let mut served = Vec::new();
-    for _ in 0..40 {
-        served.push(task.activity_id.clone());
-        raw.complete(&task, task.attempt).await;
-        task = raw.ack_and_task().await.1;
+    let (ids, next) = raw.serve_one_at_a_time(40).await;
+    let heavy = ids.iter().filter(|id| id.starts_with("heavy")).count();
+    Served {
+        ids,
+        heavy,
+        raw,
+        next,
     }
-    let heavy = served.iter().filter(|id| id.starts_with("heavy")).count();
-    (heavy, served)
+}
+
+/// [`serve_40`] with fairness keys of these weights: how many of the heavy
+/// key's ran, and the order.
+async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usize, Vec<String>) {
+    let served = serve_40(server, |req, k| {
+        req.fairness_key = k.into();
+        req.fairness_weight = if k == "heavy" { heavy } else { light };
+    })
+    .await;
+    (served.heavy, served.ids)
 }
 
 /// A weight an operator sets for a fairness key replaces the weights its rows
@@ -629,7 +607,7 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_fairness_weight_set_on_one_node_holds_on_another() {
     let (a, b) = TestServer::two_on_postgres().await;

@@ -196,10 +196,7 @@ async fn a_result_whose_commit_fails_twice_is_accepted(
     let dir = tempfile::tempdir().unwrap();
     let faulty = Faulty::in_dir(dir.path()).await;
     let server = TestServer::on_store(faulty.clone(), |_| {}).await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "a")).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let task = worker.task().await;
+    let (mut client, mut worker, task) = server.running_one(request("t", "wf", "a")).await;
     fault(&faulty).store(2, SeqCst);
     worker.complete(&task, task.attempt).await;
     let ack = tokio::time::timeout(Duration::from_secs(10), worker.ack())
@@ -221,10 +218,7 @@ async fn a_bare_heartbeat_keeps_the_stored_details() {
     // machine with several nodes.
     let server =
         TestServer::start_with(|c| c.heartbeat_interval = Duration::from_millis(1_000)).await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "a")).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let task = worker.task().await;
+    let (mut client, mut worker, task) = server.running_one(request("t", "wf", "a")).await;
     let beat = |details: Option<v1::Payload>| {
         worker_message::Message::Heartbeat(v1::Heartbeat {
             workflow_id: task.workflow_id.clone(),

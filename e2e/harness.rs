@@ -7,7 +7,15 @@
 //! each new connection to the next node, as a load balancer would: a test's
 //! submits, waits and workers land on different nodes.
 
-use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
 
 use spool_proto::v1::{
     self, ServerMessage, WorkerMessage, activity_service_client::ActivityServiceClient,
@@ -294,6 +302,20 @@ impl TestServer {
 
     /// The workers connected in the default namespace, over all nodes (each node
     /// lists its own).
+    /// Submits `request` and takes its task with a raw worker of one slot for
+    /// its type: a client, the worker, and the task it holds.
+    pub async fn running_one(
+        &self,
+        request: v1::SubmitRequest,
+    ) -> (ActivityServiceClient<Channel>, RawWorker, v1::ActivityTask) {
+        let mut client = self.client().await;
+        let activity_type = request.activity_type.clone();
+        submit(&mut client, request).await;
+        let mut worker = RawWorker::connect(self, &[&activity_type], 1).await;
+        let task = worker.task().await;
+        (client, worker, task)
+    }
+
     pub async fn workers(&self) -> Result<Vec<v1::WorkerInfo>, Status> {
         let mut workers = Vec::new();
         for mut admin in self.node_admins().await {
@@ -438,6 +460,64 @@ pub async fn get(
         .into_inner()
 }
 
+pub async fn get_with_history(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+) -> v1::Activity {
+    client
+        .get(v1::GetRequest {
+            key: Some(key),
+            include_history: true,
+        })
+        .await
+        .expect("get")
+        .into_inner()
+}
+
+/// The status of a `Get` that was refused (it panics if the call succeeded).
+pub async fn get_refused(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+) -> Status {
+    match client
+        .get(v1::GetRequest {
+            key: Some(key),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(found) => panic!("expected the get refused, found {:?}", found.into_inner()),
+        Err(status) => status,
+    }
+}
+
+/// How many handlers run now, and the most that ever ran at once.
+#[derive(Default)]
+pub struct Gauge {
+    now: AtomicU32,
+    most: AtomicU32,
+}
+
+impl Gauge {
+    /// Runs `work` counted among those running.
+    pub async fn counted<T>(&self, work: impl Future<Output = T>) -> T {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let out = work.await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+
+    pub fn most(&self) -> u32 {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// Where an activity ended: its status and the attempt it ended on.
+pub fn outcome(activity: &v1::Activity) -> (v1::ActivityStatus, u32) {
+    (status(activity), activity.attempt)
+}
+
 pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
     v1::ActivityStatus::try_from(activity.status).expect("known status")
 }
@@ -570,6 +650,20 @@ impl RawWorker {
             }
         }
         (task.unwrap(), cancel.unwrap())
+    }
+
+    /// Completes `n` tasks one at a time, each as it comes (the first from
+    /// [`Self::task`], each other after the last one's ack): their ids in the
+    /// order served, and the task that came after them.
+    pub async fn serve_one_at_a_time(&mut self, n: usize) -> (Vec<String>, v1::ActivityTask) {
+        let mut task = self.task().await;
+        let mut served = Vec::with_capacity(n);
+        for _ in 0..n {
+            served.push(task.activity_id.clone());
+            self.complete(&task, task.attempt).await;
+            task = self.ack_and_task().await.1;
+        }
+        (served, task)
     }
 
     pub async fn ack(&mut self) -> v1::ResultAck {

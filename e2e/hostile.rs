@@ -267,7 +267,7 @@ async fn worker_text_is_sanitised_on_sqlite() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn worker_text_is_sanitised_on_postgres() {
     let server = TestServer::start_on_database(&postgres_schema().await).await;
@@ -279,10 +279,7 @@ async fn worker_text_is_sanitised_on_postgres() {
 #[tokio::test]
 async fn an_absurd_snooze_is_cut_to_the_limit() {
     let server = TestServer::start().await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "snooze")).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let task = worker.task().await;
+    let (mut client, mut worker, task) = server.running_one(request("t", "wf", "snooze")).await;
     worker
         .send(worker_message::Message::Result(v1::ActivityResult {
             workflow_id: task.workflow_id.clone(),

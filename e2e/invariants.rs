@@ -53,10 +53,7 @@ async fn uncounted_steps_leave_the_budget_whole() {
     // One node: a node stopping beside others hands its sessions over to resume
     // elsewhere instead of releasing their attempts (the resume tests).
     let server = TestServer::one_node().await;
-    let mut client = server.client().await;
-    submit(&mut client, with_budget("a", 2)).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let first = worker.task().await;
+    let (client, mut worker, first) = server.running_one(with_budget("a", 2)).await;
     worker.send(result(&first, snooze_now())).await;
     let (ack, second) = worker.ack_and_task().await;
     assert!(ack.accepted);
@@ -88,10 +85,7 @@ async fn uncounted_steps_leave_the_budget_whole() {
 #[tokio::test]
 async fn a_re_drive_restores_the_whole_budget() {
     let server = TestServer::start().await;
-    let mut client = server.client().await;
-    submit(&mut client, with_budget("a", 3)).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let mut task = worker.task().await;
+    let (mut client, mut worker, mut task) = server.running_one(with_budget("a", 3)).await;
     for attempt in 1..=3 {
         assert_eq!(task.attempt, attempt);
         worker.send(result(&task, retryable_now("down"))).await;
@@ -138,10 +132,7 @@ async fn a_re_drive_restores_the_whole_budget() {
 #[tokio::test]
 async fn another_workers_result_for_the_same_attempt_is_refused() {
     let server = TestServer::start().await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "a")).await;
-    let mut holder = RawWorker::connect(&server, &["t"], 1).await;
-    let task = holder.task().await;
+    let (mut client, mut holder, task) = server.running_one(request("t", "wf", "a")).await;
     let mut other = RawWorker::connect(&server, &["t"], 1).await;
     other.complete(&task, task.attempt).await;
     assert!(!other.ack().await.accepted, "not its attempt");
@@ -296,10 +287,7 @@ async fn a_worker_cannot_claim_server_error_kinds_or_send_no_outcome() {
 #[tokio::test]
 async fn a_second_hello_ends_the_session() {
     let server = TestServer::start().await;
-    let mut client = server.client().await;
-    submit(&mut client, request("t", "wf", "a")).await;
-    let mut worker = RawWorker::connect(&server, &["t"], 1).await;
-    let task = worker.task().await;
+    let (mut client, mut worker, task) = server.running_one(request("t", "wf", "a")).await;
     worker
         .send(worker_message::Message::Hello(hello(&["t"], 1)))
         .await;

@@ -261,10 +261,7 @@ async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
     // A worker for the type arrives: it runs, as attempt 1.
     let _late = server.worker(|w| w.activity("unserved", |_, _| async { Ok(Payload::default()) }));
     let done = wait(&mut client, key("wf", "u")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (ActivityStatus::Completed, 1));
 }
 
 #[tokio::test]
@@ -319,7 +316,7 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
     req.retry_policy = fast_retries(2);
     submit(&mut client, req).await;
     let dead = wait(&mut client, key("wf", "r")).await;
-    assert_eq!((status(&dead), dead.attempt), (ActivityStatus::Failed, 2));
+    assert_eq!(outcome(&dead), (ActivityStatus::Failed, 2));
 
     let err = client
         .retry(v1::RetryRequest {
@@ -342,10 +339,7 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
         ActivityStatus::Scheduled | ActivityStatus::Running | ActivityStatus::Completed
     ));
     let done = wait(&mut client, key("wf", "r")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (ActivityStatus::Completed, 3)
-    );
+    assert_eq!(outcome(&done), (ActivityStatus::Completed, 3));
     let err = client
         .retry(v1::RetryRequest {
             key: Some(key("wf", "r")),
@@ -478,19 +472,12 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
 
     let x = wait(&mut client, key("wf", "x")).await;
     assert_eq!(
-        (status(&x), x.attempt),
+        outcome(&x),
         (ActivityStatus::Completed, 1),
         "x ran to the end on the leaving worker"
     );
     wait(&mut client, key("wf", "y")).await;
-    let y = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "y")),
-            include_history: true,
-        })
-        .await
-        .expect("get y")
-        .into_inner();
+    let y = get_with_history(&mut client, key("wf", "y")).await;
     let history: Vec<(u32, &str, &str)> = y
         .history
         .iter()

@@ -104,7 +104,7 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
     // 2 still runs.
     tokio::time::sleep(Duration::from_millis(2_000).saturating_sub(started.elapsed())).await;
     let row = get(&mut client, key("wf", "hb")).await;
-    assert_eq!((status(&row), row.attempt), (ActivityStatus::Running, 2));
+    assert_eq!(outcome(&row), (ActivityStatus::Running, 2));
     beats.abort();
     raw.complete(&second, 2).await;
     assert!(raw.ack().await.accepted);
@@ -131,7 +131,7 @@ async fn start_to_close_fails_each_attempt_as_timeout() {
     req.retry_policy = fast_retries(2);
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "s2c")).await;
-    assert_eq!((status(&done), done.attempt), (ActivityStatus::Failed, 2));
+    assert_eq!(outcome(&done), (ActivityStatus::Failed, 2));
     assert_eq!(
         last_error(&done),
         (ErrorKind::Timeout, "StartToCloseTimeout".into())
@@ -150,7 +150,7 @@ async fn schedule_to_close_fails_waiting_and_running_activities_for_good() {
     waiting.schedule_to_close_timeout = ms(200);
     submit(&mut client, waiting).await;
     let done = wait(&mut client, key("wf", "waiting")).await;
-    assert_eq!((status(&done), done.attempt), (ActivityStatus::Failed, 0));
+    assert_eq!(outcome(&done), (ActivityStatus::Failed, 0));
     assert_eq!(
         last_error(&done),
         (ErrorKind::Timeout, "ScheduleToCloseTimeout".into())
@@ -190,10 +190,7 @@ async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
     let started = tokio::time::Instant::now();
     let _healthy = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
     let done = wait(&mut client, key("wf", "s")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (ActivityStatus::Completed, 2)
-    );
+    assert_eq!(outcome(&done), (ActivityStatus::Completed, 2));
     assert_eq!(last_error(&done).0, ErrorKind::WorkerLost);
     // Evicted after 3 silent intervals (300 ms), far sooner than any lease (30 s):
     // the bound leaves room for a loaded machine.
@@ -243,7 +240,7 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
     assert_eq!((report.completed, report.released), (3, 0));
     for i in 0..3 {
         let row = get(&mut client, key("wf", &format!("d{i}"))).await;
-        assert_eq!((status(&row), row.attempt), (ActivityStatus::Completed, 1));
+        assert_eq!(outcome(&row), (ActivityStatus::Completed, 1));
     }
     // Still up: submits are stored but not dispatched (the raw worker, connected
     // before the drain and ignoring it, is sent nothing); new workers are turned away.
@@ -271,10 +268,7 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
         "only Drain reaches a worker after the drain: {drained:?}"
     );
     let after = get(&mut client, key("wf", "after")).await;
-    assert_eq!(
-        (status(&after), after.attempt),
-        (ActivityStatus::Scheduled, 0)
-    );
+    assert_eq!(outcome(&after), (ActivityStatus::Scheduled, 0));
     let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
     let check = health
         .check(tonic_health::pb::HealthCheckRequest {
@@ -330,10 +324,7 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
     let _worker = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
     let mut client = server.client().await;
     let done = wait(&mut client, key("wf", "forever")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (ActivityStatus::Completed, 2)
-    );
+    assert_eq!(outcome(&done), (ActivityStatus::Completed, 2));
 }
 
 #[tokio::test]
@@ -360,7 +351,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "p")).await;
     assert_eq!(
-        (status(&done), done.attempt),
+        outcome(&done),
         (ActivityStatus::Completed, 1),
         "{:?}",
         done.last_error

@@ -10,7 +10,7 @@ use crate::harness::*;
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn nodes_sharing_a_database_hand_work_to_each_other() {
     let (a, b) = TestServer::two_on_postgres().await;
@@ -63,7 +63,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
     let (a, b) = TestServer::two_on_postgres().await;
@@ -99,7 +99,7 @@ async fn delayed_activities_submitted_together_each_come_due_on_the_other_node()
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     let database = postgres_schema().await;

@@ -1,12 +1,6 @@
 //! The worker stream, spoken by hand where the SDK would never misbehave.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU32, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use spool_proto::v1::{self, ActivityStatus, ErrorKind, server_message, worker_message};
 use spool_worker::Payload;
@@ -79,17 +73,15 @@ async fn flow_control_never_exceeds_max_concurrency() {
     }
 
     // And through the SDK, with real concurrency: never more than 3 at once.
-    let running = Arc::new(AtomicU32::new(0));
-    let peak = Arc::new(AtomicU32::new(0));
-    let (r, p) = (running.clone(), peak.clone());
+    let gauge = Arc::new(Gauge::default());
+    let counted = gauge.clone();
     let _worker = server.worker(move |w| {
         w.max_concurrency(3).activity("busy", move |_, _| {
-            let (r, p) = (r.clone(), p.clone());
+            let counted = counted.clone();
             async move {
-                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
-                p.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                r.fetch_sub(1, Ordering::SeqCst);
+                counted
+                    .counted(tokio::time::sleep(Duration::from_millis(20)))
+                    .await;
                 Ok(Payload::default())
             }
         })
@@ -103,7 +95,7 @@ async fn flow_control_never_exceeds_max_concurrency() {
     for i in 0..30 {
         wait(&mut client, key("wf", &format!("b{i}"))).await;
     }
-    assert_eq!(peak.load(Ordering::SeqCst), 3);
+    assert_eq!(gauge.most(), 3);
 }
 
 #[tokio::test]
@@ -421,13 +413,7 @@ async fn namespaces_do_not_mix() {
     // A worker of the default namespace never sees it.
     let mut default_worker = RawWorker::connect(&server, &["t"], 1).await;
     default_worker.quiet_for(Duration::from_millis(200)).await;
-    let err = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "a")),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let err = get_refused(&mut client, key("wf", "a")).await;
     assert_eq!(
         err.code(),
         tonic::Code::NotFound,

@@ -148,10 +148,7 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
 
     // The rows held back wait: no attempt, no slot.
     let last = get(&mut client, key("wf", "r998")).await;
-    assert_eq!(
-        (status(&last), last.attempt),
-        (v1::ActivityStatus::Scheduled, 0)
-    );
+    assert_eq!(outcome(&last), (v1::ActivityStatus::Scheduled, 0));
     let limits = admin
         .list_rate_limits(v1::ListRateLimitsRequest::default())
         .await
@@ -165,7 +162,7 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn two_nodes_take_from_one_bucket() {
     let (a, b) = TestServer::two_on_postgres().await;

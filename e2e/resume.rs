@@ -192,24 +192,13 @@ async fn a_cut_within_the_grace_costs_nothing() {
     proxy.up();
     assert!(connected(&mut connection).await, "the session was resumed");
     let done = wait(&mut client, key("wf", "a")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     assert_eq!(seen.runs(), [("a".to_owned(), 1)], "run once");
     eventually("the result's ack", || async {
         (seen.accepted("a", 1) == 1).then_some(())
     })
     .await;
-    let history = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "a")),
-            include_history: true,
-        })
-        .await
-        .expect("get")
-        .into_inner()
-        .history;
+    let history = get_with_history(&mut client, key("wf", "a")).await.history;
     assert_eq!(history.len(), 1, "one attempt: {history:?}");
 }
 
@@ -239,10 +228,7 @@ async fn a_result_produced_while_disconnected_is_recorded_once() {
     );
     proxy.up();
     let done = wait(&mut client, key("wf", "b")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     eventually("the result's ack", || async {
         (seen.accepted("b", 1) == 1).then_some(())
     })
@@ -344,10 +330,7 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.up();
     let done = wait(&mut client, key("wf", "s")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     assert_eq!(seen.runs(), [("s".to_owned(), 1)], "run once");
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -395,10 +378,7 @@ async fn a_session_that_said_goodbye_resumes_to_report_and_takes_no_new_task() {
     let ack = resumed.ack().await;
     assert!(ack.accepted, "{ack:?}");
     let done = get(&mut client, key("wf", "g")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
 }
 
 /// The SDK's side: a worker shutting down whose connection is cut after its
@@ -490,10 +470,7 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
     proxy.down();
     proxy.cut();
     let done = wait(&mut client, key("wf", "c")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 2)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 2));
     assert_eq!(
         done.last_error.map(|e| e.kind),
         Some(v1::ErrorKind::WorkerLost as i32)
@@ -507,10 +484,7 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
     })
     .await;
     let still = get(&mut client, key("wf", "c")).await;
-    assert_eq!(
-        (status(&still), still.attempt),
-        (v1::ActivityStatus::Completed, 2)
-    );
+    assert_eq!(outcome(&still), (v1::ActivityStatus::Completed, 2));
     assert_eq!(seen.accepted("c", 1), 0);
 }
 
@@ -537,10 +511,7 @@ async fn a_stalled_connection_is_detected_and_resumed() {
         "resumed over a new connection"
     );
     let done = wait(&mut client, key("wf", "d")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     assert_eq!(seen.runs(), [("d".to_owned(), 1)]);
     proxy.cut();
 }
@@ -623,10 +594,7 @@ async fn forged_and_replayed_resume_tokens_are_refused_and_change_nothing() {
         "the resumed stream's result counts"
     );
     let done = wait(&mut client, key("wf", "s")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
 }
 
 /// A task dispatched while the worker's stream was down is sent again on the
@@ -734,14 +702,7 @@ async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume(
         ("stopped", false),
         "{ack:?}"
     );
-    let again = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "done")),
-            include_history: true,
-        })
-        .await
-        .expect("get")
-        .into_inner();
+    let again = get_with_history(&mut client, key("wf", "done")).await;
     assert_eq!(
         (status(&again), again.attempt, again.finished_at),
         (v1::ActivityStatus::Completed, 1, recorded.finished_at),
@@ -804,10 +765,7 @@ async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_w
         "{ack:?}"
     );
     let done = get(&mut client, key("wf", "retried")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
 }
 
 /// A session whose call is dropped (the connection reset) while its ticket is
@@ -865,7 +823,7 @@ async fn a_resume_dropped_while_its_ticket_is_saved_loses_its_attempt_after_the_
     .await;
     let ended = wait(&mut client, key("wf", "r")).await;
     assert_eq!(
-        (status(&ended), ended.attempt),
+        outcome(&ended),
         (v1::ActivityStatus::Failed, 1),
         "{ended:?}"
     );
@@ -1083,10 +1041,7 @@ async fn a_worker_resumes_on_a_draining_node_and_its_attempt_completes() {
         .into_inner();
     assert_eq!((report.completed, report.released), (1, 0));
     let done = get(&mut client, key("wf", "r")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (v1::ActivityStatus::Completed, 1)
-    );
+    assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
 }
 
 /// Nodes `node-a` and `node-b` on one fresh PostgreSQL schema, and a proxy that
@@ -1121,7 +1076,7 @@ async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer,
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_session_moves_to_another_node_with_its_attempt() {
     let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
@@ -1154,20 +1109,14 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
     to.await_workers(1).await;
     let done = wait(&mut client, key("wf", "moved")).await;
     assert_eq!(
-        (status(&done), done.attempt),
+        outcome(&done),
         (v1::ActivityStatus::Completed, 1),
         "{done:?}"
     );
     assert!(done.last_error.is_none(), "never lost: {done:?}");
     assert_eq!(seen.runs(), [("moved".to_owned(), 1)]);
-    let history = client
-        .get(v1::GetRequest {
-            key: Some(key("wf", "moved")),
-            include_history: true,
-        })
+    let history = get_with_history(&mut client, key("wf", "moved"))
         .await
-        .expect("get")
-        .into_inner()
         .history;
     assert_eq!(
         history
@@ -1185,7 +1134,7 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn the_node_a_session_left_does_not_time_out_the_attempt_it_moved_with() {
     let (a, b, _proxy) = two_nodes(Duration::from_secs(5), Duration::from_secs(1)).await;
@@ -1272,7 +1221,7 @@ async fn on_first(a: &TestServer, b: &TestServer) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_stopping_node_hands_its_sessions_over() {
     let (a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
@@ -1317,7 +1266,7 @@ async fn a_stopping_node_hands_its_sessions_over() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_node_stopping_alone_releases_instead_of_handing_over() {
     let database = postgres_schema().await;
@@ -1349,7 +1298,7 @@ async fn a_node_stopping_alone_releases_instead_of_handing_over() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn nodes_stopping_together_release_instead_of_handing_over_to_each_other() {
     let (mut a, mut b, _proxy) =
@@ -1394,7 +1343,7 @@ type RunsWithInput = Arc<Mutex<Vec<(String, u32, Vec<u8>)>>>;
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
     const N: usize = 2_000;

@@ -63,10 +63,7 @@ async fn a_typed_activity_round_trips_and_bad_input_is_terminal() {
     )
     .await;
     let failed = wait(&mut client, key("wf", "bad")).await;
-    assert_eq!(
-        (status(&failed), failed.attempt),
-        (ActivityStatus::Failed, 1)
-    );
+    assert_eq!(outcome(&failed), (ActivityStatus::Failed, 1));
     let error = failed.last_error.unwrap_or_default();
     assert_eq!(error.r#type, "BadInput");
     assert!(
@@ -105,11 +102,7 @@ async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives
     req.retry_policy = fast_retries(3);
     submit(&mut client, req).await;
     let done = wait(&mut client, key("wf", "f")).await;
-    assert_eq!(
-        (status(&done), done.attempt),
-        (ActivityStatus::Completed, 3),
-        "{done:?}"
-    );
+    assert_eq!(outcome(&done), (ActivityStatus::Completed, 3), "{done:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 3, "one worker ran all three");
     // The second attempt's error is the last one stored before the success.
     let error = done.last_error.unwrap_or_default();
@@ -338,10 +331,7 @@ async fn limits_are_told_and_an_oversized_output_fails_only_its_attempt() {
     huge.retry_policy = fast_retries(3);
     submit(&mut raw, huge).await;
     let failed = wait(&mut raw, key("wf", "huge")).await;
-    assert_eq!(
-        (status(&failed), failed.attempt),
-        (ActivityStatus::Failed, 1)
-    );
+    assert_eq!(outcome(&failed), (ActivityStatus::Failed, 1));
     let error = failed.last_error.unwrap_or_default();
     assert_eq!(error.r#type, "PayloadTooLarge");
     assert!(error.message.contains("was not sent"), "{}", error.message);
@@ -360,19 +350,17 @@ async fn limits_are_told_and_an_oversized_output_fails_only_its_attempt() {
 #[tokio::test]
 async fn a_type_concurrency_limit_holds() {
     let server = TestServer::start().await;
-    let running = Arc::new(AtomicU32::new(0));
-    let most = Arc::new(AtomicU32::new(0));
-    let (now, peak) = (running.clone(), most.clone());
+    let gauge = Arc::new(Gauge::default());
+    let counted = gauge.clone();
     let _worker = server.worker(move |w| {
         w.max_concurrency(4)
             .type_concurrency("slow", 1)
             .activity("slow", move |_, _| {
-                let (now, peak) = (now.clone(), peak.clone());
+                let counted = counted.clone();
                 async move {
-                    let n = now.fetch_add(1, Ordering::SeqCst) + 1;
-                    peak.fetch_max(n, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    now.fetch_sub(1, Ordering::SeqCst);
+                    counted
+                        .counted(tokio::time::sleep(Duration::from_millis(100)))
+                        .await;
                     Ok(v1::Payload::default())
                 }
             })
@@ -385,7 +373,7 @@ async fn a_type_concurrency_limit_holds() {
         let done = wait(&mut client, key("wf", &format!("s{i}"))).await;
         assert_eq!(status(&done), ActivityStatus::Completed);
     }
-    assert_eq!(most.load(Ordering::SeqCst), 1, "never two at once");
+    assert_eq!(gauge.most(), 1, "never two at once");
 }
 
 /// The client retries UNAVAILABLE (a node restarting) for the calls that may be

@@ -254,8 +254,7 @@ mod tests {
 
     /// A node with one worker (one slot) running attempt 1 of activity "a".
     async fn node_running_one() -> Node {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
+        let (dir, url) = store::tests::sqlite_url_for_tests();
         let store = store::open(&url).await.unwrap_or_else(|e| panic!("{e}"));
         let registry = Arc::new(Registry::default());
         let pending = Arc::new(Pending::default());

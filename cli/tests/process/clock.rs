@@ -60,7 +60,7 @@ async fn completed_within(
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_faketime),
-    ignore = "needs libfaketime: apt-get install faketime"
+    ignore = "needs libfaketime (docs/TESTING.md)"
 )]
 async fn a_wall_clock_step_neither_evicts_workers_nor_moves_due_times() {
     let env = Env::new();
@@ -103,7 +103,7 @@ async fn a_wall_clock_step_neither_evicts_workers_nor_moves_due_times() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_faketime),
-    ignore = "needs libfaketime: apt-get install faketime"
+    ignore = "needs libfaketime (docs/TESTING.md)"
 )]
 async fn a_backward_step_holds_back_neither_delayed_nor_rate_limited_rows() {
     let env = Env::new();
@@ -143,7 +143,7 @@ async fn a_backward_step_holds_back_neither_delayed_nor_rate_limited_rows() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_faketime),
-    ignore = "needs libfaketime: apt-get install faketime"
+    ignore = "needs libfaketime (docs/TESTING.md)"
 )]
 async fn a_forward_step_expires_no_waiting_row() {
     let env = Env::new();
@@ -175,7 +175,7 @@ async fn a_forward_step_expires_no_waiting_row() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_faketime),
-    ignore = "needs libfaketime: apt-get install faketime"
+    ignore = "needs libfaketime (docs/TESTING.md)"
 )]
 async fn a_restart_after_a_backward_step_does_not_delay_due_rows() {
     let env = Env::new();
@@ -229,7 +229,7 @@ async fn skewed_pair(database: &str, offset: &str) -> (Env, Env, ServerProcess, 
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(all(spool_test_postgres, spool_test_faketime)),
-    ignore = "needs PostgreSQL (installed, or SPOOL_TEST_POSTGRES_URL) and libfaketime"
+    ignore = "needs PostgreSQL and libfaketime (docs/TESTING.md)"
 )]
 async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
     let database = postgres_schema().await;
@@ -257,7 +257,7 @@ async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(all(spool_test_postgres, spool_test_faketime)),
-    ignore = "needs PostgreSQL (installed, or SPOOL_TEST_POSTGRES_URL) and libfaketime"
+    ignore = "needs PostgreSQL and libfaketime (docs/TESTING.md)"
 )]
 async fn a_node_whose_clock_runs_behind_does_not_hold_due_rows_back() {
     let database = postgres_schema().await;

@@ -457,7 +457,7 @@ async fn a_second_signal_exits_at_once() {
 #[tokio::test]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
     let database = postgres_schema().await;

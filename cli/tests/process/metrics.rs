@@ -241,22 +241,18 @@ async fn each_family_reads_what_a_known_workload_did() {
         "nothing that did not happen"
     );
     // Each attempt was picked up once and ran once.
-    assert_eq!(
-        sample(&text, "spool_pickup_seconds_count", &of("echo")),
-        Some(2.0)
-    );
-    assert_eq!(
-        sample(&text, "spool_pickup_seconds_count", &of("flaky")),
-        Some(3.0)
-    );
-    assert_eq!(
-        sample(&text, "spool_run_seconds_count", &of("flaky")),
-        Some(3.0)
-    );
-    assert_eq!(
-        sample(&text, "spool_run_seconds_count", &of("poison")),
-        Some(1.0)
-    );
+    for (family, activity_type, attempts) in [
+        ("spool_pickup_seconds_count", "echo", 2.0),
+        ("spool_pickup_seconds_count", "flaky", 3.0),
+        ("spool_run_seconds_count", "flaky", 3.0),
+        ("spool_run_seconds_count", "poison", 1.0),
+    ] {
+        assert_eq!(
+            sample(&text, family, &of(activity_type)),
+            Some(attempts),
+            "{family} of {activity_type}"
+        );
+    }
     let group = [ns, ("group", "echo+flaky+poison")];
     assert_eq!(
         sample(

@@ -18,7 +18,7 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(spool_test_postgres),
-    ignore = "needs PostgreSQL: install it, or set SPOOL_TEST_POSTGRES_URL"
+    ignore = "needs PostgreSQL (docs/TESTING.md)"
 )]
 async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
     let database = postgres_schema().await;

@@ -164,18 +164,32 @@ impl ServerProcess {
         use tonic_health::pb::{
             HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
         };
+        self.on_each_connection("the server to go NOT_SERVING", |channel| async move {
+            let status = HealthClient::new(channel)
+                .check(HealthCheckRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            (status == ServingStatus::NotServing as i32).then_some(())
+        })
+        .await
+    }
+
+    /// Waits until `check` says so of a new connection to the server (one
+    /// refused counts as not yet), each try on its own connection.
+    async fn on_each_connection<F, Fut>(&self, what: &str, check: F)
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Option<()>>,
+    {
         let url = self.url.clone();
-        eventually("the server to go NOT_SERVING", || {
+        eventually(what, || {
             let url = url.clone();
+            let check = &check;
             async move {
                 let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
-                let status = HealthClient::new(channel)
-                    .check(HealthCheckRequest::default())
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .status;
-                (status == ServingStatus::NotServing as i32).then_some(())
+                check(channel).await
             }
         })
         .await
@@ -183,19 +197,14 @@ impl ServerProcess {
 
     pub async fn await_workers(&self, client: &mut ActivityServiceClient<Channel>, n: u32) {
         let _ = client;
-        let url = self.url.clone();
-        eventually("workers to connect", || {
-            let url = url.clone();
-            async move {
-                let channel = Channel::from_shared(url).ok()?.connect().await.ok()?;
-                let workers = AdminServiceClient::new(channel)
-                    .list_workers(v1::ListWorkersRequest::default())
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .workers;
-                (workers.len() == n as usize).then_some(())
-            }
+        self.on_each_connection("workers to connect", |channel| async move {
+            let workers = AdminServiceClient::new(channel)
+                .list_workers(v1::ListWorkersRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .workers;
+            (workers.len() == n as usize).then_some(())
         })
         .await;
     }

@@ -84,15 +84,10 @@ pub(super) fn instant_for(at: UnixMillis, now: UnixMillis) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SqliteStore;
 
     #[tokio::test]
     async fn with_other_nodes_everything_is_due_again_once_their_clocks_agree() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let url = format!("sqlite://{}", dir.path().join("spool.db").display());
-        let store = SqliteStore::open(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_dir, store) = crate::store::tests::sqlite_for_tests().await;
         let registry = Registry::new("n");
 
         let mut shared = Timer::default();

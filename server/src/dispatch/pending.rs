@@ -178,16 +178,20 @@ mod tests {
         }
     }
 
+    /// Waits for `changed`, failing the test if the notify that fires it was lost.
+    async fn notified(changed: impl std::future::Future<Output = ()>) {
+        tokio::time::timeout(std::time::Duration::from_secs(1), changed)
+            .await
+            .unwrap_or_else(|_| panic!("notify was lost"));
+    }
+
     #[tokio::test]
     async fn a_notify_after_enable_is_not_lost_and_entries_are_removed() {
         let pending = Arc::new(Pending::default());
         let waiter = pending.watch(key());
         let changed = waiter.changed();
         pending.notify(&key());
-        tokio::time::timeout(std::time::Duration::from_secs(1), changed)
-            .await
-            .map_err(|_| "notify was lost")
-            .unwrap_or_else(|e| panic!("{e}"));
+        notified(changed).await;
         assert_eq!(pending.len(), 1);
         drop(waiter);
         assert_eq!(pending.len(), 0);
@@ -204,10 +208,7 @@ mod tests {
         assert_eq!(pending.len(), 1);
         let changed = second.changed();
         pending.notify(&key());
-        tokio::time::timeout(std::time::Duration::from_secs(1), changed)
-            .await
-            .map_err(|_| "notify was lost")
-            .unwrap_or_else(|e| panic!("{e}"));
+        notified(changed).await;
         drop(second);
         assert_eq!(pending.len(), 0);
     }

@@ -346,36 +346,19 @@ fn retry_policy_defaults_fill_zeroes_and_bounds_are_inclusive() {
         (600_000, 600_000)
     );
     // Equal initial and maximum is allowed; a maximum below the initial is not.
-    assert!(
-        resolve(v1::RetryPolicy {
-            initial_interval: d(5, 0),
-            max_interval: d(5, 0),
-            ..Default::default()
-        })
-        .is_ok()
-    );
-    assert!(
-        resolve(v1::RetryPolicy {
-            initial_interval: d(5, 0),
-            max_interval: d(4, 0),
-            ..Default::default()
-        })
-        .is_err()
-    );
-    assert!(
-        resolve(v1::RetryPolicy {
-            max_attempts: MAX_ATTEMPTS,
-            ..Default::default()
-        })
-        .is_ok()
-    );
-    assert!(
-        resolve(v1::RetryPolicy {
-            non_retryable_error_types: vec!["X".into(); MAX_NON_RETRYABLE_TYPES],
-            ..Default::default()
-        })
-        .is_ok()
-    );
+    let bounded = |max| v1::RetryPolicy {
+        initial_interval: d(5, 0),
+        max_interval: d(max, 0),
+        ..Default::default()
+    };
+    assert!(resolve(bounded(5)).is_ok());
+    assert!(resolve(bounded(4)).is_err());
+    let at_the_limits = v1::RetryPolicy {
+        max_attempts: MAX_ATTEMPTS,
+        non_retryable_error_types: vec!["X".into(); MAX_NON_RETRYABLE_TYPES],
+        ..Default::default()
+    };
+    assert!(resolve(at_the_limits).is_ok());
     assert_eq!(
         resolve(v1::RetryPolicy {
             backoff_coefficient: 1.0,
