@@ -24,31 +24,13 @@ async fn list_pages_through_everything_and_filters() {
             .collect(),
     };
     client.submit_batch(batch).await.unwrap();
-    let mut seen = Vec::new();
-    let mut token = String::new();
-    let mut pages = 0;
-    loop {
-        let page = client
-            .list(v1::ListRequest {
-                page_size: 10,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        pages += 1;
-        seen.extend(
-            page.activities
-                .into_iter()
-                .map(|a| a.key.unwrap().activity_id),
-        );
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
-    assert_eq!(pages, 3);
+    let pages = list_pages(&mut client, 10).await;
+    let seen: Vec<String> = pages
+        .iter()
+        .flat_map(|page| &page.activities)
+        .map(|a| a.key.clone().unwrap().activity_id)
+        .collect();
+    assert_eq!(pages.len(), 3);
     let expected: Vec<String> = (0..25).map(|i| format!("a{i:02}")).collect();
     assert_eq!(seen, expected, "every activity once, in submission order");
 
@@ -107,21 +89,11 @@ async fn stats_count_statuses_and_workers() {
     submit(&mut client, request("bad", "wf", "3")).await;
     submit(&mut client, request("unserved", "wf", "4")).await;
     submit(&mut client, request("unserved", "wf", "5")).await;
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "5")),
-            reason: String::new(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut client, key("wf", "5"), "").await.unwrap();
     for id in ["1", "2", "3"] {
         wait(&mut client, key("wf", id)).await;
     }
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert_eq!(
         (
             stats.scheduled,
@@ -314,11 +286,7 @@ async fn bad_input_is_refused_with_a_clear_status() {
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // Nothing above was stored.
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert_eq!(stats.scheduled, 0);
 }
 
@@ -397,14 +365,6 @@ async fn a_configured_token_is_required() {
     );
     let done = anonymous.wait(right).await.unwrap().into_inner();
     assert_eq!(status(&done), ActivityStatus::Completed);
-}
-
-fn with_token<T>(message: T, token: &str) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
 }
 
 #[tokio::test]

@@ -111,10 +111,7 @@ async fn a_key_never_runs_more_than_its_limit() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn two_nodes_keep_one_limit() {
     let (a, b) = TestServer::two_on_postgres().await;
     limit_two(&a).await;
@@ -605,10 +602,7 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
 
 /// A weight set through one node places the rows another node accepts.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_fairness_weight_set_on_one_node_holds_on_another() {
     let (a, b) = TestServer::two_on_postgres().await;
     for (key, weight) in [("heavy", 3), ("light", 1)] {

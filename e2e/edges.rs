@@ -159,11 +159,7 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
             .send(worker_message::Message::Heartbeat(v1::Heartbeat::default()))
             .await;
     }
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert_eq!(stats.completed, N as u64);
     assert_eq!(stats.connected_workers, 1, "the worker was never evicted");
 }

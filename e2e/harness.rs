@@ -379,7 +379,19 @@ where
     spool_testkit::fixtures::eventually_for(WAIT, what, check).await
 }
 
-pub use spool_testkit::calls::{list_all, stats_until};
+pub use spool_testkit::calls::{list_all, list_pages, stats, stats_until};
+
+/// `message` as a request carrying `token` as its bearer token.
+pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}")
+            .parse()
+            .expect("a token fits a header"),
+    );
+    request
+}
 
 pub fn key(workflow_id: &str, activity_id: &str) -> v1::ActivityKey {
     v1::ActivityKey {
@@ -431,19 +443,28 @@ pub async fn wait(
     client: &mut ActivityServiceClient<Channel>,
     key: v1::ActivityKey,
 ) -> v1::Activity {
-    let activity = client
-        .wait(v1::WaitRequest {
-            key: Some(key),
-            timeout: Some(prost_types_duration(WAIT)),
-        })
-        .await
-        .expect("wait")
-        .into_inner();
+    let activity = wait_within(client, key, WAIT).await;
     assert!(
         activity.status >= v1::ActivityStatus::Completed as i32,
         "not terminal after {WAIT:?}: {activity:?}"
     );
     activity
+}
+
+/// The activity once terminal, or as it is after `within`.
+pub async fn wait_within(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+    within: Duration,
+) -> v1::Activity {
+    client
+        .wait(v1::WaitRequest {
+            key: Some(key),
+            timeout: Some(prost_types_duration(within)),
+        })
+        .await
+        .expect("wait")
+        .into_inner()
 }
 
 pub async fn get(
@@ -472,6 +493,19 @@ pub async fn get_with_history(
         .await
         .expect("get")
         .into_inner()
+}
+
+pub async fn cancel(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+    reason: impl Into<String>,
+) -> Result<tonic::Response<v1::Activity>, Status> {
+    client
+        .cancel(v1::CancelRequest {
+            key: Some(key),
+            reason: reason.into(),
+        })
+        .await
 }
 
 /// The status of a `Get` that was refused (it panics if the call succeeded).

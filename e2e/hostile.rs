@@ -60,11 +60,7 @@ async fn absurd_durations_are_refused_and_nothing_is_stored() {
     });
     let err = client.submit(nan).await.expect_err("NaN");
     assert_eq!(err.code(), Code::InvalidArgument);
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert_eq!(stats.scheduled, 0, "nothing was stored");
     // Ten years is the limit, and it is accepted; the activity reads back.
     let mut ten_years = request("t", "wf", "ten-years");
@@ -124,29 +120,14 @@ async fn list_pages_fit_a_default_client() {
         });
         client.submit(big).await.unwrap();
     }
-    let mut token = String::new();
-    let mut seen = 0;
-    let mut pages = 0;
-    loop {
-        let page = client
-            .list(v1::ListRequest {
-                page_size: 100,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await
-            .expect("every page fits 4 MiB")
-            .into_inner();
+    // Each page fits 4 MiB, or the List itself would have failed.
+    let pages = list_pages(&mut client, 100).await;
+    for page in &pages {
         assert!(page.encoded_len() < 4 * 1024 * 1024);
-        seen += page.activities.len();
-        pages += 1;
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
     }
+    let seen: usize = pages.iter().map(|page| page.activities.len()).sum();
     assert_eq!(seen, 12);
-    assert!(pages >= 4, "{pages} pages");
+    assert!(pages.len() >= 4, "{} pages", pages.len());
 }
 
 #[tokio::test]
@@ -154,20 +135,12 @@ async fn control_characters_from_clients_are_refused() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     submit(&mut client, request("t", "wf", "a")).await;
-    let err = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "a")),
-            reason: "stop\0now".into(),
-        })
+    let err = cancel(&mut client, key("wf", "a"), "stop\0now")
         .await
         .expect_err("NUL in a reason");
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("reason"), "{}", err.message());
-    let err = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "a")),
-            reason: "x".repeat(33 * 1024),
-        })
+    let err = cancel(&mut client, key("wf", "a"), "x".repeat(33 * 1024))
         .await
         .expect_err("an overlong reason");
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -179,11 +152,7 @@ async fn control_characters_from_clients_are_refused() {
     let err = client.submit(bad_type).await.expect_err("NUL content type");
     assert_eq!(err.code(), Code::InvalidArgument);
     // A line break in a reason is text, not an attack.
-    let cancelled = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "a")),
-            reason: "first line\nsecond line".into(),
-        })
+    let cancelled = cancel(&mut client, key("wf", "a"), "first line\nsecond line")
         .await
         .unwrap()
         .into_inner();
@@ -265,10 +234,7 @@ async fn worker_text_is_sanitised_on_sqlite() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn worker_text_is_sanitised_on_postgres() {
     let server = TestServer::start_on_database(&postgres_schema().await).await;
     worker_text_is_sanitised(&server).await;
@@ -355,14 +321,12 @@ async fn large_tasks_for_a_slow_worker_neither_time_out_nor_run_twice() {
     }
     // Generous: 96 MiB of tasks through one debug-built worker on a busy machine.
     for i in 0..n {
-        let done = client
-            .wait(v1::WaitRequest {
-                key: Some(key("wf", &format!("b{i}"))),
-                timeout: Some(prost_types_duration(Duration::from_secs(120))),
-            })
-            .await
-            .expect("wait")
-            .into_inner();
+        let done = wait_within(
+            &mut client,
+            key("wf", &format!("b{i}")),
+            Duration::from_secs(120),
+        )
+        .await;
         // Rows claimed ahead beyond what a worker may hold go back uncounted
         // and run as a later attempt: one counted attempt each.
         assert_eq!(

@@ -175,11 +175,7 @@ async fn dead_letter_at_max_attempts_with_last_error() {
     assert_eq!(error.kind, ErrorKind::Retryable as i32);
     assert_eq!(error.r#type, "Broken");
     assert_eq!(error.message, "attempt 3 broke");
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert_eq!(stats.failed, 1);
 }
 
@@ -248,14 +244,7 @@ async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
     server.await_workers(1).await;
     let mut client = server.client().await;
     submit(&mut client, request("unserved", "wf", "u")).await;
-    let waited = client
-        .wait(v1::WaitRequest {
-            key: Some(key("wf", "u")),
-            timeout: Some(prost_types_duration(Duration::from_millis(300))),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let waited = wait_within(&mut client, key("wf", "u"), Duration::from_millis(300)).await;
     assert_eq!(status(&waited), ActivityStatus::Scheduled);
     assert_eq!(waited.attempt, 0);
     // A worker for the type arrives: it runs, as attempt 1.

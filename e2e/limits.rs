@@ -185,14 +185,6 @@ async fn a_batch_just_under_the_message_limit_is_answered() {
     );
 }
 
-fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
-}
-
 /// Parked `Wait` calls are capped per token and on the node: past either cap a
 /// Wait that would park is refused with RESOURCE_EXHAUSTED naming the flag, a
 /// Wait on a finished activity is still answered, and a place freed (a caller
@@ -222,7 +214,7 @@ async fn parked_waits_are_capped_per_token_and_in_total() {
     let client = server.client().await;
     let wait_for = |token: &'static str, id: &'static str, timeout: Duration| {
         let mut client = client.clone();
-        let request = authed(
+        let request = with_token(
             v1::WaitRequest {
                 key: Some(key("wf", id)),
                 timeout: Some(prost_types_duration(timeout)),
@@ -233,15 +225,15 @@ async fn parked_waits_are_capped_per_token_and_in_total() {
     };
     let mut submitter = client.clone();
     submitter
-        .submit(authed(request("t", "wf", "waiting"), A))
+        .submit(with_token(request("t", "wf", "waiting"), A))
         .await
         .expect("submit");
     submitter
-        .submit(authed(request("t", "wf", "done"), A))
+        .submit(with_token(request("t", "wf", "done"), A))
         .await
         .expect("submit");
     submitter
-        .cancel(authed(
+        .cancel(with_token(
             v1::CancelRequest {
                 key: Some(key("wf", "done")),
                 reason: String::new(),

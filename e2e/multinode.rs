@@ -8,10 +8,7 @@ use spool_proto::v1::{self, ActivityStatus, server_message};
 use crate::harness::*;
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn nodes_sharing_a_database_hand_work_to_each_other() {
     let (a, b) = TestServer::two_on_postgres().await;
     let _worker_on_b =
@@ -42,11 +39,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
     let mut raw_on_b = RawWorker::connect(&b, &["held"], 1).await;
     submit(&mut client_a, request("held", "wf", "c")).await;
     let task = raw_on_b.task().await;
-    client_a
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "c")),
-            reason: "from node a".into(),
-        })
+    cancel(&mut client_a, key("wf", "c"), "from node a")
         .await
         .unwrap();
     match raw_on_b.next().await {
@@ -61,10 +54,7 @@ async fn nodes_sharing_a_database_hand_work_to_each_other() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn delayed_activities_submitted_together_each_come_due_on_the_other_node() {
     let (a, b) = TestServer::two_on_postgres().await;
     let _worker_on_b = b.worker(|w| w.activity("t", |_, _| async { Ok(Default::default()) }));
@@ -97,10 +87,7 @@ async fn delayed_activities_submitted_together_each_come_due_on_the_other_node()
 /// Renewal keeps a live attempt: with a 4 s lease and another node sweeping for
 /// expired leases, a 12 s activity runs once, as attempt 1.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     let database = postgres_schema().await;
     let short_lease = |c: &mut spool_server::Config| {
@@ -124,14 +111,7 @@ async fn a_live_attempt_outlasts_its_lease_while_another_node_sweeps() {
     a.await_workers(1).await;
     let mut client = a.client().await;
     submit(&mut client, request("long", "wf", "long")).await;
-    let done = client
-        .wait(v1::WaitRequest {
-            key: Some(key("wf", "long")),
-            timeout: Some(prost_types_duration(Duration::from_secs(30))),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let done = wait_within(&mut client, key("wf", "long"), Duration::from_secs(30)).await;
     assert_eq!(status(&done), ActivityStatus::Completed);
     assert_eq!(done.attempt, 1, "the renewed lease was never reclaimed");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);

@@ -103,11 +103,7 @@ async fn cancel_a_scheduled_activity() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     submit(&mut client, request("t", "wf", "c")).await;
-    let cancelled = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "c")),
-            reason: "not needed".into(),
-        })
+    let cancelled = cancel(&mut client, key("wf", "c"), "not needed")
         .await
         .unwrap()
         .into_inner();
@@ -115,19 +111,9 @@ async fn cancel_a_scheduled_activity() {
     assert_eq!(cancelled.last_error.unwrap().message, "not needed");
     let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     raw.quiet_for(Duration::from_millis(200)).await;
-    let err = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "c")),
-            reason: String::new(),
-        })
-        .await
-        .unwrap_err();
+    let err = cancel(&mut client, key("wf", "c"), "").await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    let err = client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "nope")),
-            reason: String::new(),
-        })
+    let err = cancel(&mut client, key("wf", "nope"), "")
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
@@ -144,13 +130,7 @@ async fn cancel_a_running_activity_tells_the_worker_and_refuses_its_result() {
         let mut client = client.clone();
         tokio::spawn(async move { wait(&mut client, key("wf", "r")).await })
     };
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "r")),
-            reason: "stop".into(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut client, key("wf", "r"), "stop").await.unwrap();
     match raw.next().await {
         server_message::Message::Cancel(c) => {
             assert_eq!(
@@ -201,13 +181,7 @@ async fn the_sdk_stops_a_cancelled_handler() {
     submit(&mut client, request("long", "wf", "l")).await;
     assert_eq!(starts.recv().await.as_deref(), Some("l"));
     submit(&mut client, request("long", "wf", "m")).await;
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "l")),
-            reason: String::new(),
-        })
-        .await
-        .unwrap();
+    cancel(&mut client, key("wf", "l"), "").await.unwrap();
     let stopped = tokio::time::timeout(WAIT, stops.recv()).await.unwrap();
     assert_eq!(
         stopped.as_deref(),

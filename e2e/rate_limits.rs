@@ -160,10 +160,7 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn two_nodes_take_from_one_bucket() {
     let (a, b) = TestServer::two_on_postgres().await;
     a.admin()

@@ -616,11 +616,7 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
         (two, one)
     };
     drop(first);
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", &cancelled.activity_id)),
-            reason: "not needed".into(),
-        })
+    cancel(&mut client, key("wf", &cancelled.activity_id), "not needed")
         .await
         .expect("cancel");
     // The worker says it has the cancelled attempt, not the other one.
@@ -665,11 +661,7 @@ async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume(
     assert_eq!(status(&recorded), v1::ActivityStatus::Completed);
     // The stream drops before the worker reads the ack.
     drop(first);
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "stopped")),
-            reason: "not needed".into(),
-        })
+    cancel(&mut client, key("wf", "stopped"), "not needed")
         .await
         .expect("cancel");
     let mut resumed = RawWorker::open(
@@ -913,11 +905,7 @@ async fn a_task_to_send_again_that_ended_meanwhile_frees_its_slot() {
     let mut client = server.client().await;
     faulty.hold_gets(true);
     let mut resumed = resume_lacking_a_task(&server, &mut client).await;
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "lacked")),
-            reason: "not needed".into(),
-        })
+    cancel(&mut client, key("wf", "lacked"), "not needed")
         .await
         .expect("cancel");
     faulty.hold_gets(false);
@@ -1074,10 +1062,7 @@ async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer,
 /// database; A, alive, lets it go when its grace runs out (its ending is fenced to
 /// rows still its own): attempt 1 completes, run once, never lost.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_session_moves_to_another_node_with_its_attempt() {
     let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
     let seen = Seen::default();
@@ -1132,10 +1117,7 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
 /// heartbeats to B. A's ending is fenced to rows still its own, so the attempt
 /// the worker runs on B is not ended as timed out, and completes.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn the_node_a_session_left_does_not_time_out_the_attempt_it_moved_with() {
     let (a, b, _proxy) = two_nodes(Duration::from_secs(5), Duration::from_secs(1)).await;
     let mut client = a.client().await;
@@ -1219,10 +1201,7 @@ async fn on_first(a: &TestServer, b: &TestServer) -> bool {
 /// drain, keeps running it, resumes on the other node when its stream ends, and
 /// attempt 1 completes there, run once.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_stopping_node_hands_its_sessions_over() {
     let (a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
     let seen = Seen::default();
@@ -1264,10 +1243,7 @@ async fn a_stopping_node_hands_its_sessions_over() {
 /// running for a hand-over no node could take, the attempt would be reclaimed as
 /// lost, counted, by the node started again before its worker was back.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_node_stopping_alone_releases_instead_of_handing_over() {
     let database = postgres_schema().await;
     let configure = |c: &mut spool_server::Config| {
@@ -1296,10 +1272,7 @@ async fn a_node_stopping_alone_releases_instead_of_handing_over() {
 /// running attempt is released, uncounted, and runs again after the restart
 /// rather than failing as lost.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn nodes_stopping_together_release_instead_of_handing_over_to_each_other() {
     let (mut a, mut b, _proxy) =
         two_nodes(Duration::from_secs(2), Duration::from_millis(500)).await;
@@ -1341,10 +1314,7 @@ type RunsWithInput = Arc<Mutex<Vec<(String, u32, Vec<u8>)>>>;
 /// (The rows a takeover reads carry no payloads; one kept ahead from them was once
 /// sent with an empty input.)
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_session_moved_with_rows_claimed_ahead_runs_each_with_its_input() {
     const N: usize = 2_000;
     let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;

@@ -144,11 +144,7 @@ async fn a_cancel_reaches_the_handler_promptly_with_its_reason() {
     submit(&mut client, request("long", "wf", "c")).await;
     assert_eq!(started_rx.recv().await.as_deref(), Some("c"));
     let cancelled_at = Instant::now();
-    client
-        .cancel(v1::CancelRequest {
-            key: Some(key("wf", "c")),
-            reason: "not needed any more".into(),
-        })
+    cancel(&mut client, key("wf", "c"), "not needed any more")
         .await
         .expect("cancel");
     let (id, reason, _) = eventually("the handler to see the cancel", || {

@@ -159,29 +159,32 @@ async fn mutual_tls_requires_a_valid_client_certificate_of_its_ca() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let server = tls_server(&pki, Some(pki.ca.clone())).await;
-    assert_refused_for(
-        &refusal(&server, &trusting(&pki, None)).await,
-        "CertificateRequired",
-        "a client without a certificate",
-    );
-    let foreign = Some((
-        pki.foreign_client_cert.as_path(),
-        pki.foreign_client_key.as_path(),
-    ));
-    assert_refused_for(
-        &refusal(&server, &trusting(&pki, foreign)).await,
-        "UnknownCA",
-        "a client certificate of another CA",
-    );
-    let expired = Some((
-        pki.expired_client_cert.as_path(),
-        pki.expired_client_key.as_path(),
-    ));
-    assert_refused_for(
-        &refusal(&server, &trusting(&pki, expired)).await,
-        "CertificateExpired",
-        "an expired client certificate",
-    );
+    let foreign = (&pki.foreign_client_cert, &pki.foreign_client_key);
+    let expired = (&pki.expired_client_cert, &pki.expired_client_key);
+    for (certificate, alert, what) in [
+        (
+            None,
+            "CertificateRequired",
+            "a client without a certificate",
+        ),
+        (
+            Some(foreign),
+            "UnknownCA",
+            "a client certificate of another CA",
+        ),
+        (
+            Some(expired),
+            "CertificateExpired",
+            "an expired client certificate",
+        ),
+    ] {
+        let certificate = certificate.map(|(c, k)| (c.as_path(), k.as_path()));
+        assert_refused_for(
+            &refusal(&server, &trusting(&pki, certificate)).await,
+            alert,
+            what,
+        );
+    }
     let valid = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
     round_trip(&server, trusting(&pki, valid)).await;
 }

@@ -1,5 +1,6 @@
 //! Calls to a running server that tests make again and again: every page of a
-//! List, and Stats polled until they show what a test waits for.
+//! List (or its pages), the default namespace's Stats, and Stats polled until they show what a
+//! test waits for.
 
 // A test helper: what it cannot do fails the test.
 #![allow(clippy::expect_used)]
@@ -11,24 +12,45 @@ use tonic::transport::Channel;
 
 /// Every activity in the default namespace, over all pages.
 pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Activity> {
-    let mut all = Vec::new();
+    list_pages(client, 1000)
+        .await
+        .into_iter()
+        .flat_map(|page| page.activities)
+        .collect()
+}
+
+/// Every page of the default namespace's List, asking for `page_size` a page.
+pub async fn list_pages(
+    client: &mut ActivityServiceClient<Channel>,
+    page_size: u32,
+) -> Vec<v1::ListResponse> {
+    let mut pages = Vec::new();
     let mut token = String::new();
     loop {
         let page = client
             .list(v1::ListRequest {
-                page_size: 1000,
+                page_size,
                 page_token: token,
                 ..Default::default()
             })
             .await
             .expect("list")
             .into_inner();
-        all.extend(page.activities);
-        if page.next_page_token.is_empty() {
-            return all;
+        token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            return pages;
         }
-        token = page.next_page_token;
     }
+}
+
+/// The default namespace's Stats now.
+pub async fn stats(client: &mut ActivityServiceClient<Channel>) -> v1::StatsResponse {
+    client
+        .stats(v1::StatsRequest::default())
+        .await
+        .expect("stats")
+        .into_inner()
 }
 
 /// Polls the default namespace's Stats through `client` until `done` accepts

@@ -734,10 +734,7 @@ async fn bench_reports_rates_and_the_server_s_and_workers_cpu_per_10k() {
 /// on one PostgreSQL and reports each node's rate, which add up to the phase's,
 /// and each node's CPU apart.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn bench_on_two_nodes_reports_each_node_s_rate_and_cpu() {
     let database = postgres_schema().await;
     let report = bench(&[

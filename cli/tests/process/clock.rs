@@ -58,10 +58,7 @@ async fn completed_within(
 /// on the monotonic clock), and due times do not move with the wall clock: a row
 /// delayed half an hour still waits, one due now runs at once.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_faketime),
-    ignore = "needs libfaketime (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_faketime), ignore = "needs faketime: docs/TESTING.md")]
 async fn a_wall_clock_step_neither_evicts_workers_nor_moves_due_times() {
     let env = Env::new();
     let (server, clock) = faked_server(&env).await;
@@ -101,10 +98,7 @@ async fn a_wall_clock_step_neither_evicts_workers_nor_moves_due_times() {
 /// A step of a minute back does not hold back a row that was due a second later,
 /// nor a rate-limited row waiting for the bucket's next token.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_faketime),
-    ignore = "needs libfaketime (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_faketime), ignore = "needs faketime: docs/TESTING.md")]
 async fn a_backward_step_holds_back_neither_delayed_nor_rate_limited_rows() {
     let env = Env::new();
     let (server, clock) = faked_server(&env).await;
@@ -141,10 +135,7 @@ async fn a_backward_step_holds_back_neither_delayed_nor_rate_limited_rows() {
 /// A step of two hours ahead does not fail a waiting row whose
 /// schedule-to-close timeout is an hour: it runs once a worker comes.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_faketime),
-    ignore = "needs libfaketime (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_faketime), ignore = "needs faketime: docs/TESTING.md")]
 async fn a_forward_step_expires_no_waiting_row() {
     let env = Env::new();
     let (server, clock) = faked_server(&env).await;
@@ -173,10 +164,7 @@ async fn a_forward_step_expires_no_waiting_row() {
 /// from the newest one stored, so a row due five seconds after the stop does not
 /// wait out the step.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_faketime),
-    ignore = "needs libfaketime (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_faketime), ignore = "needs faketime: docs/TESTING.md")]
 async fn a_restart_after_a_backward_step_does_not_delay_due_rows() {
     let env = Env::new();
     let (mut server, clock) = faked_server(&env).await;

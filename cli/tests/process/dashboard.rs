@@ -213,7 +213,7 @@ async fn finished(client: &spool_client::Client, id: &str) -> v1::Activity {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium (docs/TESTING.md)")]
+#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium: docs/TESTING.md")]
 async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
     let env = Env::new();
     let (server, base, client) = dashboard(&env, &[]).await;
@@ -549,7 +549,7 @@ async fn every_page_works_in_a_real_browser_and_a_dead_letter_is_redriven() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium (docs/TESTING.md)")]
+#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium: docs/TESTING.md")]
 async fn a_read_only_token_cannot_redrive_from_the_dashboard() {
     let env = Env::new();
     let (server, base, client) = dashboard(&env, &[]).await;
@@ -634,7 +634,7 @@ async fn a_read_only_token_cannot_redrive_from_the_dashboard() {
 /// sign-in form, no sign-out button, the activities view reachable at once. A
 /// server with tokens still asks for one.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium (docs/TESTING.md)")]
+#[cfg_attr(not(spool_test_browser), ignore = "needs Chromium: docs/TESTING.md")]
 async fn a_server_without_tokens_needs_no_sign_in() {
     let env = Env::new();
     let ui = format!("127.0.0.1:{}", free_port());

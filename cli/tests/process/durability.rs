@@ -103,7 +103,7 @@ fn wall() -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(spool_test_strace), ignore = "needs strace (docs/TESTING.md)")]
+#[cfg_attr(not(spool_test_strace), ignore = "needs strace: docs/TESTING.md")]
 async fn every_acknowledged_change_was_synced_to_disk_before_its_answer() {
     let env = Env::new();
     let server = env.server(&[]);

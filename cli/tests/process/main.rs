@@ -199,11 +199,7 @@ async fn kill_9_during_submits_keeps_every_acknowledged_one() {
             .await
             .unwrap_or_else(|e| panic!("acknowledged {id} is gone: {e}"));
     }
-    let stats = client
-        .stats(v1::StatsRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = stats(&mut client).await;
     assert!(
         stats.scheduled as usize >= acknowledged.len(),
         "{} stored, {} acknowledged",
@@ -455,10 +451,7 @@ async fn a_second_signal_exits_at_once() {
 }
 
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
     let database = postgres_schema().await;
     let (node_a, node_b) = (Env::new(), Env::new());

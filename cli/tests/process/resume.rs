@@ -16,10 +16,7 @@ use spool_worker::{Connection, Worker};
 use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
     let database = postgres_schema().await;
     let (node_a, node_b) = (Env::new(), Env::new());

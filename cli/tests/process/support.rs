@@ -501,7 +501,7 @@ pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
     v1::ActivityStatus::try_from(activity.status).expect("known status")
 }
 
-pub use spool_testkit::calls::{list_all, stats_until};
+pub use spool_testkit::calls::{list_all, stats, stats_until};
 
 pub use spool_testkit::fixtures::eventually_for;
 

@@ -138,7 +138,7 @@ macro_rules! conformance {
         mod postgres_backend {
             $($(
                 #[tokio::test]
-                #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL (docs/TESTING.md)")]
+                #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
                 async fn $name() {
                     let f = super::postgres().await;
                     super::$topic::$name(f.store.as_ref(), &f.raw).await;

@@ -87,10 +87,7 @@ fn nodelay_of_sockets_to(port: u16) -> Vec<(RawFd, bool)> {
 /// migrated (a rolling upgrade, a rollback): migrations it does not know are
 /// not an error.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_node_starts_on_a_database_a_newer_version_migrated() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let store = PostgresStore::open(&url)
@@ -121,10 +118,7 @@ async fn a_node_starts_on_a_database_a_newer_version_migrated() {
 /// delayed ACK, ~40 ms (sqlx 0.9.0 stopped setting TCP_NODELAY; see
 /// vendor/README.md).
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn connections_to_postgres_send_without_nagle() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let port = PgConnectOptions::from_str(&url)
@@ -155,10 +149,7 @@ async fn connections_to_postgres_send_without_nagle() {
 /// for `t2` holding it, and a batch naming them the other way round would
 /// wait for it in turn.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
     let store = Arc::new(store_with(&[]).await);
     for activity_type in ["t2", "t3"] {
@@ -249,10 +240,7 @@ async fn a_batch_locks_its_claims_rate_limit_buckets_in_one_order() {
 /// each other, one's events reach the other, not itself; a listener whose
 /// connection is cut comes back and says `Resync`.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let (a, mut from_a) = listening_node(&url).await;
@@ -314,10 +302,7 @@ async fn events_reach_other_nodes_and_a_cut_listener_resyncs() {
 /// another reaches the other once they hear each other: the worker running
 /// the attempt may be connected there.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
     let url = spool_testkit::fixtures::postgres_schema("pgstore").await;
     let (a, _from_a) = listening_node(&url).await;
@@ -345,10 +330,7 @@ async fn a_cancel_committed_before_another_node_was_heard_reaches_it() {
 /// A node alone in its schema publishes nothing, though nodes of other
 /// schemas (other tests) talk on the same channel of the same database.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_node_alone_in_its_schema_publishes_nothing() {
     let alone = store_with(&[]).await;
     let _events = alone.subscribe().await.unwrap_or_else(|e| panic!("{e}"));
@@ -452,10 +434,7 @@ async fn fill(conn: &mut PgConnection, n: i64, status: i64) {
 /// again in steps, each well inside the timeout, until every waiting row has
 /// the rank the new setting gives it.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout() {
     let store = store_with(&[("statement_timeout", "1s")]).await;
     let mut tx = store.pool.begin().await.unwrap_or_else(|e| panic!("{e}"));
@@ -520,10 +499,7 @@ async fn a_priority_aging_change_over_a_large_backlog_fits_the_statement_timeout
 /// table reads every waiting row on every claim, which at a million rows is
 /// the whole drain's time.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_claim_is_a_range_scan_of_the_due_index_whatever_the_statistics() {
     let store = store_with(&[]).await;
     let mut conn = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
@@ -564,10 +540,7 @@ async fn a_claim_is_a_range_scan_of_the_due_index_whatever_the_statistics() {
 /// Reads (`Get`, lists, limits) find connections open from the start and kept
 /// open: a request that had to open one waited about 90 ms for it.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn readers_are_connected_before_the_first_read() {
     let store = store_with(&[]).await;
     assert!(
@@ -588,10 +561,7 @@ async fn readers_are_connected_before_the_first_read() {
 /// of the type once per key served: a keyed drain of 1,000 keys ran at half
 /// speed until autovacuum came by.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn keys_outgrowing_their_statistics_are_analyzed_again() {
     let store = store_with(&[]).await;
     let mut conn = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
@@ -636,10 +606,7 @@ async fn keys_outgrowing_their_statistics_are_analyzed_again() {
 /// Callers holding every API read connection do not hold up the committer's
 /// writes or the server's own reads.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn writes_never_wait_behind_callers_reads() {
     let store = store_with(&[]).await;
     let held = crate::store::tests::hold_every_connection(&store.readers).await;
@@ -651,10 +618,7 @@ async fn writes_never_wait_behind_callers_reads() {
 /// certificate here is self-signed), `verify-full` refuses a certificate no
 /// trusted CA signed.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn the_urls_sslmode_is_honoured() {
     let url = spool_testkit::fixtures::postgres_url();
     let with = |mode: &str| {
@@ -684,10 +648,7 @@ async fn the_urls_sslmode_is_honoured() {
 /// sessions count them in their own statements, and the triggers leave them
 /// alone (see the `0016_keyed_endings` migration).
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn sessions_of_the_version_before_count_keys_through_the_triggers() {
     let store = store_with(&[]).await;
     let mut conn = store.pool.acquire().await.unwrap_or_else(|e| panic!("{e}"));
@@ -745,10 +706,7 @@ async fn sessions_of_the_version_before_count_keys_through_the_triggers() {
 /// `concurrency_keys` (see the `0017_hot_key_endings` and `0018_ready_keys`
 /// migrations; neither was heap-only before them).
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn submits_and_endings_move_their_keys_counts_in_place() {
     use crate::store::{Attempt, Claim, Transition};
     let store = store_with(&[]).await;
@@ -830,10 +788,7 @@ async fn submits_and_endings_move_their_keys_counts_in_place() {
 
 /// Every pooled session carries the limits, and a URL's own setting wins.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn sessions_set_statement_lock_and_idle_timeouts() {
     let store = store_with(&[("lock_timeout", "3s")]).await;
     let show = |name: &'static str| {
@@ -858,10 +813,7 @@ async fn sessions_set_statement_lock_and_idle_timeouts() {
 /// A writing session commits durably even when told `synchronous_commit = off`;
 /// a stronger setting (waiting on replicas) is kept.
 #[tokio::test]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn writing_sessions_never_commit_without_flushing() {
     for (asked, kept) in [("off", "on"), ("remote_apply", "remote_apply")] {
         let store = store_with(&[("synchronous_commit", asked)]).await;
@@ -885,10 +837,7 @@ async fn writing_sessions_never_commit_without_flushing() {
 /// claimers' side (a claim counts once committed and stops counting before its
 /// ending commits, so the count never exceeds the stored one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(spool_test_postgres),
-    ignore = "needs PostgreSQL (docs/TESTING.md)"
-)]
+#[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn two_nodes_racing_for_rows_claim_each_once_and_keep_a_keys_limit() {
     use std::{
         collections::HashMap,
