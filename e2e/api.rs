@@ -190,85 +190,56 @@ async fn bad_input_is_refused_with_a_clear_status() {
         nanos: 0,
     };
 
-    let mut r = request("t", "wf", "a");
-    r.activity_type = String::new();
-    refused(&mut client, r, Code::InvalidArgument, "activity_type").await;
-    refused(
-        &mut client,
-        request(&"t".repeat(256), "wf", "a"),
-        Code::InvalidArgument,
-        "activity_type",
-    )
-    .await;
-    refused(
-        &mut client,
-        request("t", &"w".repeat(256), "a"),
-        Code::InvalidArgument,
-        "workflow_id",
-    )
-    .await;
-    refused(
-        &mut client,
-        request("t", "wf", &"a".repeat(256)),
-        Code::InvalidArgument,
-        "activity_id",
-    )
-    .await;
-    refused(
-        &mut client,
-        request("t", "wf\n", "a"),
-        Code::InvalidArgument,
-        "control",
-    )
-    .await;
-    refused(
-        &mut client,
-        request("t\u{7}", "wf", "a"),
-        Code::InvalidArgument,
-        "control",
-    )
-    .await;
-    for ns in ["has space", "ümlaut", &"n".repeat(65)] {
+    let changed = |change: &dyn Fn(&mut v1::SubmitRequest)| {
         let mut r = request("t", "wf", "a");
-        r.namespace = ns.to_string();
-        refused(&mut client, r, Code::InvalidArgument, "namespace").await;
+        change(&mut r);
+        r
+    };
+    let mut bad = vec![
+        (changed(&|r| r.activity_type.clear()), "activity_type"),
+        (request(&"t".repeat(256), "wf", "a"), "activity_type"),
+        (request("t", &"w".repeat(256), "a"), "workflow_id"),
+        (request("t", "wf", &"a".repeat(256)), "activity_id"),
+        (request("t", "wf\n", "a"), "control"),
+        (request("t\u{7}", "wf", "a"), "control"),
+        (changed(&|r| r.delay = Some(negative)), "delay"),
+        (
+            changed(&|r| r.start_to_close_timeout = Some(negative)),
+            "start_to_close_timeout",
+        ),
+        (
+            changed(&|r| r.heartbeat_timeout = Some(negative)),
+            "heartbeat_timeout",
+        ),
+        (
+            changed(&|r| r.schedule_to_close_timeout = Some(negative)),
+            "schedule_to_close_timeout",
+        ),
+        (
+            changed(&|r| {
+                r.retry_policy = Some(v1::RetryPolicy {
+                    initial_interval: Some(negative),
+                    ..Default::default()
+                })
+            }),
+            "initial_interval",
+        ),
+        (
+            changed(&|r| {
+                r.retry_policy = Some(v1::RetryPolicy {
+                    max_attempts: 10_001,
+                    ..Default::default()
+                })
+            }),
+            "max_attempts",
+        ),
+    ];
+    for ns in ["has space", "ümlaut", &"n".repeat(65)] {
+        bad.push((changed(&|r| r.namespace = ns.to_owned()), "namespace"));
     }
-    let mut r = request("t", "wf", "a");
-    r.delay = Some(negative);
-    refused(&mut client, r, Code::InvalidArgument, "delay").await;
-    let mut r = request("t", "wf", "a");
-    r.start_to_close_timeout = Some(negative);
-    refused(
-        &mut client,
-        r,
-        Code::InvalidArgument,
-        "start_to_close_timeout",
-    )
-    .await;
-    let mut r = request("t", "wf", "a");
-    r.heartbeat_timeout = Some(negative);
-    refused(&mut client, r, Code::InvalidArgument, "heartbeat_timeout").await;
-    let mut r = request("t", "wf", "a");
-    r.schedule_to_close_timeout = Some(negative);
-    refused(
-        &mut client,
-        r,
-        Code::InvalidArgument,
-        "schedule_to_close_timeout",
-    )
-    .await;
-    let mut r = request("t", "wf", "a");
-    r.retry_policy = Some(v1::RetryPolicy {
-        initial_interval: Some(negative),
-        ..Default::default()
-    });
-    refused(&mut client, r, Code::InvalidArgument, "initial_interval").await;
-    let mut r = request("t", "wf", "a");
-    r.retry_policy = Some(v1::RetryPolicy {
-        max_attempts: 10_001,
-        ..Default::default()
-    });
-    refused(&mut client, r, Code::InvalidArgument, "max_attempts").await;
+    for (r, mention) in bad {
+        refused(&mut client, r, Code::InvalidArgument, mention).await;
+    }
 
     let err = get_refused(&mut client, key("wf", "missing")).await;
     assert_eq!(err.code(), Code::NotFound);
@@ -373,17 +344,14 @@ async fn tokens_have_roles_and_namespaces() {
     const WORKER: &str = "worker-orders-0123456789";
     const ADMIN: &str = "admin-everything-0123456";
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.json");
-    std::fs::write(
-        &tokens,
-        serde_json::json!({"tokens": [
+    let tokens = tokens_file(
+        dir.path(),
+        serde_json::json!([
             {"token": CLIENT, "role": "client", "namespaces": ["orders"]},
             {"token": WORKER, "role": "worker", "namespaces": ["orders"]},
             {"token": ADMIN, "role": "admin"},
-        ]})
-        .to_string(),
-    )
-    .unwrap();
+        ]),
+    );
     // The admin token's ListWorkers is the node's own.
     let server = TestServer::one_node_with(|c| c.tokens_file = Some(tokens.clone())).await;
     let mut client = server.client().await;

@@ -381,6 +381,15 @@ where
 
 pub use spool_testkit::calls::{list_all, list_pages, stats, stats_until};
 
+/// A `--tokens-file` in `dir` granting `tokens` (each `{"token", "role",
+/// "namespaces"?}`).
+pub fn tokens_file(dir: &std::path::Path, tokens: serde_json::Value) -> PathBuf {
+    let path = dir.join("tokens.json");
+    std::fs::write(&path, serde_json::json!({ "tokens": tokens }).to_string())
+        .expect("write the tokens file");
+    path
+}
+
 /// `message` as a request carrying `token` as its bearer token.
 pub fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -471,24 +480,25 @@ pub async fn get(
     client: &mut ActivityServiceClient<Channel>,
     key: v1::ActivityKey,
 ) -> v1::Activity {
-    client
-        .get(v1::GetRequest {
-            key: Some(key),
-            ..Default::default()
-        })
-        .await
-        .expect("get")
-        .into_inner()
+    read(client, key, false).await
 }
 
 pub async fn get_with_history(
     client: &mut ActivityServiceClient<Channel>,
     key: v1::ActivityKey,
 ) -> v1::Activity {
+    read(client, key, true).await
+}
+
+async fn read(
+    client: &mut ActivityServiceClient<Channel>,
+    key: v1::ActivityKey,
+    include_history: bool,
+) -> v1::Activity {
     client
         .get(v1::GetRequest {
             key: Some(key),
-            include_history: true,
+            include_history,
         })
         .await
         .expect("get")

@@ -194,16 +194,13 @@ async fn parked_waits_are_capped_per_token_and_in_total() {
     const A: &str = "client-a-0123456789abcdef";
     const B: &str = "client-b-0123456789abcdef";
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.json");
-    std::fs::write(
-        &tokens,
-        serde_json::json!({"tokens": [
+    let tokens = tokens_file(
+        dir.path(),
+        serde_json::json!([
             {"token": A, "role": "client"},
             {"token": B, "role": "client"},
-        ]})
-        .to_string(),
-    )
-    .unwrap();
+        ]),
+    );
     // The caps are each node's.
     let server = TestServer::one_node_with(|c| {
         c.tokens_file = Some(tokens.clone());

@@ -39,21 +39,6 @@ fn faked_server_on(env: &Env, clock: &str) -> ServerProcess {
     env.server_with(&env.database(), &["--heartbeat-interval", "500ms"], &envs)
 }
 
-async fn completed_within(
-    client: &v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
-    id: &'static str,
-    within: Duration,
-) -> v1::Activity {
-    eventually_for(within, "the row to complete", || {
-        let mut client = client.clone();
-        async move {
-            let row = get(&mut client, id).await;
-            (status(&row) == ActivityStatus::Completed).then_some(row)
-        }
-    })
-    .await
-}
-
 /// A step of an hour ahead, then back: no healthy worker is evicted (liveness is
 /// on the monotonic clock), and due times do not move with the wall clock: a row
 /// delayed half an hour still waits, one due now runs at once.
@@ -228,14 +213,7 @@ async fn a_node_whose_clock_runs_ahead_never_reclaims_a_live_attempt() {
     a.await_workers(&mut client_a, 1).await;
     // Three leases long: b's sweep looks at it many times.
     submit(&mut client_a, sleep_request("live", 12_000, None)).await;
-    let done = eventually_for(Duration::from_secs(40), "it to finish", || {
-        let mut client = client_a.clone();
-        async move {
-            let row = get(&mut client, "live").await;
-            (status(&row) == ActivityStatus::Completed).then_some(row)
-        }
-    })
-    .await;
+    let done = completed_within(&client_a, "live", Duration::from_secs(40)).await;
     assert_eq!(done.attempt, 1, "reclaimed by the skewed node: {done:?}");
     assert_eq!(worker.log().starts(), 1);
 }
@@ -255,13 +233,6 @@ async fn a_node_whose_clock_runs_behind_does_not_hold_due_rows_back() {
     let _worker = node_b.worker(1);
     b.await_workers(&mut client_b, 1).await;
     submit(&mut client_a, sleep_request("due", 10, None)).await;
-    let done = eventually_for(Duration::from_secs(10), "b to run it", || {
-        let mut client = client_a.clone();
-        async move {
-            let row = get(&mut client, "due").await;
-            (status(&row) == ActivityStatus::Completed).then_some(row)
-        }
-    })
-    .await;
+    let done = completed_within(&client_a, "due", Duration::from_secs(10)).await;
     assert_eq!(done.attempt, 1);
 }

@@ -40,10 +40,7 @@ fn worker_process_entry() {
 async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     let env = Env::new();
     let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
-    let mut server = env.server(&args);
-    let mut client = server.client().await;
-    let worker = env.worker(30);
-    server.await_workers(&mut client, 1).await;
+    let (mut server, mut client, worker) = env.served(&args, 30).await;
     // One batch: all thirty start together, long enough to be running at the kill.
     client
         .submit_batch(v1::SubmitBatchRequest {
@@ -214,10 +211,7 @@ async fn kill_9_during_submits_keeps_every_acknowledged_one() {
 #[tokio::test]
 async fn kill_9_of_a_worker_redelivers_to_another_after_the_resume_grace() {
     let env = Env::new();
-    let server = env.server(&["--resume-grace", "1s"]);
-    let mut client = server.client().await;
-    let mut doomed = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (server, mut client, mut doomed) = env.served(&["--resume-grace", "1s"], 1).await;
     submit(&mut client, sleep_request("w", 30_000, None)).await;
     eventually("the first attempt to start", || async {
         (doomed.log().starts() == 1).then_some(())
@@ -257,10 +251,7 @@ async fn kill_9_of_a_worker_redelivers_to_another_after_the_resume_grace() {
 #[tokio::test]
 async fn sigterm_to_a_worker_finishes_its_work_and_loses_no_attempt() {
     let env = Env::new();
-    let server = env.server(&[]);
-    let mut client = server.client().await;
-    let mut worker = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (_server, mut client, mut worker) = env.served(&[], 1).await;
     submit(&mut client, sleep_request("w", 1_000, None)).await;
     eventually("the attempt to start", || async {
         (worker.log().starts() == 1).then_some(())
@@ -281,10 +272,7 @@ async fn sigterm_to_a_worker_finishes_its_work_and_loses_no_attempt() {
 #[tokio::test]
 async fn a_frozen_worker_loses_its_attempt_and_its_late_result_changes_nothing() {
     let env = Env::new();
-    let server = env.server(&["--heartbeat-interval", "500ms"]);
-    let mut client = server.client().await;
-    let frozen = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (server, mut client, frozen) = env.served(&["--heartbeat-interval", "500ms"], 1).await;
     submit(&mut client, sleep_request("f", 2_000, None)).await;
     eventually("the first attempt to start", || async {
         (frozen.log().starts() == 1).then_some(())
@@ -331,23 +319,9 @@ async fn a_frozen_worker_loses_its_attempt_and_its_late_result_changes_nothing()
 #[tokio::test]
 async fn an_activity_longer_than_its_lease_runs_exactly_once() {
     let env = Env::new();
-    let server = env.server(&["--lease-timeout", "10s"]);
-    let mut client = server.client().await;
-    let worker = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (_server, mut client, worker) = env.served(&["--lease-timeout", "10s"], 1).await;
     submit(&mut client, sleep_request("long", 65_000, None)).await;
-    let done = eventually_for(
-        Duration::from_secs(90),
-        "the 65 s activity to finish",
-        || {
-            let mut client = client.clone();
-            async move {
-                let row = get(&mut client, "long").await;
-                (status(&row) == ActivityStatus::Completed).then_some(row)
-            }
-        },
-    )
-    .await;
+    let done = completed_within(&client, "long", Duration::from_secs(90)).await;
     assert_eq!(done.attempt, 1);
     assert_eq!(worker.log().starts(), 1, "delivered exactly once");
 }
@@ -355,10 +329,7 @@ async fn an_activity_longer_than_its_lease_runs_exactly_once() {
 #[tokio::test]
 async fn sigterm_drains_in_flight_work_and_exits_zero() {
     let env = Env::new();
-    let mut server = env.server(&["--drain-timeout", "5s"]);
-    let mut client = server.client().await;
-    let worker = env.worker(10);
-    server.await_workers(&mut client, 1).await;
+    let (mut server, mut client, worker) = env.served(&["--drain-timeout", "5s"], 10).await;
     for i in 0..10 {
         submit(&mut client, sleep_request(&format!("d{i}"), 1_000, None)).await;
     }
@@ -387,10 +358,7 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
 #[tokio::test]
 async fn sigterm_releases_what_outlives_the_drain_and_it_runs_after_restart() {
     let env = Env::new();
-    let mut server = env.server(&["--drain-timeout", "1s"]);
-    let mut client = server.client().await;
-    let mut worker = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (mut server, mut client, mut worker) = env.served(&["--drain-timeout", "1s"], 1).await;
     let mut forever = sleep_request("forever", 0, None);
     forever.activity_type = "forever".into();
     submit(&mut client, forever).await;
@@ -428,10 +396,7 @@ async fn sigterm_releases_what_outlives_the_drain_and_it_runs_after_restart() {
 #[tokio::test]
 async fn a_second_signal_exits_at_once() {
     let env = Env::new();
-    let mut server = env.server(&["--drain-timeout", "30s"]);
-    let mut client = server.client().await;
-    let worker = env.worker(1);
-    server.await_workers(&mut client, 1).await;
+    let (mut server, mut client, worker) = env.served(&["--drain-timeout", "30s"], 1).await;
     let mut forever = sleep_request("forever", 0, None);
     forever.activity_type = "forever".into();
     submit(&mut client, forever).await;
@@ -471,14 +436,7 @@ async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
     b.await_workers(&mut client_b, 1).await;
     let killed = std::time::Instant::now();
     a.kill_9();
-    let done = eventually("b to reclaim and finish it", || {
-        let mut client = client_b.clone();
-        async move {
-            let row = get(&mut client, "orphan").await;
-            (status(&row) == ActivityStatus::Completed).then_some(row)
-        }
-    })
-    .await;
+    let done = completed_within(&client_b, "orphan", WAIT).await;
     assert_eq!(done.attempt, 2);
     assert_eq!(
         done.last_error.as_ref().map(|e| e.kind),

@@ -105,6 +105,20 @@ impl Env {
     }
 
     /// Starts a worker process (this test binary, re-run as [`child::run`]).
+    /// A server with `args`, a client of it, and a worker process of `slots`
+    /// slots once it is connected.
+    pub async fn served(
+        &self,
+        args: &[&str],
+        slots: u32,
+    ) -> (ServerProcess, ActivityServiceClient<Channel>, WorkerProcess) {
+        let server = self.server(args);
+        let mut client = server.client().await;
+        let worker = self.worker(slots);
+        server.await_workers(&mut client, 1).await;
+        (server, client, worker)
+    }
+
     pub fn worker(&self, concurrency: u32) -> WorkerProcess {
         let n = std::fs::read_dir(self.dir.path())
             .map(|d| d.count())
@@ -426,6 +440,22 @@ pub fn quick_retry_request(
 
 pub fn now_ms() -> i64 {
     spool_proto::time::now_millis()
+}
+
+/// The activity `id` once it completed, failing the test after `within`.
+pub async fn completed_within(
+    client: &ActivityServiceClient<Channel>,
+    id: &str,
+    within: Duration,
+) -> v1::Activity {
+    eventually_for(within, &format!("{id} to complete"), || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, id).await;
+            (status(&row) == v1::ActivityStatus::Completed).then_some(row)
+        }
+    })
+    .await
 }
 
 /// Waits up to `within` until the server's Stats count `n` activities completed.
