@@ -152,6 +152,29 @@ impl ActivityApi {
         Ok(String::new())
     }
 
+    /// Commits `op`, a change of `key`'s row: the row changed, NOT_FOUND, or
+    /// FAILED_PRECONDITION saying `allowed` when its status does not allow it.
+    async fn change_one(
+        &self,
+        key: crate::store::Key,
+        op: Op,
+        allowed: &'static str,
+    ) -> Result<v1::Activity, Error> {
+        let mut outcomes = self.core.committer.commit(vec![op]).await?;
+        match outcomes.pop() {
+            Some(Outcome::Cancelled { row, .. } | Outcome::Redriven { row }) => {
+                Ok(crate::wire::activity(row))
+            }
+            Some(Outcome::NotFound) => Err(Error::NotFound(key)),
+            Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+                key,
+                status,
+                action: allowed,
+            }),
+            other => Err(unexpected(&format!("a change answered {other:?}"))),
+        }
+    }
+
     async fn get_row(&self, key: &crate::store::Key) -> Result<crate::store::ActivityRow, Error> {
         self.core
             .store
@@ -392,28 +415,18 @@ impl ActivityService for ActivityApi {
             authorize(&request, Role::Client, &key.namespace)?;
             let reason = request.into_inner().reason;
             validate::text("reason", &reason, validate::MAX_MESSAGE_BYTES)?;
-            let mut outcomes = self
-                .core
-                .committer
-                .commit(vec![Op::Cancel {
-                    key: key.clone(),
-                    reason,
-                }])
-                .await
-                .map_err(Error::from)?;
-            match outcomes.pop() {
-                Some(Outcome::Cancelled { row, .. }) => {
-                    Ok(Response::new(crate::wire::activity(row)))
-                }
-                Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
-                Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+            let op = Op::Cancel {
+                key: key.clone(),
+                reason,
+            };
+            let cancelled = self
+                .change_one(
                     key,
-                    status,
-                    action: "only SCHEDULED or RUNNING activities can be cancelled",
-                }
-                .into()),
-                other => Err(unexpected(&format!("cancel answered {other:?}")).into()),
-            }
+                    op,
+                    "only SCHEDULED or RUNNING activities can be cancelled",
+                )
+                .await?;
+            Ok(Response::new(cancelled))
         })
         .await
     }
@@ -425,23 +438,15 @@ impl ActivityService for ActivityApi {
         within(self.core.config.limits.request_timeout, async {
             let key = validate::key(request.get_ref().key.as_ref())?;
             authorize(&request, Role::Client, &key.namespace)?;
-            let mut outcomes = self
-                .core
-                .committer
-                .commit(vec![Op::Redrive { key: key.clone() }])
-                .await
-                .map_err(Error::from)?;
-            match outcomes.pop() {
-                Some(Outcome::Redriven { row }) => Ok(Response::new(crate::wire::activity(row))),
-                Some(Outcome::NotFound) => Err(Error::NotFound(key).into()),
-                Some(Outcome::WrongStatus(status)) => Err(Error::WrongStatus {
+            let op = Op::Redrive { key: key.clone() };
+            let redriven = self
+                .change_one(
                     key,
-                    status,
-                    action: "only FAILED or CANCELLED activities can be retried",
-                }
-                .into()),
-                other => Err(unexpected(&format!("retry answered {other:?}")).into()),
-            }
+                    op,
+                    "only FAILED or CANCELLED activities can be retried",
+                )
+                .await?;
+            Ok(Response::new(redriven))
         })
         .await
     }
