@@ -562,6 +562,13 @@ pub fn outcome(activity: &v1::Activity) -> (v1::ActivityStatus, u32) {
     (status(activity), activity.attempt)
 }
 
+/// The error a dead letter ended with (failing the test if the activity did
+/// not end FAILED).
+pub fn dead_letter_error(activity: &v1::Activity) -> v1::ActivityError {
+    assert_eq!(status(activity), v1::ActivityStatus::Failed, "{activity:?}");
+    activity.last_error.clone().expect("a dead letter's error")
+}
+
 pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
     v1::ActivityStatus::try_from(activity.status).expect("known status")
 }

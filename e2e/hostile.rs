@@ -210,8 +210,7 @@ async fn worker_text_is_sanitised(server: &TestServer) {
         .await;
     assert!(worker.ack().await.accepted);
     let failed = wait(&mut client, key("wf", "nul")).await;
-    assert_eq!(status(&failed), ActivityStatus::Failed);
-    let error = failed.last_error.unwrap();
+    let error = dead_letter_error(&failed);
     assert_eq!(error.r#type, "Bad\u{fffd}Type");
     assert_eq!(error.message, "nul \u{fffd} here\nand a line");
     assert_eq!(error.details.unwrap().content_type, "text/\u{fffd}x");

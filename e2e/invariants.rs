@@ -178,8 +178,7 @@ async fn every_payload_is_held_to_the_limit() {
         .await;
     assert!(worker.ack().await.accepted);
     let failed = get(&mut client, key("wf", "at-limit")).await;
-    assert_eq!(status(&failed), ActivityStatus::Failed);
-    let error = failed.last_error.unwrap();
+    let error = dead_letter_error(&failed);
     assert_eq!(error.r#type, "PayloadTooLarge");
     assert_eq!(
         error.message,
