@@ -42,6 +42,14 @@ struct Seen {
 }
 
 impl Seen {
+    /// Waits for the first run to start.
+    async fn first_run(&self) {
+        eventually("the attempt to start", || async {
+            (!self.runs().is_empty()).then_some(())
+        })
+        .await;
+    }
+
     fn runs(&self) -> Vec<(String, u32)> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -159,6 +167,17 @@ async fn reconnected(connection: &mut tokio::sync::watch::Receiver<Connection>) 
     connected(connection).await
 }
 
+/// Waits for the worker to stop, within its shutdown timeout.
+async fn stopped(connection: &mut tokio::sync::watch::Receiver<Connection>) {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        connection.wait_for(|c| matches!(c, Connection::Stopped)),
+    )
+    .await
+    .expect("the worker stops within its shutdown timeout")
+    .expect("the worker's state");
+}
+
 async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) -> bool {
     let state = tokio::time::timeout(
         WAIT,
@@ -181,13 +200,9 @@ async fn a_cut_within_the_grace_costs_nothing() {
     assert!(!connected(&mut connection).await, "a first session");
     let mut client = server.client().await;
     submit(&mut client, slow("a", 5_000)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
+    seen.first_run().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    proxy.down();
-    proxy.cut();
+    proxy.cut_off();
     tokio::time::sleep(Duration::from_secs(1)).await;
     proxy.up();
     assert!(connected(&mut connection).await, "the session was resumed");
@@ -212,12 +227,8 @@ async fn a_result_produced_while_disconnected_is_recorded_once() {
     connected(&mut connection).await;
     let mut client = server.client().await;
     submit(&mut client, slow("b", 800)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
-    proxy.down();
-    proxy.cut();
+    seen.first_run().await;
+    proxy.cut_off();
     // The handler ends 800 ms in, while no connection can be made.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let meanwhile = get(&mut client, key("wf", "b")).await;
@@ -319,12 +330,8 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     connected(&mut connection).await;
     let mut client = server.client().await;
     submit(&mut client, slow("s", 1_500)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
-    proxy.down();
-    proxy.cut();
+    seen.first_run().await;
+    proxy.cut_off();
     tokio::time::sleep(Duration::from_millis(300)).await;
     worker.stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -332,13 +339,7 @@ async fn a_shutdown_while_cut_off_still_reports_what_runs() {
     let done = wait(&mut client, key("wf", "s")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     assert_eq!(seen.runs(), [("s".to_owned(), 1)], "run once");
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        connection.wait_for(|c| matches!(c, Connection::Stopped)),
-    )
-    .await
-    .expect("the worker stops within its shutdown timeout")
-    .expect("the worker's state");
+    stopped(&mut connection).await;
 }
 
 /// A worker that said Goodbye and lost its stream resumes its session to report
@@ -423,8 +424,7 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
     stop.cancel();
     // Goodbye and its Drain cross before the cut.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.down();
-    proxy.cut();
+    proxy.cut_off();
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.up();
     let done = wait(&mut client, key("wf", "g")).await;
@@ -433,13 +433,7 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
         (v1::ActivityStatus::Completed, 1, None)
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "run once");
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        connection.wait_for(|c| matches!(c, Connection::Stopped)),
-    )
-    .await
-    .expect("the worker stops within its shutdown timeout")
-    .expect("the worker's state");
+    stopped(&mut connection).await;
 }
 
 /// A cut longer than the grace: attempt 1 is lost, attempt 2 runs on another
@@ -452,10 +446,7 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
     connected(&mut connection).await;
     let mut client = server.client().await;
     submit(&mut client, slow("c", 2_500)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
+    seen.first_run().await;
     let direct = Arc::new(AtomicU32::new(0));
     let counted = direct.clone();
     let _other = server.worker(move |w| {
@@ -467,8 +458,7 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
             }
         })
     });
-    proxy.down();
-    proxy.cut();
+    proxy.cut_off();
     let done = wait(&mut client, key("wf", "c")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 2));
     assert_eq!(
@@ -501,10 +491,7 @@ async fn a_stalled_connection_is_detected_and_resumed() {
     connected(&mut connection).await;
     let mut client = server.client().await;
     submit(&mut client, slow("d", 2_000)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
+    seen.first_run().await;
     proxy.stall();
     assert!(
         reconnected(&mut connection).await,
@@ -514,6 +501,32 @@ async fn a_stalled_connection_is_detected_and_resumed() {
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     assert_eq!(seen.runs(), [("d".to_owned(), 1)]);
     proxy.cut();
+}
+
+/// A raw worker of two slots for "raw" holding the tasks of `a` and `b`
+/// (workflow "wf"): the worker, its session (id and resume token), and the two
+/// tasks in that order.
+async fn holding_two(
+    server: &TestServer,
+    client: &mut v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
+    a: &str,
+    b: &str,
+) -> (
+    RawWorker,
+    (String, String),
+    (v1::ActivityTask, v1::ActivityTask),
+) {
+    let mut worker = RawWorker::connect(server, &["raw"], 2).await;
+    let session = session_of(&worker);
+    submit(client, request("raw", "wf", a)).await;
+    submit(client, request("raw", "wf", b)).await;
+    let (one, two) = (worker.task().await, worker.task().await);
+    let tasks = if one.activity_id == a {
+        (one, two)
+    } else {
+        (two, one)
+    };
+    (worker, session, tasks)
 }
 
 /// The worker id and resume token a session was welcomed with.
@@ -604,17 +617,8 @@ async fn forged_and_replayed_resume_tokens_are_refused_and_change_nothing() {
 async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
     let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
-    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = session_of(&first);
-    submit(&mut client, request("raw", "wf", "kept")).await;
-    submit(&mut client, request("raw", "wf", "unseen")).await;
-    let one = first.task().await;
-    let two = first.task().await;
-    let (cancelled, lost) = if one.activity_id == "kept" {
-        (one, two)
-    } else {
-        (two, one)
-    };
+    let (first, (worker_id, token), (cancelled, lost)) =
+        holding_two(&server, &mut client, "kept", "unseen").await;
     drop(first);
     cancel(&mut client, key("wf", &cancelled.activity_id), "not needed")
         .await
@@ -645,17 +649,8 @@ async fn a_resume_resends_missing_tasks_and_repeats_cancels() {
 async fn a_result_whose_ack_was_lost_is_accepted_when_sent_again_after_a_resume() {
     let server = TestServer::start_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
-    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = session_of(&first);
-    submit(&mut client, request("raw", "wf", "done")).await;
-    submit(&mut client, request("raw", "wf", "stopped")).await;
-    let one = first.task().await;
-    let two = first.task().await;
-    let (done, stopped) = if one.activity_id == "done" {
-        (one, two)
-    } else {
-        (two, one)
-    };
+    let (first, (worker_id, token), (done, stopped)) =
+        holding_two(&server, &mut client, "done", "stopped").await;
     first.complete(&done, 1).await;
     let recorded = wait(&mut client, key("wf", "done")).await;
     assert_eq!(status(&recorded), v1::ActivityStatus::Completed);
@@ -716,17 +711,9 @@ async fn a_result_sent_again_while_its_first_write_is_retried_is_accepted_once_w
     let faulty = Faulty::in_dir(dir.path()).await;
     let server = resuming_on(&faulty).await;
     let mut client = server.client().await;
-    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = session_of(&first);
-    submit(&mut client, request("raw", "wf", "retried")).await;
-    submit(&mut client, request("raw", "wf", "running")).await;
-    let (one, two) = (first.task().await, first.task().await);
     // The session holds an attempt still running, so it can be resumed.
-    let task = if one.activity_id == "retried" {
-        one
-    } else {
-        two
-    };
+    let (first, (worker_id, token), (task, _)) =
+        holding_two(&server, &mut client, "retried", "running").await;
     // Every write of an ending fails until the test says otherwise.
     faulty.failed_endings.store(usize::MAX, Ordering::SeqCst);
     first.complete(&task, 1).await;
@@ -1081,10 +1068,7 @@ async fn a_session_moves_to_another_node_with_its_attempt() {
     };
     let mut client = from.client().await;
     submit(&mut client, slow("moved", 3_000)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
+    seen.first_run().await;
     proxy.send_next_to(to_index);
     proxy.cut();
     assert!(
@@ -1219,10 +1203,7 @@ async fn a_stopping_node_hands_its_sessions_over() {
     };
     let mut client = other.client().await;
     submit(&mut client, slow("deploy", 2_500)).await;
-    eventually("the attempt to start", || async {
-        (!seen.runs().is_empty()).then_some(())
-    })
-    .await;
+    seen.first_run().await;
     proxy.send_next_to(other_index);
     holder.shutdown().await;
     assert!(

@@ -97,6 +97,13 @@ impl Proxy {
         self.shared.down.store(true, Ordering::SeqCst);
     }
 
+    /// A network cut: refuses new connections (until [`Proxy::up`]) and resets
+    /// those open now.
+    pub fn cut_off(&self) {
+        self.down();
+        self.cut();
+    }
+
     /// Sends the next connection to backend `index` first.
     pub fn send_next_to(&self, index: usize) {
         self.shared.next.store(index, Ordering::SeqCst);
