@@ -1019,6 +1019,46 @@ async fn a_worker_resumes_on_a_draining_node_and_its_attempt_completes() {
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
 }
 
+/// [`two_nodes`] and a slow worker through the proxy, connected to one of them
+/// (`holder`).
+struct Held {
+    holder: TestServer,
+    other: TestServer,
+    /// The other node's place in the proxy's backends.
+    other_index: usize,
+    proxy: proxy::Proxy,
+    seen: Seen,
+    connection: tokio::sync::watch::Receiver<Connection>,
+    _worker: RunningWorker,
+}
+
+async fn held_by_one_of_two(grace: Duration, drain: Duration) -> Held {
+    let (a, b, proxy) = two_nodes(grace, drain).await;
+    let seen = Seen::default();
+    // Slow pings: on a loaded machine a fast one may miss and move the worker early.
+    let (_worker, mut connection) = slow_worker_pinging(
+        &proxy,
+        &seen,
+        Duration::from_secs(2),
+        Duration::from_secs(3),
+    );
+    connected(&mut connection).await;
+    let (holder, other, other_index) = if on_first(&a, &b).await {
+        (a, b, 1)
+    } else {
+        (b, a, 0)
+    };
+    Held {
+        holder,
+        other,
+        other_index,
+        proxy,
+        seen,
+        connection,
+        _worker,
+    }
+}
+
 /// Nodes `node-a` and `node-b` on one fresh PostgreSQL schema, and a proxy that
 /// sends the first connection to A, the next to B.
 async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer, proxy::Proxy) {
@@ -1051,21 +1091,16 @@ async fn two_nodes(grace: Duration, drain: Duration) -> (TestServer, TestServer,
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_session_moves_to_another_node_with_its_attempt() {
-    let (a, b, proxy) = two_nodes(Duration::from_secs(1), Duration::from_secs(1)).await;
-    let seen = Seen::default();
-    // Slow pings: on a loaded machine a fast one may miss and move the worker early.
-    let (_worker, mut connection) = slow_worker_pinging(
-        &proxy,
-        &seen,
-        Duration::from_secs(2),
-        Duration::from_secs(3),
-    );
-    connected(&mut connection).await;
-    let (from, to, to_index, to_name) = if on_first(&a, &b).await {
-        (a, b, 1, "node-b")
-    } else {
-        (b, a, 0, "node-a")
-    };
+    let Held {
+        holder: from,
+        other: to,
+        other_index: to_index,
+        proxy,
+        seen,
+        mut connection,
+        _worker,
+    } = held_by_one_of_two(Duration::from_secs(1), Duration::from_secs(1)).await;
+    let to_name = ["node-a", "node-b"][to_index];
     let mut client = from.client().await;
     submit(&mut client, slow("moved", 3_000)).await;
     seen.first_run().await;
@@ -1187,20 +1222,15 @@ async fn on_first(a: &TestServer, b: &TestServer) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_stopping_node_hands_its_sessions_over() {
-    let (a, b, proxy) = two_nodes(Duration::from_secs(2), Duration::from_millis(300)).await;
-    let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker_pinging(
-        &proxy,
-        &seen,
-        Duration::from_secs(2),
-        Duration::from_secs(3),
-    );
-    connected(&mut connection).await;
-    let (mut holder, other, other_index) = if on_first(&a, &b).await {
-        (a, b, 1)
-    } else {
-        (b, a, 0)
-    };
+    let Held {
+        mut holder,
+        other,
+        other_index,
+        proxy,
+        seen,
+        mut connection,
+        _worker,
+    } = held_by_one_of_two(Duration::from_secs(2), Duration::from_millis(300)).await;
     let mut client = other.client().await;
     submit(&mut client, slow("deploy", 2_500)).await;
     seen.first_run().await;
