@@ -30,6 +30,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, transport::Channel};
 
+/// A client of the activity service, as a test calls it.
+pub type Calls = ActivityServiceClient<Channel>;
+
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// How many nodes [`TestServer::start`] runs (`SPOOL_TEST_NODES`, 1 if unset).
@@ -440,18 +443,12 @@ pub fn prost_types_duration(d: Duration) -> prost_types::Duration {
     spool_proto::duration::to_proto(d)
 }
 
-pub async fn submit(
-    client: &mut ActivityServiceClient<Channel>,
-    request: v1::SubmitRequest,
-) -> v1::SubmitResponse {
+pub async fn submit(client: &mut Calls, request: v1::SubmitRequest) -> v1::SubmitResponse {
     client.submit(request).await.expect("submit").into_inner()
 }
 
 /// Waits (server-side) until the activity is terminal.
-pub async fn wait(
-    client: &mut ActivityServiceClient<Channel>,
-    key: v1::ActivityKey,
-) -> v1::Activity {
+pub async fn wait(client: &mut Calls, key: v1::ActivityKey) -> v1::Activity {
     let activity = wait_within(client, key, WAIT).await;
     assert!(
         activity.status >= v1::ActivityStatus::Completed as i32,
@@ -462,7 +459,7 @@ pub async fn wait(
 
 /// The activity once terminal, or as it is after `within`.
 pub async fn wait_within(
-    client: &mut ActivityServiceClient<Channel>,
+    client: &mut Calls,
     key: v1::ActivityKey,
     within: Duration,
 ) -> v1::Activity {
@@ -476,25 +473,15 @@ pub async fn wait_within(
         .into_inner()
 }
 
-pub async fn get(
-    client: &mut ActivityServiceClient<Channel>,
-    key: v1::ActivityKey,
-) -> v1::Activity {
+pub async fn get(client: &mut Calls, key: v1::ActivityKey) -> v1::Activity {
     read(client, key, false).await
 }
 
-pub async fn get_with_history(
-    client: &mut ActivityServiceClient<Channel>,
-    key: v1::ActivityKey,
-) -> v1::Activity {
+pub async fn get_with_history(client: &mut Calls, key: v1::ActivityKey) -> v1::Activity {
     read(client, key, true).await
 }
 
-async fn read(
-    client: &mut ActivityServiceClient<Channel>,
-    key: v1::ActivityKey,
-    include_history: bool,
-) -> v1::Activity {
+async fn read(client: &mut Calls, key: v1::ActivityKey, include_history: bool) -> v1::Activity {
     client
         .get(v1::GetRequest {
             key: Some(key),
@@ -506,7 +493,7 @@ async fn read(
 }
 
 pub async fn cancel(
-    client: &mut ActivityServiceClient<Channel>,
+    client: &mut Calls,
     key: v1::ActivityKey,
     reason: impl Into<String>,
 ) -> Result<tonic::Response<v1::Activity>, Status> {
@@ -519,10 +506,7 @@ pub async fn cancel(
 }
 
 /// The status of a `Get` that was refused (it panics if the call succeeded).
-pub async fn get_refused(
-    client: &mut ActivityServiceClient<Channel>,
-    key: v1::ActivityKey,
-) -> Status {
+pub async fn get_refused(client: &mut Calls, key: v1::ActivityKey) -> Status {
     match client
         .get(v1::GetRequest {
             key: Some(key),

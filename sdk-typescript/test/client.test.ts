@@ -2,7 +2,7 @@
 // submits and conflicts with their gRPC codes, batches all or nothing, reads,
 // waits, cancels and re-drives, pages of a listing, stats, and typed execute.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import {
   ActivityFailedError,
   ActivityStatus,
@@ -12,17 +12,13 @@ import {
   status,
   type Activity,
 } from "../src/index.js";
-import { fastRetries, freePort, SpoolServer, TestWorker } from "./harness.js";
+import { fastRetries, freePort, sharedServer, SpoolServer, TestWorker } from "./harness.js";
 
 let server: SpoolServer;
 let client: Client;
-before(async () => {
-  server = await SpoolServer.start();
-  client = server.client();
-});
-after(async () => {
-  client.close();
-  await server.stop();
+sharedServer((s, c) => {
+  server = s;
+  client = c;
 });
 
 /** The error `promise` rejects with, which must be a SpoolError. */

@@ -5,7 +5,7 @@
 // and a kill -9 of the server mid-flight loses no acknowledged activity.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { ActivityStatus, CancelledError, type Ack } from "../src/index.js";
+import { ActivityStatus, CancelledError, type Ack, type Client } from "../src/index.js";
 import { eventually, fastRetries, Proxy, SpoolServer, TestWorker } from "./harness.js";
 
 /** A worker through `address` whose `slow` handler sleeps the input's `ms`, deaf
@@ -26,22 +26,38 @@ function slowWorker(address: string) {
   return { w, runs, acks, cancels, accepted };
 }
 
-/** A server with a resume grace behind a proxy; heartbeats at 1 s, so a cut of
- * a second is not mistaken for a silent worker (three intervals). */
-async function behindProxy(grace: string) {
+/** A server with a resume grace behind a proxy, and a slow worker through it,
+ * started; heartbeats at 1 s, so a cut of a second is not mistaken for a silent
+ * worker (three intervals). All is stopped after `body`. */
+async function throughProxy(
+  grace: string,
+  body: (s: { proxy: Proxy; client: Client } & ReturnType<typeof slowWorker>) => Promise<void>,
+): Promise<void> {
   const server = await SpoolServer.start({ heartbeatInterval: "1s", args: ["--resume-grace", grace] });
   const proxy = await Proxy.start(server.port);
-  return { server, proxy, client: server.client() };
+  const client = server.client();
+  const worker = slowWorker(proxy.address);
+  worker.w.start();
+  try {
+    await body({ proxy, client, ...worker });
+  } finally {
+    await worker.w.stop();
+    client.close();
+    await proxy.close();
+    await server.stop();
+  }
 }
 
-test("a cut within the grace costs nothing: resumed, run once, recorded once", async () => {
-  const { server, proxy, client } = await behindProxy("5s");
-  const { w, runs, accepted } = slowWorker(proxy.address);
-  w.start();
-  try {
+/** Submits a `slow` activity of `ms` and waits for its first run to start. */
+async function started(client: Client, runs: unknown[], activityId: string, ms: number): Promise<void> {
+  await client.submit({ type: "slow", input: { ms }, workflowId: "wf", activityId, retryPolicy: fastRetries(5) });
+  await eventually("the attempt to start", () => (runs.length > 0 ? true : undefined));
+}
+
+test("a cut within the grace costs nothing: resumed, run once, recorded once", () =>
+  throughProxy("5s", async ({ proxy, client, w, runs, accepted }) => {
     assert.equal(await w.connected(), false, "a first session");
-    await client.submit({ type: "slow", input: { ms: 3_000 }, workflowId: "wf", activityId: "a", retryPolicy: fastRetries(5) });
-    await eventually("the attempt to start", () => (runs.length > 0 ? true : undefined));
+    await started(client, runs, "a", 3_000);
     await new Promise((r) => setTimeout(r, 500));
     const reconnected = new Promise<boolean>((ok) => {
       const off = w.worker.on("connection", (s) => {
@@ -51,8 +67,7 @@ test("a cut within the grace costs nothing: resumed, run once, recorded once", a
         }
       });
     });
-    proxy.down();
-    proxy.cut();
+    proxy.cutOff();
     await new Promise((r) => setTimeout(r, 1_000));
     proxy.up();
     assert.equal(await reconnected, true, "the session was resumed");
@@ -63,24 +78,13 @@ test("a cut within the grace costs nothing: resumed, run once, recorded once", a
     await eventually("the result's ack", () => (accepted("a") === 1 ? true : undefined));
     const history = (await client.get({ workflowId: "wf", activityId: "a" }, { history: true })).history;
     assert.equal(history.length, 1, JSON.stringify(history));
-  } finally {
-    await w.stop();
-    client.close();
-    await proxy.close();
-    await server.stop();
-  }
-});
+  }));
 
-test("a result made while cut off is recorded once after the resume", async () => {
-  const { server, proxy, client } = await behindProxy("5s");
-  const { w, runs, accepted } = slowWorker(proxy.address);
-  w.start();
-  try {
+test("a result made while cut off is recorded once after the resume", () =>
+  throughProxy("5s", async ({ proxy, client, w, runs, accepted }) => {
     await w.connected();
-    await client.submit({ type: "slow", input: { ms: 500 }, workflowId: "wf", activityId: "b", retryPolicy: fastRetries(5) });
-    await eventually("the attempt to start", () => (runs.length > 0 ? true : undefined));
-    proxy.down();
-    proxy.cut();
+    await started(client, runs, "b", 500);
+    proxy.cutOff();
     // The handler ends while no connection can be made.
     await new Promise((r) => setTimeout(r, 1_200));
     const meanwhile = await client.get({ workflowId: "wf", activityId: "b" });
@@ -91,22 +95,12 @@ test("a result made while cut off is recorded once after the resume", async () =
     assert.equal(done.attempt, 1);
     await eventually("the result's ack", () => (accepted("b") === 1 ? true : undefined));
     assert.deepEqual(runs, [["b", 1]]);
-  } finally {
-    await w.stop();
-    client.close();
-    await proxy.close();
-    await server.stop();
-  }
-});
+  }));
 
-test("without a grace, the new session stops the old session's handlers", async () => {
-  const { server, proxy, client } = await behindProxy("0s");
-  const { w, runs, cancels } = slowWorker(proxy.address);
-  w.start();
-  try {
+test("without a grace, the new session stops the old session's handlers", () =>
+  throughProxy("0s", async ({ proxy, client, w, runs, cancels }) => {
     await w.connected();
-    await client.submit({ type: "slow", input: { ms: 3_000 }, workflowId: "wf", activityId: "c", retryPolicy: fastRetries(5) });
-    await eventually("the attempt to start", () => (runs.length > 0 ? true : undefined));
+    await started(client, runs, "c", 3_000);
     proxy.cut();
     const cancel = await eventually("the old handler to be told to stop", () => cancels[0]);
     assert.equal(cancel.kind, "ended_elsewhere");
@@ -119,13 +113,7 @@ test("without a grace, the new session stops the old session's handlers", async 
       history.map((h) => h.outcome),
       ["lost", "completed"],
     );
-  } finally {
-    await w.stop();
-    client.close();
-    await proxy.close();
-    await server.stop();
-  }
-});
+  }));
 
 test("kill -9 of the server mid-flight: after the restart every activity completes once", async () => {
   const server = await SpoolServer.start();

@@ -8,6 +8,7 @@ import { mkdtempSync, rmSync, existsSync } from "node:fs";
 import { createServer, connect, type Server, type Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
 import { Client, silentLogger, SpoolError, status, Worker, type TlsOptions, type WorkerOptions } from "../src/index.js";
 
@@ -19,6 +20,22 @@ const children = new Set<ChildProcess>();
 process.on("exit", () => {
   for (const c of children) c.kill("SIGKILL");
 });
+
+/** One server, and a client of it, for a whole test file: started before its
+ * first test (`started` is handed both), stopped after its last. */
+export function sharedServer(started: (server: SpoolServer, client: Client) => void): void {
+  let server: SpoolServer | undefined;
+  let client: Client | undefined;
+  before(async () => {
+    server = await SpoolServer.start();
+    client = server.client();
+    started(server, client);
+  });
+  after(async () => {
+    client?.close();
+    await server?.stop();
+  });
+}
 
 /** A free port on 127.0.0.1 (closed again: the caller binds it next). */
 export function freePort(): Promise<number> {
@@ -244,6 +261,12 @@ export class Proxy {
 
   up(): void {
     this.#refusing = false;
+  }
+
+  /** A network cut: new connections refused (until `up()`), open ones broken. */
+  cutOff(): void {
+    this.down();
+    this.cut();
   }
 
   close(): Promise<void> {

@@ -2,19 +2,15 @@
 // terminal errors and bad input, snoozes, the previous attempt's heartbeat
 // details, a cancel reaching the handler with its reason, and a server's drain.
 import assert from "node:assert/strict";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { ActivityError, ActivityStatus, CancelledError, defineActivity, type Client } from "../src/index.js";
-import { eventually, fastRetries, SpoolServer, TestWorker } from "./harness.js";
+import { eventually, fastRetries, sharedServer, SpoolServer, TestWorker } from "./harness.js";
 
 let server: SpoolServer;
 let client: Client;
-before(async () => {
-  server = await SpoolServer.start();
-  client = server.client();
-});
-after(async () => {
-  client.close();
-  await server.stop();
+sharedServer((s, c) => {
+  server = s;
+  client = c;
 });
 
 /** A worker on the shared server with `setup`'s handlers, stopped after `body`. */
