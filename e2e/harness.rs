@@ -662,29 +662,21 @@ impl RawWorker {
     /// slot a result frees may be refilled in the very commit that records it, so
     /// the next task can leave before the ack.
     pub async fn ack_and_task(&mut self) -> (v1::ResultAck, v1::ActivityTask) {
-        let (mut ack, mut task) = (None, None);
-        while ack.is_none() || task.is_none() {
-            match self.next().await {
-                server_message::Message::Ack(a) => ack = Some(a),
-                server_message::Message::Task(t) => task = Some(t),
-                other => panic!("expected an ack and a task, got {other:?}"),
-            }
+        use server_message::Message::{Ack, Task};
+        match [self.next().await, self.next().await] {
+            [Ack(a), Task(t)] | [Task(t), Ack(a)] => (a, t),
+            other => panic!("expected an ack and a task, got {other:?}"),
         }
-        (ack.unwrap(), task.unwrap())
     }
 
     /// A task and a cancel, in either order (a cancel and the task sent in the
     /// room it left, or a resent task and the cancel of another).
     pub async fn task_and_cancel(&mut self) -> (v1::ActivityTask, v1::CancelActivity) {
-        let (mut task, mut cancel) = (None, None);
-        while task.is_none() || cancel.is_none() {
-            match self.next().await {
-                server_message::Message::Task(t) => task = Some(t),
-                server_message::Message::Cancel(c) => cancel = Some(c),
-                other => panic!("expected a task and a cancel, got {other:?}"),
-            }
+        use server_message::Message::{Cancel, Task};
+        match [self.next().await, self.next().await] {
+            [Task(t), Cancel(c)] | [Cancel(c), Task(t)] => (t, c),
+            other => panic!("expected a task and a cancel, got {other:?}"),
         }
-        (task.unwrap(), cancel.unwrap())
     }
 
     /// Completes `n` tasks one at a time, each as it comes (the first from

@@ -88,19 +88,9 @@ async fn a_backward_step_holds_back_neither_delayed_nor_rate_limited_rows() {
     let env = Env::new();
     let (server, clock) = faked_server(&env).await;
     let mut client = server.client().await;
-    let mut admin = server.admin().await;
-    admin
-        .set_rate_limit(v1::SetRateLimitRequest {
-            rate_limit: Some(v1::RateLimit {
-                namespace: "default".into(),
-                activity_type: "sleep".into(),
-                limit: 1,
-                period: Some(spool_proto::duration::to_proto(Duration::from_secs(3))),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("set the rate limit");
+    server
+        .set_rate_limit("sleep", 1, Duration::from_secs(3))
+        .await;
     let _worker = env.worker(2);
     server.await_workers(&mut client, 1).await;
     submit(&mut client, sleep_request("first", 10, None)).await;

@@ -102,6 +102,18 @@ fn wall() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Submits `id`, a row delayed an hour (stored, not run): what it was, and when
+/// it was sent and answered.
+async fn timed_submit(
+    mut client: v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
+    id: String,
+) -> (String, f64, f64) {
+    let sent = wall();
+    let delayed = sleep_request(&id, 1, Some(Duration::from_secs(3600)));
+    client.submit(delayed).await.expect("submit");
+    (format!("submit {id}"), sent, wall())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not(spool_test_strace), ignore = "needs strace: docs/TESTING.md")]
 async fn every_acknowledged_change_was_synced_to_disk_before_its_answer() {
@@ -113,34 +125,12 @@ async fn every_acknowledged_change_was_synced_to_disk_before_its_answer() {
     // (what, sent, answered)
     let mut answered: Vec<(String, f64, f64)> = Vec::new();
     for i in 0..10 {
-        let mut client = client.clone();
-        let sent = wall();
-        client
-            .submit(sleep_request(
-                &format!("one-{i}"),
-                1,
-                Some(Duration::from_secs(3600)),
-            ))
-            .await
-            .expect("submit");
-        answered.push((format!("submit one-{i}"), sent, wall()));
+        answered.push(timed_submit(client.clone(), format!("one-{i}")).await);
     }
     // Concurrent submits share commits (and syncs): each still waits for its own.
     let mut together = tokio::task::JoinSet::new();
     for i in 0..20 {
-        let mut client = client.clone();
-        together.spawn(async move {
-            let sent = wall();
-            client
-                .submit(sleep_request(
-                    &format!("many-{i}"),
-                    1,
-                    Some(Duration::from_secs(3600)),
-                ))
-                .await
-                .expect("submit");
-            (format!("submit many-{i}"), sent, wall())
-        });
+        together.spawn(timed_submit(client.clone(), format!("many-{i}")));
     }
     while let Some(done) = together.join_next().await {
         answered.push(done.expect("a submit task"));

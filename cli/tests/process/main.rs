@@ -105,18 +105,7 @@ async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
     let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
     let mut server = env.server(&args);
     let mut client = server.client().await;
-    server
-        .admin()
-        .await
-        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-            concurrency_limit: Some(v1::ConcurrencyLimit {
-                activity_type: "sleep".into(),
-                max_running: 1,
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("set the limit");
+    server.set_concurrency_limit("sleep", 1).await;
     let worker = env.worker(10);
     server.await_workers(&mut client, 1).await;
     client

@@ -102,28 +102,10 @@ async fn each_family_reads_what_a_known_workload_did() {
         submit(&mut client, quick_retry_request("idle", id, 3)).await;
     }
     // Limits on a type nobody serves: a full bucket, no keys in use.
-    let mut admin = server.admin().await;
-    admin
-        .set_rate_limit(v1::SetRateLimitRequest {
-            rate_limit: Some(v1::RateLimit {
-                activity_type: "idle".into(),
-                limit: 7,
-                period: Some(spool_proto::duration::to_proto(Duration::from_secs(1))),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("set a rate limit");
-    admin
-        .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-            concurrency_limit: Some(v1::ConcurrencyLimit {
-                activity_type: "idle".into(),
-                max_running: 3,
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("set a concurrency limit");
+    server
+        .set_rate_limit("idle", 7, Duration::from_secs(1))
+        .await;
+    server.set_concurrency_limit("idle", 3).await;
     client
         .cancel(v1::CancelRequest {
             key: Some(key("i3")),

@@ -173,6 +173,37 @@ impl ServerProcess {
         admin_of(&self.url).await
     }
 
+    /// Sets `activity_type`'s rate limit: `limit` rows each `period`.
+    pub async fn set_rate_limit(&self, activity_type: &str, limit: u32, period: Duration) {
+        self.admin()
+            .await
+            .set_rate_limit(v1::SetRateLimitRequest {
+                rate_limit: Some(v1::RateLimit {
+                    activity_type: activity_type.into(),
+                    limit,
+                    period: Some(spool_proto::duration::to_proto(period)),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("set the rate limit");
+    }
+
+    /// Sets `activity_type`'s concurrency limit: `max_running` at once per key.
+    pub async fn set_concurrency_limit(&self, activity_type: &str, max_running: u32) {
+        self.admin()
+            .await
+            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                concurrency_limit: Some(v1::ConcurrencyLimit {
+                    activity_type: activity_type.into(),
+                    max_running,
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("set the concurrency limit");
+    }
+
     /// Waits until the server reports NOT_SERVING (a drain began).
     pub async fn await_not_serving(&self) {
         use tonic_health::pb::{
