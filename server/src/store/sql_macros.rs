@@ -16,6 +16,17 @@ macro_rules! columns {
     };
 }
 
+/// `SELECT` from `activities` of the columns every row decoder reads (`rows`),
+/// or of the invoking dialect's `light!` ones (`light`), then `$rest`.
+macro_rules! select_rows {
+    (rows $rest:literal) => {
+        concat!("SELECT ", columns!(), " FROM activities ", $rest)
+    };
+    (light $rest:literal) => {
+        concat!("SELECT ", light!(), " FROM activities ", $rest)
+    };
+}
+
 /// [`columns!`] without the payloads (input, output and both sets of details come
 /// back empty), for reads that need an activity's identity and policy but must not
 /// hold megabytes per row in memory: start-up reclaim, lease reclaim, and the

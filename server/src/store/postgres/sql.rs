@@ -199,26 +199,16 @@ pub const INSERT_FAIR: &str = insert!(
     " ORDER BY o"
 );
 
-pub const SELECT_BY_KEY: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-);
+pub const SELECT_BY_KEY: &str =
+    select_rows!(rows "WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3");
 
 /// [`SELECT_BY_KEY`] without payloads.
-pub const SELECT_LIGHT_BY_KEY: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3"
-);
+pub const SELECT_LIGHT_BY_KEY: &str =
+    select_rows!(light "WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3");
 
 /// [`SELECT_LIGHT_BY_KEY`], locking the row for the rest of the transaction.
-pub const LOCK_BY_KEY: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 \
-      FOR UPDATE"
-);
+pub const LOCK_BY_KEY: &str = select_rows!(light "WHERE namespace = $1 AND workflow_id = $2 AND activity_id = $3 \
+      FOR UPDATE");
 
 /// The claim's common table expressions, with its parameters' placeholders: up
 /// to `$limit` due rows of one type, at `$now`, for `$worker` (its identity, and

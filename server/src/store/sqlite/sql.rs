@@ -94,18 +94,12 @@ pub const SWEEP_FAIRNESS: &str = concat!(
 pub const EXISTS_BY_KEY: &str =
     "SELECT 1 FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3";
 
-pub const SELECT_BY_KEY: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-);
+pub const SELECT_BY_KEY: &str =
+    select_rows!(rows "WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3");
 
 /// [`SELECT_BY_KEY`] without payloads.
-pub const SELECT_LIGHT_BY_KEY: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3"
-);
+pub const SELECT_LIGHT_BY_KEY: &str =
+    select_rows!(light "WHERE namespace = ?1 AND workflow_id = ?2 AND activity_id = ?3");
 
 /// The next `?4` due rows without a concurrency key of type `?3` of namespace
 /// `?2` at `?1`, in claim order, read without changing them: the writer then
@@ -113,14 +107,10 @@ pub const SELECT_LIGHT_BY_KEY: &str = concat!(
 /// row is neither looked up a second time nor copied through the temporary
 /// table a `RETURNING` fills; the writer being the only one writing, no row can
 /// change between the two.
-pub const CLAIM_PICK: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities INDEXED BY activities_due \
+pub const CLAIM_PICK: &str = select_rows!(rows "INDEXED BY activities_due \
      WHERE namespace = ?2 AND activity_type = ?3 AND status = 1 AND next_at <= ?1 \
        AND (expires_at IS NULL OR expires_at > ?1) AND claim_band < 549755813888 \
-     ORDER BY claim_band, claim_rank, id LIMIT ?4"
-);
+     ORDER BY claim_band, claim_rank, id LIMIT ?4");
 
 /// Claims row `?6` picked by [`CLAIM_PICK`]: `?1` now, `?2` worker, `?3` lease
 /// end, `?4` the worker's identity, `?5` the node. `writer::claimed_as` reads the
@@ -502,20 +492,12 @@ pub fn page_ids(ids: Vec<i64>) -> String {
 
 /// The rows of a page: the ids in the JSON array `?1` that still have status `?2`
 /// (or any, when NULL), since a row may have moved on after its size was read.
-pub const LIST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE id IN (SELECT value FROM json_each(?1)) \
-      AND (?2 IS NULL OR status = ?2) ORDER BY id"
-);
+pub const LIST: &str = select_rows!(rows "WHERE id IN (SELECT value FROM json_each(?1)) \
+      AND (?2 IS NULL OR status = ?2) ORDER BY id");
 
 /// [`LIST`] newest first.
-pub const LIST_NEWEST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE id IN (SELECT value FROM json_each(?1)) \
-      AND (?2 IS NULL OR status = ?2) ORDER BY id DESC"
-);
+pub const LIST_NEWEST: &str = select_rows!(rows "WHERE id IN (SELECT value FROM json_each(?1)) \
+      AND (?2 IS NULL OR status = ?2) ORDER BY id DESC");
 
 /// Counts of one namespace by status, from the same indexes as the lists.
 pub const STATS: &str = "SELECT 1, COUNT(*) FROM activities INDEXED BY activities_due \
@@ -561,18 +543,10 @@ pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, 1, \
      FROM activities INDEXED BY activities_ended WHERE status >= 3 AND status = 4 \
      GROUP BY namespace, activity_type";
 
-pub const RUNNING: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE status = 2 AND id > ?1 ORDER BY id LIMIT ?2"
-);
+pub const RUNNING: &str = select_rows!(light "WHERE status = 2 AND id > ?1 ORDER BY id LIMIT ?2");
 
-pub const EXPIRED_LEASES: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE status = 2 AND lease_expires_at < ?1 \
-      ORDER BY lease_expires_at LIMIT ?2"
-);
+pub const EXPIRED_LEASES: &str = select_rows!(light "WHERE status = 2 AND lease_expires_at < ?1 \
+      ORDER BY lease_expires_at LIMIT ?2");
 
 /// Sets the priority aging to `?1` ms, when it is not that already (the first
 /// statement of its transaction: it takes the write lock at once), and starts a

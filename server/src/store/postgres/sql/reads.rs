@@ -63,19 +63,12 @@ pub fn page_ids(ids: Vec<i64>) -> Vec<i64> {
 
 /// The rows of a page: the ids `$1` that still have status `$2` (or any, when
 /// NULL), since a row may have moved on after its size was read.
-pub const LIST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) ORDER BY id"
-);
+pub const LIST: &str =
+    select_rows!(rows "WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) ORDER BY id");
 
 /// [`LIST`] newest first.
-pub const LIST_NEWEST: &str = concat!(
-    "SELECT ",
-    columns!(),
-    " FROM activities WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) \
-      ORDER BY id DESC"
-);
+pub const LIST_NEWEST: &str = select_rows!(rows "WHERE id = ANY($1) AND ($2::BIGINT IS NULL OR status = $2) \
+      ORDER BY id DESC");
 
 /// Counts of one namespace by status, from the same indexes as the lists.
 pub const STATS: &str = "SELECT 1::BIGINT, COUNT(*) FROM activities \
@@ -117,18 +110,10 @@ pub const TYPE_COUNTS: &str = "SELECT namespace, activity_type, 1::BIGINT, \
      SELECT namespace, activity_type, 4::BIGINT, 0::BIGINT, COUNT(*) \
      FROM activities WHERE status >= 3 AND status = 4 GROUP BY namespace, activity_type";
 
-pub const RUNNING: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE status = 2 AND id > $1 ORDER BY id LIMIT $2"
-);
+pub const RUNNING: &str = select_rows!(light "WHERE status = 2 AND id > $1 ORDER BY id LIMIT $2");
 
-pub const EXPIRED_LEASES: &str = concat!(
-    "SELECT ",
-    light!(),
-    " FROM activities WHERE status = 2 AND lease_expires_at < $1 \
-      ORDER BY lease_expires_at LIMIT $2"
-);
+pub const EXPIRED_LEASES: &str = select_rows!(light "WHERE status = 2 AND lease_expires_at < $1 \
+      ORDER BY lease_expires_at LIMIT $2");
 
 /// The next due times, along `activities_upcoming`: rows that were not due when
 /// written (see the `0009_upcoming_rows_only` migration).
