@@ -147,6 +147,15 @@ impl Connection {
         self.check(rc)
     }
 
+    /// Runs `sql` with the parameters `bind` binds: the rows it changed.
+    pub fn run(
+        &mut self,
+        sql: &'static str,
+        bind: impl for<'q> FnOnce(Query<'q>) -> Query<'q>,
+    ) -> Result<u64> {
+        self.query(sql).map(bind).and_then(Query::execute)
+    }
+
     /// A prepared (and cached) statement, ready for binding from parameter 1.
     pub fn query(&mut self, sql: &'static str) -> Result<Query<'_>> {
         let key = (sql.as_ptr().addr(), sql.len());
@@ -384,22 +393,9 @@ impl Query<'_> {
     /// A text column, or `None` for NULL; bytes that are not UTF-8 are an error
     /// (a damaged row), not repaired.
     pub fn opt_text(&self, i: c_int) -> std::result::Result<Option<String>, ColumnError> {
-        if self.is_null(i) {
-            return Ok(None);
-        }
-        // Safety: text pointer and byte count read back to back, copied at once.
-        unsafe {
-            let ptr = ffi::sqlite3_column_text(self.stmt.as_ptr(), i);
-            let len =
-                usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
-            if ptr.is_null() {
-                self.out_of_memory()?;
-                return Ok(Some(String::new()));
-            }
-            String::from_utf8(std::slice::from_raw_parts(ptr, len).to_vec())
-                .map(Some)
-                .map_err(|_| ColumnError::NotUtf8 { column: i })
-        }
+        self.opt_bytes(i, true)?
+            .map(|bytes| String::from_utf8(bytes).map_err(|_| ColumnError::NotUtf8 { column: i }))
+            .transpose()
     }
 
     /// A text column; NULL reads as empty.
@@ -408,23 +404,31 @@ impl Query<'_> {
     }
 
     pub fn opt_blob(&self, i: c_int) -> std::result::Result<Option<Vec<u8>>, ColumnError> {
+        self.opt_bytes(i, false)
+    }
+
+    /// A column's bytes, as TEXT (`text`) or as a BLOB, copied; `None` for NULL.
+    fn opt_bytes(&self, i: c_int, text: bool) -> std::result::Result<Option<Vec<u8>>, ColumnError> {
         if self.is_null(i) {
             return Ok(None);
         }
-        // Safety: blob pointer and byte count read back to back, copied at once.
+        let stmt = self.stmt.as_ptr();
+        // Safety: the pointer and the byte count are read back to back (the
+        // pointer first, as SQLite asks) and copied at once.
         unsafe {
-            let ptr = ffi::sqlite3_column_blob(self.stmt.as_ptr(), i);
-            let len =
-                usize::try_from(ffi::sqlite3_column_bytes(self.stmt.as_ptr(), i)).unwrap_or(0);
+            let ptr: *const u8 = if text {
+                ffi::sqlite3_column_text(stmt, i)
+            } else {
+                ffi::sqlite3_column_blob(stmt, i).cast()
+            };
+            let len = usize::try_from(ffi::sqlite3_column_bytes(stmt, i)).unwrap_or(0);
             if ptr.is_null() {
                 // A zero-length value is a null pointer too; out of memory is
                 // told apart by the connection's error code.
                 self.out_of_memory()?;
                 return Ok(Some(Vec::new()));
             }
-            Ok(Some(
-                std::slice::from_raw_parts(ptr.cast::<u8>(), len).to_vec(),
-            ))
+            Ok(Some(std::slice::from_raw_parts(ptr, len).to_vec()))
         }
     }
 

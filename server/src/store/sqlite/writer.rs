@@ -286,9 +286,7 @@ impl KeyMoves {
                     .bind(&ended)
             }
             if back > 0 {
-                conn.query(sql::KEY_ENDED_WAITING)
-                    .map(|q| bind(q, &of, ended).bind(&back))
-                    .and_then(Query::execute)
+                conn.run(sql::KEY_ENDED_WAITING, |q| bind(q, &of, ended).bind(&back))
                     .map_err(sqlite)?;
                 continue;
             }
@@ -296,9 +294,7 @@ impl KeyMoves {
             // nothing goes, unless it keeps a bucket.
             for statement in [sql::KEY_ENDED, sql::KEY_IDLE, sql::KEY_ENDED_ALL] {
                 let changed = conn
-                    .query(statement)
-                    .map(|q| bind(q, &of, ended))
-                    .and_then(Query::execute)
+                    .run(statement, |q| bind(q, &of, ended))
                     .map_err(sqlite)?;
                 if changed > 0 {
                     break;

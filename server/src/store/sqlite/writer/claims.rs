@@ -207,8 +207,7 @@ pub(super) fn claim_unkeyed(
     claimed.reserve(picked.len());
     for (id, row) in picked {
         let taken = conn
-            .query(sql::CLAIM_ROW)
-            .map(|q| {
+            .run(sql::CLAIM_ROW, |q| {
                 q.bind(&now)
                     .bind(&*claim.worker_id)
                     .bind(&claim.lease_expires_at)
@@ -216,7 +215,6 @@ pub(super) fn claim_unkeyed(
                     .bind(&*claim.node)
                     .bind(&id)
             })
-            .and_then(Query::execute)
             .map_err(sqlite)?;
         if taken == 0 {
             return Err(Error::Corrupt(format!(
@@ -286,18 +284,16 @@ pub(super) fn claim_keyed(
             0 => continue,
             rows => rows,
         };
-        conn.query(sql::SERVE_KEY)
-            .map(|q| {
-                q.bind(&*of.claim.namespace)
-                    .bind(of.activity_type)
-                    .bind(k.key.as_str())
-                    .bind(&rows)
-                    .bind(&(strides * concurrency::stride(k.weight)))
-                    .bind(&k.interval_ns)
-                    .bind(&rate::nanos(of.now))
-            })
-            .and_then(Query::execute)
-            .map_err(sqlite)?;
+        conn.run(sql::SERVE_KEY, |q| {
+            q.bind(&*of.claim.namespace)
+                .bind(of.activity_type)
+                .bind(k.key.as_str())
+                .bind(&rows)
+                .bind(&(strides * concurrency::stride(k.weight)))
+                .bind(&k.interval_ns)
+                .bind(&rate::nanos(of.now))
+        })
+        .map_err(sqlite)?;
     }
     Ok(())
 }
@@ -337,14 +333,12 @@ pub(super) fn claim_rows(
         if let Some(bucket) = bucket {
             let spent = bucket.take(now_ns, taken);
             if taken > 0 {
-                conn.query(sql::SPEND)
-                    .map(|q| {
-                        q.bind(&*claim.namespace)
-                            .bind(&**activity_type)
-                            .bind(&spent.tat_ns)
-                    })
-                    .and_then(Query::execute)
-                    .map_err(sqlite)?;
+                conn.run(sql::SPEND, |q| {
+                    q.bind(&*claim.namespace)
+                        .bind(&**activity_type)
+                        .bind(&spent.tat_ns)
+                })
+                .map_err(sqlite)?;
             }
             refill = spent.refills_at(now_ns);
         }

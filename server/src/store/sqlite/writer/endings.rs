@@ -88,14 +88,12 @@ pub(super) fn record_heartbeats(
     let mut recorded = 0;
     for beat in beats {
         recorded += conn
-            .query(sql::RECORD_HEARTBEAT)
-            .map(|q| {
+            .run(sql::RECORD_HEARTBEAT, |q| {
                 q.bind(&beat.id)
                     .bind(&i64::from(beat.attempt))
                     .bind(&beat.details.as_ref().map(|d| d.content_type.as_str()))
                     .bind(&beat.details.as_ref().map(|d| d.data.as_slice()))
             })
-            .and_then(Query::execute)
             .map_err(sqlite)?;
     }
     Ok(recorded)

@@ -7,13 +7,9 @@ use crate::store::settings::{Arg, SettingWrite};
 /// [`Writer::set_priority_aging`], in one transaction.
 pub(super) fn set_priority_aging(conn: &mut Connection, per_level_ms: i64) -> Result<bool, Error> {
     let run = |conn: &mut Connection| -> Result<bool, Error> {
-        conn.query("BEGIN IMMEDIATE")
-            .and_then(Query::execute)
-            .map_err(sqlite)?;
+        conn.run("BEGIN IMMEDIATE", |q| q).map_err(sqlite)?;
         let changed = conn
-            .query(sql::SET_PRIORITY_AGING)
-            .map(|q| q.bind(&per_level_ms))
-            .and_then(Query::execute)
+            .run(sql::SET_PRIORITY_AGING, |q| q.bind(&per_level_ms))
             .map_err(sqlite)?;
         commit(conn)?;
         Ok(changed > 0)
@@ -43,13 +39,9 @@ pub(super) fn rerank(
     };
     let upto = after.saturating_add(i64::from(ids)).min(to);
     let rows = conn
-        .query(sql::RERANK_RANGE)
-        .map(|q| q.bind(&after).bind(&upto))
-        .and_then(Query::execute)
+        .run(sql::RERANK_RANGE, |q| q.bind(&after).bind(&upto))
         .map_err(sqlite)?;
-    conn.query(sql::RERANK_MOVE)
-        .map(|q| q.bind(&upto))
-        .and_then(Query::execute)
+    conn.run(sql::RERANK_MOVE, |q| q.bind(&upto))
         .map_err(sqlite)?;
     Ok(Some(crate::store::Reranked {
         rows,
@@ -66,13 +58,11 @@ pub(super) fn renew(
     let mut renewed = Vec::with_capacity(attempts.len());
     for &(id, attempt) in attempts {
         let changed = conn
-            .query(sql::RENEW)
-            .map(|q| {
+            .run(sql::RENEW, |q| {
                 q.bind(&lease_expires_at)
                     .bind(&id)
                     .bind(&i64::from(attempt))
             })
-            .and_then(Query::execute)
             .map_err(sqlite)?;
         if changed == 1 {
             renewed.push((id, attempt));
@@ -90,13 +80,9 @@ pub(super) fn prune(
     now: UnixMillis,
 ) -> Result<u64, Error> {
     let pruned = conn
-        .query(sql::PRUNE)
-        .map(|q| q.bind(&before).bind(&i64::from(limit)))
-        .and_then(Query::execute)
+        .run(sql::PRUNE, |q| q.bind(&before).bind(&i64::from(limit)))
         .map_err(sqlite)?;
-    conn.query(sql::SWEEP_FAIRNESS)
-        .map(|q| q.bind(&now))
-        .and_then(Query::execute)
+    conn.run(sql::SWEEP_FAIRNESS, |q| q.bind(&now))
         .map_err(sqlite)?;
     Ok(pruned)
 }
