@@ -293,14 +293,16 @@ pub fn type_counts(counts: &[TypeCounts], seen: &mut HashSet<(String, String)>) 
         totals.entry(pair.clone()).or_default();
     }
     for ((ns, ty), [due, delayed, running, failed]) in totals {
-        metrics::gauge!("spool_backlog", "namespace" => ns.clone(), "activity_type" => ty.clone(), "state" => "due")
-            .set(due as f64);
-        metrics::gauge!("spool_backlog", "namespace" => ns.clone(), "activity_type" => ty.clone(), "state" => "delayed")
-            .set(delayed as f64);
-        metrics::gauge!("spool_running", "namespace" => ns.clone(), "activity_type" => ty.clone())
-            .set(running as f64);
-        metrics::gauge!("spool_dead_letters", "namespace" => ns.clone(), "activity_type" => ty.clone())
-            .set(failed as f64);
+        set_type_gauges(
+            &ns,
+            &ty,
+            &[
+                ("spool_backlog", Some(("state", "due")), due),
+                ("spool_backlog", Some(("state", "delayed")), delayed),
+                ("spool_running", None, running),
+                ("spool_dead_letters", None, failed),
+            ],
+        );
         seen.insert((ns, ty));
     }
 }
@@ -350,17 +352,33 @@ pub fn limits(
         totals.entry(pair.clone()).or_default();
     }
     for ((ns, ty), [available, rate_held, keys, running, held]) in totals {
-        metrics::gauge!("spool_rate_limit_available", "namespace" => ns.clone(), "activity_type" => ty.clone())
-            .set(available as f64);
-        metrics::gauge!("spool_limit_held", "namespace" => ns.clone(), "activity_type" => ty.clone(), "limit" => "rate")
-            .set(rate_held as f64);
-        metrics::gauge!("spool_limit_held", "namespace" => ns.clone(), "activity_type" => ty.clone(), "limit" => "concurrency")
-            .set(held as f64);
-        metrics::gauge!("spool_concurrency_keys", "namespace" => ns.clone(), "activity_type" => ty.clone())
-            .set(keys as f64);
-        metrics::gauge!("spool_concurrency_running", "namespace" => ns.clone(), "activity_type" => ty.clone())
-            .set(running as f64);
+        set_type_gauges(
+            &ns,
+            &ty,
+            &[
+                ("spool_rate_limit_available", None, available),
+                ("spool_limit_held", Some(("limit", "rate")), rate_held),
+                ("spool_limit_held", Some(("limit", "concurrency")), held),
+                ("spool_concurrency_keys", None, keys),
+                ("spool_concurrency_running", None, running),
+            ],
+        );
         seen.insert((ns, ty));
+    }
+}
+
+/// A gauge of a namespace's type: its name, a label of its own if it has one,
+/// and its value.
+type TypeGauge = (&'static str, Option<(&'static str, &'static str)>, u64);
+
+fn set_type_gauges(ns: &str, ty: &str, gauges: &[TypeGauge]) {
+    for &(name, own, value) in gauges {
+        let mut labels = vec![
+            metrics::Label::new("namespace", ns.to_owned()),
+            metrics::Label::new("activity_type", ty.to_owned()),
+        ];
+        labels.extend(own.map(|(key, value)| metrics::Label::new(key, value)));
+        metrics::gauge!(name, labels).set(value as f64);
     }
 }
 
