@@ -24,15 +24,15 @@ impl RateLimitCommand {
         match self {
             RateLimitCommand::Set(a) => {
                 let limit = v1::RateLimit {
-                    namespace: a.namespace,
-                    activity_type: a.activity_type,
+                    namespace: a.of.scope.namespace,
+                    activity_type: a.of.activity_type,
                     limit: a.limit,
                     period: Some(spool_proto::duration::to_proto(a.per)),
                     burst: a.burst,
                     concurrency_key: a.key.unwrap_or_default(),
                     available: 0,
                 };
-                connect(&a.client, before)
+                connect(&a.of.scope.client, before)
                     .await?
                     .set_rate_limit(limit)
                     .await
@@ -64,8 +64,8 @@ impl ConcurrencyLimitCommand {
         match self {
             ConcurrencyLimitCommand::Set(a) => {
                 let limit = v1::ConcurrencyLimit {
-                    namespace: a.namespace,
-                    activity_type: a.activity_type,
+                    namespace: a.of.scope.namespace,
+                    activity_type: a.of.activity_type,
                     max_running: a.max.unwrap_or_default(),
                     concurrency_key: a.key.unwrap_or_default(),
                     weight: a.weight.unwrap_or_default(),
@@ -76,7 +76,7 @@ impl ConcurrencyLimitCommand {
                     } as i32,
                     ..Default::default()
                 };
-                connect(&a.client, before)
+                connect(&a.of.scope.client, before)
                     .await?
                     .set_concurrency_limit(limit)
                     .await
@@ -108,13 +108,13 @@ impl FairnessWeightCommand {
         match self {
             FairnessWeightCommand::Set(a) => {
                 let weight = v1::FairnessWeight {
-                    namespace: a.namespace,
-                    activity_type: a.activity_type,
+                    namespace: a.of.scope.namespace,
+                    activity_type: a.of.activity_type,
                     fairness_key: a.key,
                     weight: a.weight,
                     ..Default::default()
                 };
-                connect(&a.client, before)
+                connect(&a.of.scope.client, before)
                     .await?
                     .set_fairness_weight(weight)
                     .await
@@ -126,9 +126,9 @@ impl FairnessWeightCommand {
                     .await
             }
             FairnessWeightCommand::Delete(a) => {
-                connect(&a.client, before)
+                connect(&a.of.scope.client, before)
                     .await?
-                    .delete_fairness_weight(a.namespace, a.activity_type, a.key)
+                    .delete_fairness_weight(a.of.scope.namespace, a.of.activity_type, a.key)
                     .await
             }
         }
@@ -137,39 +137,27 @@ impl FairnessWeightCommand {
 
 #[derive(clap::Args)]
 pub(crate) struct FairnessWeightSetArgs {
-    /// The activity type.
-    activity_type: String,
     /// The fairness key (a tenant, say).
     #[arg(long)]
     key: String,
     /// 1 to 1000: a key of weight 3 is served three times as often as one of 1.
     #[arg(long)]
     weight: u32,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
     #[command(flatten)]
-    client: ClientArgs,
+    of: TypeArgs,
 }
 
 #[derive(clap::Args)]
 pub(crate) struct FairnessWeightDeleteArgs {
-    /// The activity type.
-    activity_type: String,
     /// The fairness key.
     #[arg(long)]
     key: String,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
     #[command(flatten)]
-    client: ClientArgs,
+    of: TypeArgs,
 }
 
 #[derive(clap::Args)]
 pub(crate) struct ConcurrencyLimitSetArgs {
-    /// The activity type.
-    activity_type: String,
     /// Activities per concurrency key running at once (with --key, for that key;
     /// left out, the type's).
     #[arg(long)]
@@ -185,17 +173,12 @@ pub(crate) struct ConcurrencyLimitSetArgs {
     /// cancelled), cancel-in-progress (the oldest are cancelled for new ones).
     #[arg(long, default_value = "queue", value_parser = ["queue", "cancel-newest", "cancel-in-progress"])]
     strategy: String,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
     #[command(flatten)]
-    client: ClientArgs,
+    of: TypeArgs,
 }
 
 #[derive(clap::Args)]
 pub(crate) struct RateLimitSetArgs {
-    /// The activity type.
-    activity_type: String,
     /// Rows per period.
     #[arg(long)]
     limit: u32,
@@ -209,32 +192,38 @@ pub(crate) struct RateLimitSetArgs {
     /// type's own limit.
     #[arg(long)]
     key: Option<String>,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
     #[command(flatten)]
-    client: ClientArgs,
+    of: TypeArgs,
 }
 
 #[derive(clap::Args)]
 pub(crate) struct LimitDeleteArgs {
-    /// The activity type.
-    activity_type: String,
     /// Only this concurrency key's limit.
     #[arg(long)]
     key: Option<String>,
-    /// The namespace (default: "default").
-    #[arg(long, env = "SPOOL_NAMESPACE", default_value = "")]
-    namespace: String,
     #[command(flatten)]
-    client: ClientArgs,
+    of: TypeArgs,
 }
 
 impl LimitDeleteArgs {
     async fn run(self, kind: LimitKind, before: &ClientArgs) -> Result<i32, Error> {
-        connect(&self.client, before)
+        let TypeArgs {
+            activity_type,
+            scope,
+        } = self.of;
+        connect(&scope.client, before)
             .await?
-            .delete_limit(kind, self.namespace, self.activity_type, self.key)
+            .delete_limit(kind, scope.namespace, activity_type, self.key)
             .await
     }
+}
+
+/// The activity type a limit or weight is set on or deleted from, and its
+/// namespace.
+#[derive(clap::Args)]
+pub(crate) struct TypeArgs {
+    /// The activity type.
+    activity_type: String,
+    #[command(flatten)]
+    scope: NamespaceArgs,
 }
