@@ -39,13 +39,7 @@ pub(super) async fn a_fairness_keys_backlog_does_not_delay_another_keys_rows(
 
     // u0 is ranked by its due time, ahead of a's backlog (spread over virtual
     // time from now on); b0 next to a's head, not after its 50 rows.
-    let mut first: Vec<String> = claim(store, &["t"], 4, T0)
-        .await
-        .into_iter()
-        .map(|r| r.key.activity_id)
-        .collect();
-    first.sort();
-    assert_eq!(first, ["a0", "a1", "b0", "u0"]);
+    assert_eq!(claimed_ids(store, 4, T0).await, ["a0", "a1", "b0", "u0"]);
 
     // b's next row goes next to a's head again, and a priority aging set
     // meanwhile ranks every waiting row again from where its key placed it.
@@ -93,13 +87,11 @@ pub(super) async fn a_newcomer_joins_the_head_of_a_backlog_behind_now(
         ..fair("b0", "t", "b", 1)
     };
     one(store, Op::Submit(vec![b0]), later).await;
-    let mut first: Vec<String> = claim(store, &["t"], 3, later)
-        .await
-        .into_iter()
-        .map(|r| r.key.activity_id)
-        .collect();
-    first.sort();
-    assert_eq!(first, ["a0", "a1", "b0"], "b0 next to a's head");
+    assert_eq!(
+        claimed_ids(store, 3, later).await,
+        ["a0", "a1", "b0"],
+        "b0 next to a's head"
+    );
 
     // b's chain is behind the head of the band now: the pruner deletes it; a's
     // is ahead, and stays.
@@ -331,4 +323,15 @@ async fn backlog_of_a(store: &dyn Store, n: usize) {
         .map(|i| fair(&format!("a{i}"), "t", "a", 1))
         .collect();
     one(store, Op::Submit(backlog), T0).await;
+}
+
+/// The ids of the next `n` rows of type "t" claimed at `now`, sorted.
+async fn claimed_ids(store: &dyn Store, n: u32, now: i64) -> Vec<String> {
+    let mut ids: Vec<String> = claim(store, &["t"], n, now)
+        .await
+        .into_iter()
+        .map(|r| r.key.activity_id)
+        .collect();
+    ids.sort();
+    ids
 }

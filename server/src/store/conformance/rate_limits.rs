@@ -49,29 +49,10 @@ pub(super) async fn a_rate_limit_holds_claims_to_its_bucket(store: &dyn Store, _
     );
     assert_eq!(at(T0 + 499).await, (0, vec![("t".into(), T0 + 500)]));
     assert_eq!(at(T0 + 500).await, (1, vec![("t".into(), T0 + 1_000)]));
-    let uses = store
-        .rate_limits(None, T0 + 500)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        uses,
-        [rate::RateLimitUse {
-            limit: limit("default"),
-            available: 0
-        }]
-    );
-    let later = store
-        .rate_limits(Some("default"), T0 + 60_000)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(uses(store, None, T0 + 500).await, [empty(limit("default"))]);
+    let later = uses(store, Some("default"), T0 + 60_000).await;
     assert_eq!(later[0].available, 2, "a bucket fills up to its burst");
-    assert!(
-        store
-            .rate_limits(Some("other"), T0)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_empty()
-    );
+    assert!(uses(store, Some("other"), T0).await.is_empty());
 
     let mut other = claim_for(&["t"], 10);
     if let Op::Claim(claim) = &mut other {
@@ -162,17 +143,7 @@ pub(super) async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _ra
         at(T0 + 500).await,
         (vec!["mail2".to_owned()], vec![("t".to_owned(), T0 + 1_000)])
     );
-    let uses = store
-        .rate_limits(None, T0 + 500)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        uses,
-        [rate::RateLimitUse {
-            limit: limit.clone(),
-            available: 0
-        }]
-    );
+    assert_eq!(uses(store, None, T0 + 500).await, [empty(limit.clone())]);
     assert_eq!(at(T0 + 1_000).await.0, ["mail3"]);
     assert_eq!(at(T0 + 1_500).await.0, ["mail4"]);
     // Its bucket outlives a spell with none of its rows waiting or running.
@@ -197,4 +168,20 @@ pub(super) async fn a_keys_rate_limit_holds_only_its_rows(store: &dyn Store, _ra
         Outcome::Removed(true)
     ));
     assert_eq!(at(T0 + 1_500).await.0, ["mail-late"]);
+}
+
+/// The rate limits of `namespace` (every one when `None`) and their use at `now`.
+async fn uses(store: &dyn Store, namespace: Option<&str>, now: i64) -> Vec<rate::RateLimitUse> {
+    store
+        .rate_limits(namespace, now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `limit` with its bucket empty.
+fn empty(limit: rate::RateLimit) -> rate::RateLimitUse {
+    rate::RateLimitUse {
+        limit,
+        available: 0,
+    }
 }
