@@ -541,6 +541,20 @@ impl Gauge {
     }
 }
 
+/// Submits an activity of `activity_type` (workflow "wf") with `max_attempts`
+/// fast retries and waits for its end.
+pub async fn run_to_the_end(
+    client: &mut Calls,
+    activity_type: &str,
+    activity_id: &str,
+    max_attempts: u32,
+) -> v1::Activity {
+    let mut req = request(activity_type, "wf", activity_id);
+    req.retry_policy = fast_retries(max_attempts);
+    submit(client, req).await;
+    wait(client, key("wf", activity_id)).await
+}
+
 /// Where an activity ended: its status and the attempt it ended on.
 pub fn outcome(activity: &v1::Activity) -> (v1::ActivityStatus, u32) {
     (status(activity), activity.attempt)

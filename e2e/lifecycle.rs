@@ -141,10 +141,7 @@ async fn two_retryable_failures_then_success_on_attempt_three() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("flaky", "wf", "f");
-    req.retry_policy = fast_retries(5);
-    submit(&mut client, req).await;
-    let done = wait(&mut client, key("wf", "f")).await;
+    let done = run_to_the_end(&mut client, "flaky", "f", 5).await;
     assert_eq!(status(&done), ActivityStatus::Completed);
     assert_eq!(done.attempt, 3);
     assert_eq!(calls.attempts("f"), vec![1, 2, 3]);
@@ -164,10 +161,7 @@ async fn dead_letter_at_max_attempts_with_last_error() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("doomed", "wf", "d");
-    req.retry_policy = fast_retries(3);
-    submit(&mut client, req).await;
-    let done = wait(&mut client, key("wf", "d")).await;
+    let done = run_to_the_end(&mut client, "doomed", "d", 3).await;
     assert_eq!(status(&done), ActivityStatus::Failed);
     assert_eq!(done.attempt, 3);
     assert_eq!(done.max_attempts, 3);
@@ -271,10 +265,7 @@ async fn snooze_runs_again_without_spending_attempts() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("patient", "wf", "p");
-    req.retry_policy = fast_retries(1);
-    submit(&mut client, req).await;
-    let done = wait(&mut client, key("wf", "p")).await;
+    let done = run_to_the_end(&mut client, "patient", "p", 1).await;
     assert_eq!(
         status(&done),
         ActivityStatus::Completed,
@@ -301,10 +292,7 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("fixable", "wf", "r");
-    req.retry_policy = fast_retries(2);
-    submit(&mut client, req).await;
-    let dead = wait(&mut client, key("wf", "r")).await;
+    let dead = run_to_the_end(&mut client, "fixable", "r", 2).await;
     assert_eq!(outcome(&dead), (ActivityStatus::Failed, 2));
 
     let err = client

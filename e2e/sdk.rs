@@ -98,10 +98,7 @@ async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives
         })
     });
     let mut client = server.client().await;
-    let mut req = request("flaky", "wf", "f");
-    req.retry_policy = fast_retries(3);
-    submit(&mut client, req).await;
-    let done = wait(&mut client, key("wf", "f")).await;
+    let done = run_to_the_end(&mut client, "flaky", "f", 3).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 3), "{done:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 3, "one worker ran all three");
     // The second attempt's error is the last one stored before the success.
@@ -222,10 +219,7 @@ async fn the_previous_attempts_heartbeat_details_reach_the_next_attempt() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("resumable", "wf", "r");
-    req.retry_policy = fast_retries(2);
-    submit(&mut client, req).await;
-    let done = wait(&mut client, key("wf", "r")).await;
+    let done = run_to_the_end(&mut client, "resumable", "r", 2).await;
     assert_eq!(status(&done), ActivityStatus::Completed);
     assert_eq!(
         seen.lock().expect("lock").clone(),
