@@ -519,6 +519,21 @@ pub async fn get_refused(client: &mut Calls, key: v1::ActivityKey) -> Status {
     }
 }
 
+/// A count a test shares with its handlers.
+#[derive(Clone, Default)]
+pub struct Count(Arc<AtomicU32>);
+
+impl Count {
+    /// Counts one more: how many were counted before.
+    pub fn bump(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::SeqCst)
+    }
+
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// How many handlers run now, and the most that ever ran at once.
 #[derive(Default)]
 pub struct Gauge {

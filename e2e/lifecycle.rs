@@ -250,13 +250,12 @@ async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
 #[tokio::test]
 async fn snooze_runs_again_without_spending_attempts() {
     let server = TestServer::start().await;
-    let snoozes = Arc::new(AtomicU32::new(0));
-    let s = snoozes.clone();
+    let snoozes = Count::default();
     let _worker = server.worker(move |w| {
         w.activity("patient", move |_, _| {
-            let s = s.clone();
+            let snooze = snoozes.bump() < 2;
             async move {
-                if s.fetch_add(1, Ordering::SeqCst) < 2 {
+                if snooze {
                     Err(ActivityError::snooze(Duration::from_millis(20)))
                 } else {
                     Ok(Payload::default())

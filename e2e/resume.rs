@@ -388,16 +388,15 @@ async fn a_session_that_said_goodbye_resumes_to_report_and_takes_no_new_task() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt() {
     let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Count::default();
     let counted = runs.clone();
     let worker = Worker::new(format!("http://{}", proxy.addr))
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
         .keep_alive(Duration::from_secs(2), Duration::from_secs(3))
         .shutdown_timeout(Duration::from_secs(5))
         .activity("slow", move |ctx, _| {
-            let counted = counted.clone();
+            counted.bump();
             async move {
-                counted.fetch_add(1, Ordering::SeqCst);
                 tokio::select! {
                     () = ctx.cancelled() => Err(spool_worker::ActivityError::terminal("cancelled", "stopped early")),
                     () = tokio::time::sleep(Duration::from_millis(1_500)) => spool_worker::json(&"done"),
@@ -418,7 +417,7 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
     )
     .await;
     eventually("the attempt to start", || async {
-        (runs.load(Ordering::SeqCst) == 1).then_some(())
+        (runs.get() == 1).then_some(())
     })
     .await;
     stop.cancel();
@@ -432,7 +431,7 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
         (status(&done), done.attempt, done.last_error),
         (v1::ActivityStatus::Completed, 1, None)
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "run once");
+    assert_eq!(runs.get(), 1, "run once");
     stopped(&mut connection).await;
 }
 
@@ -447,15 +446,12 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
     let mut client = server.client().await;
     submit(&mut client, slow("c", 2_500)).await;
     seen.first_run().await;
-    let direct = Arc::new(AtomicU32::new(0));
+    let direct = Count::default();
     let counted = direct.clone();
     let _other = server.worker(move |w| {
         w.activity("slow", move |ctx, _| {
-            let counted = counted.clone();
-            async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                spool_worker::json(&serde_json::json!({ "attempt": ctx.info().attempt }))
-            }
+            counted.bump();
+            async move { spool_worker::json(&serde_json::json!({ "attempt": ctx.info().attempt })) }
         })
     });
     proxy.cut_off();
@@ -465,7 +461,7 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
         done.last_error.map(|e| e.kind),
         Some(v1::ErrorKind::WorkerLost as i32)
     );
-    assert_eq!(direct.load(Ordering::SeqCst), 1);
+    assert_eq!(direct.get(), 1);
     proxy.up();
     // The first worker reconnects with a new session; its attempt 1 finishes and
     // its result is refused.

@@ -3,10 +3,7 @@
 //! the attempt budget).
 
 use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU32, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -79,13 +76,12 @@ async fn a_typed_activity_round_trips_and_bad_input_is_terminal() {
 #[tokio::test]
 async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives_on() {
     let server = TestServer::start().await;
-    let runs = Arc::new(AtomicU32::new(0));
+    let runs = Count::default();
     let seen = runs.clone();
     let _worker = server.worker(move |w| {
         w.activity("flaky", move |ctx, _| {
-            let seen = seen.clone();
+            seen.bump();
             async move {
-                seen.fetch_add(1, Ordering::SeqCst);
                 match ctx.info().attempt {
                     1 => {
                         let n: u32 = "not a number".parse()?;
@@ -100,7 +96,7 @@ async fn errors_from_question_mark_and_panics_are_retried_by_a_worker_that_lives
     let mut client = server.client().await;
     let done = run_to_the_end(&mut client, "flaky", "f", 3).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 3), "{done:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "one worker ran all three");
+    assert_eq!(runs.get(), 3, "one worker ran all three");
     // The second attempt's error is the last one stored before the success.
     let error = done.last_error.unwrap_or_default();
     assert_eq!(error.r#type, "Panic", "{error:?}");
