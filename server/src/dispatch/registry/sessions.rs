@@ -242,11 +242,7 @@ impl Registry {
             return Err(ResumeRefused::Changed);
         }
         let (tx, rx) = outbound_channel(&worker.id, worker.max_concurrency);
-        if let Some(drain) = drain {
-            let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
-                deadline: drain.deadline,
-            }));
-        }
+        tell_draining(&tx, drain);
         // The old stream, if it still reads, ends now; it no longer owns the worker.
         worker.evict.cancel();
         let evict = CancellationToken::new();
@@ -256,21 +252,20 @@ impl Registry {
         worker.detached_until = None;
         worker.last_seen = Instant::now();
         worker.identity = reg.identity.as_str().into();
-        let (resend, cancels, reattached) = reconcile(worker, held);
+        let resumption = reconcile(worker, held, (tx, rx), evict);
         // What it lacks is sent first (by the session, in `resend`), then what was
         // claimed ahead for it fills the slots left.
         worker.fill(paused);
         drop(inner);
+        Ok(self.resumed(resumption))
+    }
+
+    /// Wakes the dispatcher for the slots a resumed session may have, and the
+    /// waiters for the answers it may bring.
+    fn resumed(&self, resumption: Resumption) -> Resumption {
         self.wake.notify_one();
         self.answered.notify_waiters();
-        Ok(Resumption {
-            tx,
-            rx,
-            evict,
-            resend,
-            cancels,
-            reattached,
-        })
+        resumption
     }
 
     /// Whether this worker's session can be resumed (it has a ticket).
@@ -342,30 +337,17 @@ impl Registry {
             evict.clone(),
         );
         worker.inflight = inflight;
-        let (resend, cancels, reattached) = reconcile(&mut worker, held);
+        let resumption = reconcile(&mut worker, held, (tx, rx), evict);
         let mut inner = self.lock();
         inner.remove_worker(worker_id, |a| adopted.contains(&(a.id, a.attempt)));
         inner.released.extend(unsent);
-        if let Some(drain) = inner.drain {
-            let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
-                deadline: drain.deadline,
-            }));
-        }
+        tell_draining(&resumption.tx, inner.drain);
         let g = inner.groups.entry(group).or_default();
         g.workers.push(id.clone());
         g.refresh();
         inner.workers.insert(id, worker);
         drop(inner);
-        self.wake.notify_one();
-        self.answered.notify_waiters();
-        Resumption {
-            tx,
-            rx,
-            evict,
-            resend,
-            cancels,
-            reattached,
-        }
+        self.resumed(resumption)
     }
 
     /// The worker takes no more tasks (it said Goodbye).
@@ -392,14 +374,17 @@ fn outbound_channel(
     (tx, rx)
 }
 
-/// What a worker resuming with `held` must be told: the tasks of attempts the
-/// session holds that it lacks (to send again), cancels for attempts it has that
-/// the server ended, and how many it still runs. Attempts the server ended that the
+/// The resumption of a worker's session on a new stream (`tx`, `rx`, `evict`),
+/// with what the worker, which says it holds `held`, must be told: the tasks of
+/// attempts the session holds that it lacks (to send again), cancels for attempts
+/// it has that the server ended, and how many it still runs. Attempts the server ended that the
 /// worker no longer has are forgotten (nothing would ever free their slots).
 fn reconcile(
     worker: &mut Worker,
     held: &HashSet<AttemptKey>,
-) -> (Vec<Arc<Attempt>>, Vec<Cancel>, usize) {
+    (tx, rx): (mpsc::Sender<Outgoing>, mpsc::Receiver<Outgoing>),
+    evict: CancellationToken,
+) -> Resumption {
     let mut resend = Vec::new();
     let mut cancels = Vec::new();
     let mut reattached = 0;
@@ -438,5 +423,23 @@ fn reconcile(
             });
         }
     }
-    (resend, cancels, reattached)
+    Resumption {
+        tx,
+        rx,
+        evict,
+        resend,
+        cancels,
+        reattached,
+    }
+}
+
+/// Tells a new stream of a draining node's worker to drain, as the stream it
+/// replaces was told.
+fn tell_draining(tx: &mpsc::Sender<Outgoing>, drain: Option<Draining>) {
+    if let Some(drain) = drain {
+        // A new stream's channel has room: it holds only the Welcome.
+        let _ = tx.try_send(Outgoing::new(ToWorker::Drain {
+            deadline: drain.deadline,
+        }));
+    }
 }
