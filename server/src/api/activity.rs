@@ -327,8 +327,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::GetRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         within(self.core.config.limits.request_timeout, async {
-            let key = validate::key(request.get_ref().key.as_ref())?;
-            authorize(&request, Role::Viewer, &key.namespace)?;
+            let key = authorized_key(&request, request.get_ref().key.as_ref(), Role::Viewer)?;
             let row = self.get_row(&key).await?;
             let history = if request.get_ref().include_history {
                 self.core.store.history(row.id).await.map_err(Error::from)?
@@ -351,8 +350,7 @@ impl ActivityService for ActivityApi {
         &self,
         request: Request<v1::WaitRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
-        let key = validate::key(request.get_ref().key.as_ref())?;
-        authorize(&request, Role::Viewer, &key.namespace)?;
+        let key = authorized_key(&request, request.get_ref().key.as_ref(), Role::Viewer)?;
         let caller: Arc<str> = request
             .extensions()
             .get::<Principal>()
@@ -411,8 +409,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::CancelRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         within(self.core.config.limits.request_timeout, async {
-            let key = validate::key(request.get_ref().key.as_ref())?;
-            authorize(&request, Role::Client, &key.namespace)?;
+            let key = authorized_key(&request, request.get_ref().key.as_ref(), Role::Client)?;
             let reason = request.into_inner().reason;
             validate::text("reason", &reason, validate::MAX_MESSAGE_BYTES)?;
             let op = Op::Cancel {
@@ -436,8 +433,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::RetryRequest>,
     ) -> Result<Response<v1::Activity>, Status> {
         within(self.core.config.limits.request_timeout, async {
-            let key = validate::key(request.get_ref().key.as_ref())?;
-            authorize(&request, Role::Client, &key.namespace)?;
+            let key = authorized_key(&request, request.get_ref().key.as_ref(), Role::Client)?;
             let op = Op::Redrive { key: key.clone() };
             let redriven = self
                 .change_one(
@@ -456,8 +452,7 @@ impl ActivityService for ActivityApi {
         request: Request<v1::ListRequest>,
     ) -> Result<Response<v1::ListResponse>, Status> {
         within(self.core.config.limits.request_timeout, async {
-            let namespace = validate::namespace(&request.get_ref().namespace)?;
-            authorize(&request, Role::Viewer, &namespace)?;
+            let namespace = authorized_namespace(&request, &request.get_ref().namespace, Role::Viewer)?;
             let request = request.into_inner();
             let status = match ActivityStatus::try_from(request.status) {
                 Ok(ActivityStatus::Unspecified) => None,
@@ -519,8 +514,8 @@ impl ActivityService for ActivityApi {
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
         within(self.core.config.limits.request_timeout, async {
-            let namespace = validate::namespace(&request.get_ref().namespace)?;
-            authorize(&request, Role::Viewer, &namespace)?;
+            let namespace =
+                authorized_namespace(&request, &request.get_ref().namespace, Role::Viewer)?;
             let counts = self
                 .core
                 .store
@@ -550,6 +545,28 @@ impl ActivityService for ActivityApi {
         super::auth::authenticated(&request)?;
         Ok(Response::new(server_info(&self.core.config)))
     }
+}
+
+/// The key a request names, once its caller may act on it as `role`.
+fn authorized_key<T>(
+    request: &Request<T>,
+    key: Option<&v1::ActivityKey>,
+    role: Role,
+) -> Result<crate::store::Key, Error> {
+    let key = validate::key(key)?;
+    authorize(request, role, &key.namespace)?;
+    Ok(key)
+}
+
+/// The namespace a request names, once its caller may act in it as `role`.
+fn authorized_namespace<T>(
+    request: &Request<T>,
+    namespace: &str,
+    role: Role,
+) -> Result<String, Error> {
+    let namespace = validate::namespace(namespace)?;
+    authorize(request, role, &namespace)?;
+    Ok(namespace)
 }
 
 /// What `GetServerInfo` answers: this build and this server's settings.
