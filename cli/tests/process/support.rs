@@ -175,33 +175,37 @@ impl ServerProcess {
 
     /// Sets `activity_type`'s rate limit: `limit` rows each `period`.
     pub async fn set_rate_limit(&self, activity_type: &str, limit: u32, period: Duration) {
+        let rate_limit = v1::RateLimit {
+            activity_type: activity_type.into(),
+            limit,
+            period: Some(spool_proto::duration::to_proto(period)),
+            ..Default::default()
+        };
+        let set = v1::SetRateLimitRequest {
+            rate_limit: Some(rate_limit),
+        };
         self.admin()
             .await
-            .set_rate_limit(v1::SetRateLimitRequest {
-                rate_limit: Some(v1::RateLimit {
-                    activity_type: activity_type.into(),
-                    limit,
-                    period: Some(spool_proto::duration::to_proto(period)),
-                    ..Default::default()
-                }),
-            })
+            .set_rate_limit(set)
             .await
             .expect("set the rate limit");
     }
 
     /// Sets `activity_type`'s concurrency limit: `max_running` at once per key.
     pub async fn set_concurrency_limit(&self, activity_type: &str, max_running: u32) {
-        self.admin()
+        let limit = Some(v1::ConcurrencyLimit {
+            activity_type: activity_type.into(),
+            max_running,
+            ..Default::default()
+        });
+        let mut admin = self.admin().await;
+        let set = v1::SetConcurrencyLimitRequest {
+            concurrency_limit: limit,
+        };
+        admin
+            .set_concurrency_limit(set)
             .await
-            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-                concurrency_limit: Some(v1::ConcurrencyLimit {
-                    activity_type: activity_type.into(),
-                    max_running,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .expect("set the concurrency limit");
+            .expect("set the limit");
     }
 
     /// Waits until the server reports NOT_SERVING (a drain began).
