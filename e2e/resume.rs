@@ -350,17 +350,7 @@ async fn a_session_that_said_goodbye_resumes_to_report_and_takes_no_new_task() {
     // One node: the session must be this node's to resume it leaving.
     let server = TestServer::one_node_with(|c| c.resume_grace = Some(Duration::from_secs(5))).await;
     let mut client = server.client().await;
-    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = session_of(&first);
-    submit(
-        &mut client,
-        v1::SubmitRequest {
-            retry_policy: fast_retries(1),
-            ..request("raw", "wf", "g")
-        },
-    )
-    .await;
-    let task = first.task().await;
+    let (mut first, (worker_id, token), task) = holding_one(&server, &mut client, "g").await;
     first
         .send(worker_message::Message::Goodbye(v1::Goodbye {}))
         .await;
@@ -499,12 +489,28 @@ async fn a_stalled_connection_is_detected_and_resumed() {
     proxy.cut();
 }
 
+/// A raw worker of two slots for "raw" holding the one attempt `id` may have
+/// (workflow "wf"): the worker, its session (id and resume token), and the task.
+async fn holding_one(
+    server: &TestServer,
+    client: &mut Calls,
+    id: &str,
+) -> (RawWorker, (String, String), v1::ActivityTask) {
+    let mut worker = RawWorker::connect(server, &["raw"], 2).await;
+    let session = session_of(&worker);
+    let mut req = request("raw", "wf", id);
+    req.retry_policy = fast_retries(1);
+    submit(client, req).await;
+    let task = worker.task().await;
+    (worker, session, task)
+}
+
 /// A raw worker of two slots for "raw" holding the tasks of `a` and `b`
 /// (workflow "wf"): the worker, its session (id and resume token), and the two
 /// tasks in that order.
 async fn holding_two(
     server: &TestServer,
-    client: &mut v1::activity_service_client::ActivityServiceClient<tonic::transport::Channel>,
+    client: &mut Calls,
     a: &str,
     b: &str,
 ) -> (
@@ -777,17 +783,7 @@ async fn a_resume_dropped_while_its_ticket_is_saved_loses_its_attempt_after_the_
     })
     .await;
     let mut client = server.client().await;
-    let mut first = RawWorker::connect(&server, &["raw"], 2).await;
-    let (worker_id, token) = session_of(&first);
-    submit(
-        &mut client,
-        v1::SubmitRequest {
-            retry_policy: fast_retries(1),
-            ..request("raw", "wf", "r")
-        },
-    )
-    .await;
-    first.task().await;
+    let (first, (worker_id, token), _) = holding_one(&server, &mut client, "r").await;
     faulty.hold_tickets(true);
     drop(first);
     dropped_while_saving_its_ticket(
