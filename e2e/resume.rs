@@ -34,6 +34,36 @@ async fn behind_proxy(grace: Duration, heartbeat: Duration) -> (TestServer, prox
     (server, proxy)
 }
 
+/// A slow activity started on a worker connected through the proxy of
+/// [`behind_proxy`]'s server.
+struct SlowRun {
+    server: TestServer,
+    proxy: proxy::Proxy,
+    seen: Seen,
+    connection: tokio::sync::watch::Receiver<Connection>,
+    client: Calls,
+    _worker: RunningWorker,
+}
+
+/// Starts `slow(id, ms)` on a slow worker, in a first session, behind a proxy.
+async fn slow_run(grace: Duration, heartbeat: Duration, id: &str, ms: u64) -> SlowRun {
+    let (server, proxy) = behind_proxy(grace, heartbeat).await;
+    let seen = Seen::default();
+    let (_worker, mut connection) = slow_worker(&proxy, &seen);
+    assert!(!connected(&mut connection).await, "a first session");
+    let mut client = server.client().await;
+    submit(&mut client, slow(id, ms)).await;
+    seen.first_run().await;
+    SlowRun {
+        server,
+        proxy,
+        seen,
+        connection,
+        client,
+        _worker,
+    }
+}
+
 /// How often each attempt's handler ran, and the acks the worker saw.
 #[derive(Clone, Default)]
 struct Seen {
@@ -194,13 +224,14 @@ async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) ->
 /// the worker resumes its session, and attempt 1 completes, run and recorded once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_within_the_grace_costs_nothing() {
-    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
-    let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
-    assert!(!connected(&mut connection).await, "a first session");
-    let mut client = server.client().await;
-    submit(&mut client, slow("a", 5_000)).await;
-    seen.first_run().await;
+    let SlowRun {
+        server: _server,
+        proxy,
+        seen,
+        mut connection,
+        mut client,
+        _worker,
+    } = slow_run(Duration::from_secs(5), Duration::from_secs(1), "a", 5_000).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     proxy.cut_off();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -221,13 +252,14 @@ async fn a_cut_within_the_grace_costs_nothing() {
 /// worker and is recorded after the resume, exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_produced_while_disconnected_is_recorded_once() {
-    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(1)).await;
-    let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
-    connected(&mut connection).await;
-    let mut client = server.client().await;
-    submit(&mut client, slow("b", 800)).await;
-    seen.first_run().await;
+    let SlowRun {
+        server: _server,
+        proxy,
+        seen,
+        connection: _connection,
+        mut client,
+        _worker,
+    } = slow_run(Duration::from_secs(5), Duration::from_secs(1), "b", 800).await;
     proxy.cut_off();
     // The handler ends 800 ms in, while no connection can be made.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -429,13 +461,20 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
 /// worker, and attempt 1's late result is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refused() {
-    let (server, proxy) = behind_proxy(Duration::from_millis(500), Duration::from_secs(1)).await;
-    let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
-    connected(&mut connection).await;
-    let mut client = server.client().await;
-    submit(&mut client, slow("c", 2_500)).await;
-    seen.first_run().await;
+    let SlowRun {
+        server,
+        proxy,
+        seen,
+        connection: _connection,
+        mut client,
+        _worker,
+    } = slow_run(
+        Duration::from_millis(500),
+        Duration::from_secs(1),
+        "c",
+        2_500,
+    )
+    .await;
     let direct = Count::default();
     let counted = direct.clone();
     let _other = server.worker(move |w| {
@@ -471,13 +510,14 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
 async fn a_stalled_connection_is_detected_and_resumed() {
     // Silent for three heartbeat intervals (6 s) would be lost; the worker sees
     // the stall within half a second.
-    let (server, proxy) = behind_proxy(Duration::from_secs(5), Duration::from_secs(2)).await;
-    let seen = Seen::default();
-    let (_worker, mut connection) = slow_worker(&proxy, &seen);
-    connected(&mut connection).await;
-    let mut client = server.client().await;
-    submit(&mut client, slow("d", 2_000)).await;
-    seen.first_run().await;
+    let SlowRun {
+        server: _server,
+        proxy,
+        seen,
+        mut connection,
+        mut client,
+        _worker,
+    } = slow_run(Duration::from_secs(5), Duration::from_secs(2), "d", 2_000).await;
     proxy.stall();
     assert!(
         reconnected(&mut connection).await,
