@@ -564,10 +564,21 @@ pub async fn run_to_the_end(
     activity_id: &str,
     max_attempts: u32,
 ) -> v1::Activity {
+    submit_with_retries(client, activity_type, activity_id, max_attempts).await;
+    wait(client, key("wf", activity_id)).await
+}
+
+/// Submits an activity of `activity_type` (workflow "wf") with `max_attempts`
+/// fast retries.
+pub async fn submit_with_retries(
+    client: &mut Calls,
+    activity_type: &str,
+    activity_id: &str,
+    max_attempts: u32,
+) -> v1::SubmitResponse {
     let mut req = request(activity_type, "wf", activity_id);
     req.retry_policy = fast_retries(max_attempts);
-    submit(client, req).await;
-    wait(client, key("wf", activity_id)).await
+    submit(client, req).await
 }
 
 /// Where an activity ended: its status and the attempt it ended on.

@@ -186,9 +186,7 @@ async fn a_worker_asking_for_every_slot_gets_the_cap() {
 /// A worker's text is sanitised, never refused: its outcome is kept.
 async fn worker_text_is_sanitised(server: &TestServer) {
     let mut client = server.client().await;
-    let mut req = request("t", "wf", "nul");
-    req.retry_policy = fast_retries(1);
-    submit(&mut client, req).await;
+    submit_with_retries(&mut client, "t", "nul", 1).await;
     let mut worker = RawWorker::connect(server, &["t"], 1).await;
     let task = worker.task().await;
     worker

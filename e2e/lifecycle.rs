@@ -193,9 +193,7 @@ async fn non_retryable_type_and_terminal_error_fail_at_once() {
         ..fast_retries(5).unwrap()
     });
     submit(&mut client, typed).await;
-    let mut terminal = request("strict", "wf", "terminal");
-    terminal.retry_policy = fast_retries(5);
-    submit(&mut client, terminal).await;
+    submit_with_retries(&mut client, "strict", "terminal", 5).await;
     for id in ["typed", "terminal"] {
         let done = wait(&mut client, key("wf", id)).await;
         assert_eq!(status(&done), ActivityStatus::Failed, "{id}");
@@ -420,17 +418,13 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
         });
     let leaving = tokio::spawn(leaving.run(stop.clone()));
     let mut client = server.client().await;
-    let mut x = request("job", "wf", "x");
-    x.retry_policy = fast_retries(1);
-    submit(&mut client, x).await;
+    submit_with_retries(&mut client, "job", "x", 1).await;
     assert_eq!(started.recv().await.as_deref(), Some("x"));
 
     // The Goodbye is held on its way; y goes to the leaving worker's free slot.
     proxy.hold_upstream();
     stop.cancel();
-    let mut y = request("job", "wf", "y");
-    y.retry_policy = fast_retries(1);
-    submit(&mut client, y).await;
+    submit_with_retries(&mut client, "job", "y", 1).await;
     eventually("y to be sent to the leaving worker", || {
         let mut client = client.clone();
         async move {

@@ -289,9 +289,7 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
     let server = TestServer::one_node().await;
     let mut raw = RawWorker::connect(&server, &["t"], 1).await;
     let mut client = server.client().await;
-    let mut req = request("t", "wf", "forever");
-    req.retry_policy = fast_retries(1);
-    submit(&mut client, req).await;
+    submit_with_retries(&mut client, "t", "forever", 1).await;
     raw.task().await;
     let report = server
         .admin()

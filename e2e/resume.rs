@@ -313,14 +313,7 @@ async fn without_a_grace_a_new_session_stops_the_handlers_of_the_old_one() {
     };
     assert!(!connected(&mut connection).await, "a first session");
     let mut client = server.client().await;
-    submit(
-        &mut client,
-        v1::SubmitRequest {
-            retry_policy: fast_retries(1),
-            ..request("patient", "wf", "p")
-        },
-    )
-    .await;
+    submit_with_retries(&mut client, "patient", "p", 1).await;
     eventually("the attempt to start", || async {
         (started.load(Ordering::SeqCst) == 1).then_some(())
     })
@@ -538,9 +531,7 @@ async fn holding_one(
 ) -> (RawWorker, (String, String), v1::ActivityTask) {
     let mut worker = RawWorker::connect(server, &["raw"], 2).await;
     let session = session_of(&worker);
-    let mut req = request("raw", "wf", id);
-    req.retry_policy = fast_retries(1);
-    submit(client, req).await;
+    submit_with_retries(client, "raw", id, 1).await;
     let task = worker.task().await;
     (worker, session, task)
 }
@@ -1320,14 +1311,7 @@ async fn nodes_stopping_together_release_instead_of_handing_over_to_each_other()
     let (mut a, mut b, _proxy) =
         two_nodes(Duration::from_secs(2), Duration::from_millis(500)).await;
     let mut client = a.client().await;
-    submit(
-        &mut client,
-        v1::SubmitRequest {
-            retry_policy: fast_retries(1),
-            ..request("raw", "wf", "together")
-        },
-    )
-    .await;
+    submit_with_retries(&mut client, "raw", "together", 1).await;
     let mut worker = RawWorker::connect(&a, &["raw"], 1).await;
     assert_eq!(worker.task().await.attempt, 1);
     // Both have heard each other before they stop.

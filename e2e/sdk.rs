@@ -313,9 +313,7 @@ async fn limits_are_told_and_an_oversized_output_fails_only_its_attempt() {
         })
     });
     let mut raw = server.client().await;
-    let mut huge = request("big", "wf", "huge");
-    huge.retry_policy = fast_retries(3);
-    submit(&mut raw, huge).await;
+    submit_with_retries(&mut raw, "big", "huge", 3).await;
     let failed = wait(&mut raw, key("wf", "huge")).await;
     assert_eq!(outcome(&failed), (ActivityStatus::Failed, 1));
     let error = failed.last_error.unwrap_or_default();
