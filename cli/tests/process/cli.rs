@@ -23,6 +23,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Fails the test unless `o`'s stderr says `text`.
+fn assert_says(o: &Output, text: &str) {
+    let said = stderr(o);
+    assert!(said.contains(text), "expected {text:?} in: {said}");
+}
+
 fn json(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(o)))
 }
@@ -135,11 +141,7 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     )
     .await;
     assert!(!refused.status.success());
-    assert!(
-        stderr(&refused).contains("weight is 0"),
-        "{}",
-        stderr(&refused)
-    );
+    assert_says(&refused, "weight is 0");
     let deleted = spool(
         &env,
         &["fairness-weight", "delete", "greet", "--key", "tenant-b"],
@@ -154,11 +156,7 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     assert_eq!(listed["fairness_weights"], serde_json::json!([]));
     let alone = spool(&env, &["submit", "greet", "--fairness-weight", "2"]).await;
     assert_eq!(alone.status.code(), Some(2), "a weight needs its key");
-    assert!(
-        stderr(&alone).contains("--fairness-key"),
-        "{}",
-        stderr(&alone)
-    );
+    assert_says(&alone, "--fairness-key");
 
     let listed = json(
         &spool(
@@ -228,29 +226,18 @@ async fn the_client_subcommands_work_and_fail_clearly() {
     // Errors: not found, bad input, server down.
     let missing = spool(&env, &["get", "w", "nope"]).await;
     assert_eq!(missing.status.code(), Some(5));
-    assert!(
-        stderr(&missing).contains("NotFound") && stderr(&missing).contains("default/w/nope"),
-        "{}",
-        stderr(&missing)
-    );
+    assert_says(&missing, "NotFound");
+    assert_says(&missing, "default/w/nope");
     let bad = spool(&env, &["submit", "greet", "--input", "{not json"]).await;
     assert_eq!(bad.status.code(), Some(2));
-    assert!(
-        stderr(&bad).contains("--input is not valid JSON"),
-        "{}",
-        stderr(&bad)
-    );
+    assert_says(&bad, "--input is not valid JSON");
     let down = tokio::process::Command::new(env!("CARGO_BIN_EXE_spool"))
         .args(["--server", "http://127.0.0.1:1", "stats"])
         .output()
         .await
         .expect("run spool");
     assert_eq!(down.status.code(), Some(6));
-    assert!(
-        stderr(&down).contains("cannot reach the Spool server"),
-        "{}",
-        stderr(&down)
-    );
+    assert_says(&down, "cannot reach the Spool server");
 
     let drained = spool(&env, &["drain", "--timeout", "1s"]).await;
     assert!(drained.status.success(), "{}", stderr(&drained));
@@ -301,18 +288,10 @@ async fn exit_codes_pasted_keys_addresses_and_resume() {
     // 2: usage, refused before anything is sent.
     let zero = spool(&env, &["submit", "greet", "--max-attempts", "0"]).await;
     assert_eq!(zero.status.code(), Some(2));
-    assert!(
-        stderr(&zero).contains("--max-attempts"),
-        "{}",
-        stderr(&zero)
-    );
+    assert_says(&zero, "--max-attempts");
     let malformed = spool(&env, &["get", "justone"]).await;
     assert_eq!(malformed.status.code(), Some(2));
-    assert!(
-        stderr(&malformed).contains("NAMESPACE/WORKFLOW_ID/ACTIVITY_ID"),
-        "{}",
-        stderr(&malformed)
-    );
+    assert_says(&malformed, "NAMESPACE/WORKFLOW_ID/ACTIVITY_ID");
     // 1: the server refuses (the key exists with another type).
     let (_, rest) = key.split_once('/').unwrap_or_default();
     let (workflow, activity) = rest.rsplit_once('/').unwrap_or_default();
@@ -329,11 +308,7 @@ async fn exit_codes_pasted_keys_addresses_and_resume() {
     )
     .await;
     assert_eq!(conflict.status.code(), Some(1), "{}", stderr(&conflict));
-    assert!(
-        stderr(&conflict).contains("AlreadyExists"),
-        "{}",
-        stderr(&conflict)
-    );
+    assert_says(&conflict, "AlreadyExists");
 
     // SPOOL_NAMESPACE: where neither the key nor a flag names one.
     let in_namespace = |args: &[&str]| {
@@ -392,11 +367,7 @@ async fn exit_codes_pasted_keys_addresses_and_resume() {
         .await
         .expect("run spool");
     assert_eq!(wrong.status.code(), Some(6), "{}", stderr(&wrong));
-    assert!(
-        stderr(&wrong).contains("does not speak gRPC"),
-        "{}",
-        stderr(&wrong)
-    );
+    assert_says(&wrong, "does not speak gRPC");
 
     // Drained: stats says so and nothing runs; resumed: a worker takes the activity.
     let drained = spool(&env, &["drain", "--timeout", "1s"]).await;
@@ -497,11 +468,7 @@ async fn the_client_asks_for_a_token_when_one_is_required() {
         (out.status.code() == Some(1) && stderr(&out).contains("Unauthenticated")).then_some(out)
     })
     .await;
-    assert!(
-        stderr(&anonymous).contains("--token"),
-        "{}",
-        stderr(&anonymous)
-    );
+    assert_says(&anonymous, "--token");
     let with_token = spool(&env, &["--token", "s3cret-token-0123456789", "stats"]).await;
     assert!(with_token.status.success(), "{}", stderr(&with_token));
 }
@@ -670,11 +637,7 @@ async fn the_cli_speaks_tls_and_mutual_tls() {
         "no client certificate: {}",
         stderr(&anonymous)
     );
-    assert!(
-        stderr(&anonymous).contains("--client-cert"),
-        "{}",
-        stderr(&anonymous)
-    );
+    assert_says(&anonymous, "--client-cert");
 }
 
 /// Runs `spool --json bench` with `args`, which must succeed, and returns its report.
