@@ -42,6 +42,7 @@ struct SlowRun {
     seen: Seen,
     connection: tokio::sync::watch::Receiver<Connection>,
     client: Calls,
+    /// Held for the run: dropping it stops the worker.
     _worker: RunningWorker,
 }
 
@@ -224,27 +225,25 @@ async fn connected(connection: &mut tokio::sync::watch::Receiver<Connection>) ->
 /// the worker resumes its session, and attempt 1 completes, run and recorded once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cut_within_the_grace_costs_nothing() {
-    let SlowRun {
-        server: _server,
-        proxy,
-        seen,
-        mut connection,
-        mut client,
-        _worker,
-    } = slow_run(Duration::from_secs(5), Duration::from_secs(1), "a", 5_000).await;
+    let mut run = slow_run(Duration::from_secs(5), Duration::from_secs(1), "a", 5_000).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    proxy.cut_off();
+    run.proxy.cut_off();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    proxy.up();
-    assert!(connected(&mut connection).await, "the session was resumed");
-    let done = wait(&mut client, key("wf", "a")).await;
+    run.proxy.up();
+    assert!(
+        connected(&mut run.connection).await,
+        "the session was resumed"
+    );
+    let done = wait(&mut run.client, key("wf", "a")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
-    assert_eq!(seen.runs(), [("a".to_owned(), 1)], "run once");
+    assert_eq!(run.seen.runs(), [("a".to_owned(), 1)], "run once");
     eventually("the result's ack", || async {
-        (seen.accepted("a", 1) == 1).then_some(())
+        (run.seen.accepted("a", 1) == 1).then_some(())
     })
     .await;
-    let history = get_with_history(&mut client, key("wf", "a")).await.history;
+    let history = get_with_history(&mut run.client, key("wf", "a"))
+        .await
+        .history;
     assert_eq!(history.len(), 1, "one attempt: {history:?}");
 }
 
@@ -252,31 +251,24 @@ async fn a_cut_within_the_grace_costs_nothing() {
 /// worker and is recorded after the resume, exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_produced_while_disconnected_is_recorded_once() {
-    let SlowRun {
-        server: _server,
-        proxy,
-        seen,
-        connection: _connection,
-        mut client,
-        _worker,
-    } = slow_run(Duration::from_secs(5), Duration::from_secs(1), "b", 800).await;
-    proxy.cut_off();
+    let mut run = slow_run(Duration::from_secs(5), Duration::from_secs(1), "b", 800).await;
+    run.proxy.cut_off();
     // The handler ends 800 ms in, while no connection can be made.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let meanwhile = get(&mut client, key("wf", "b")).await;
+    let meanwhile = get(&mut run.client, key("wf", "b")).await;
     assert_eq!(
         status(&meanwhile),
         v1::ActivityStatus::Running,
         "waiting for the worker"
     );
-    proxy.up();
-    let done = wait(&mut client, key("wf", "b")).await;
+    run.proxy.up();
+    let done = wait(&mut run.client, key("wf", "b")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
     eventually("the result's ack", || async {
-        (seen.accepted("b", 1) == 1).then_some(())
+        (run.seen.accepted("b", 1) == 1).then_some(())
     })
     .await;
-    assert_eq!(seen.runs(), [("b".to_owned(), 1)]);
+    assert_eq!(run.seen.runs(), [("b".to_owned(), 1)]);
 }
 
 /// A server that resumes no session (a grace of 0 gives the worker no token):
@@ -454,14 +446,7 @@ async fn a_cut_after_goodbye_neither_cancels_the_handler_nor_loses_the_attempt()
 /// worker, and attempt 1's late result is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refused() {
-    let SlowRun {
-        server,
-        proxy,
-        seen,
-        connection: _connection,
-        mut client,
-        _worker,
-    } = slow_run(
+    let mut run = slow_run(
         Duration::from_millis(500),
         Duration::from_secs(1),
         "c",
@@ -470,30 +455,30 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
     .await;
     let direct = Count::default();
     let counted = direct.clone();
-    let _other = server.worker(move |w| {
+    let _other = run.server.worker(move |w| {
         w.activity("slow", move |ctx, _| {
             counted.bump();
             async move { spool_worker::json(&serde_json::json!({ "attempt": ctx.info().attempt })) }
         })
     });
-    proxy.cut_off();
-    let done = wait(&mut client, key("wf", "c")).await;
+    run.proxy.cut_off();
+    let done = wait(&mut run.client, key("wf", "c")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 2));
     assert_eq!(
         done.last_error.map(|e| e.kind),
         Some(v1::ErrorKind::WorkerLost as i32)
     );
     assert_eq!(direct.get(), 1);
-    proxy.up();
+    run.proxy.up();
     // The first worker reconnects with a new session; its attempt 1 finishes and
     // its result is refused.
     eventually("attempt 1's late result to be refused", || async {
-        seen.refused("c", 1).then_some(())
+        run.seen.refused("c", 1).then_some(())
     })
     .await;
-    let still = get(&mut client, key("wf", "c")).await;
+    let still = get(&mut run.client, key("wf", "c")).await;
     assert_eq!(outcome(&still), (v1::ActivityStatus::Completed, 2));
-    assert_eq!(seen.accepted("c", 1), 0);
+    assert_eq!(run.seen.accepted("c", 1), 0);
 }
 
 /// A black-holed connection (bytes held, nothing closed): the worker's pings go
@@ -503,23 +488,16 @@ async fn past_the_grace_the_attempt_runs_elsewhere_and_the_late_result_is_refuse
 async fn a_stalled_connection_is_detected_and_resumed() {
     // Silent for three heartbeat intervals (6 s) would be lost; the worker sees
     // the stall within half a second.
-    let SlowRun {
-        server: _server,
-        proxy,
-        seen,
-        mut connection,
-        mut client,
-        _worker,
-    } = slow_run(Duration::from_secs(5), Duration::from_secs(2), "d", 2_000).await;
-    proxy.stall();
+    let mut run = slow_run(Duration::from_secs(5), Duration::from_secs(2), "d", 2_000).await;
+    run.proxy.stall();
     assert!(
-        reconnected(&mut connection).await,
+        reconnected(&mut run.connection).await,
         "resumed over a new connection"
     );
-    let done = wait(&mut client, key("wf", "d")).await;
+    let done = wait(&mut run.client, key("wf", "d")).await;
     assert_eq!(outcome(&done), (v1::ActivityStatus::Completed, 1));
-    assert_eq!(seen.runs(), [("d".to_owned(), 1)]);
-    proxy.cut();
+    assert_eq!(run.seen.runs(), [("d".to_owned(), 1)]);
+    run.proxy.cut();
 }
 
 /// A raw worker of two slots for "raw" holding the one attempt `id` may have
