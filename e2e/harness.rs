@@ -505,6 +505,14 @@ pub async fn cancel(
         .await
 }
 
+/// A `Retry` of a dead letter or a cancelled activity: its re-drive.
+pub async fn redrive(
+    client: &mut Calls,
+    key: v1::ActivityKey,
+) -> Result<tonic::Response<v1::Activity>, Status> {
+    client.retry(v1::RetryRequest { key: Some(key) }).await
+}
+
 /// The status of a `Get` that was refused (it panics if the call succeeded).
 pub async fn get_refused(client: &mut Calls, key: v1::ActivityKey) -> Status {
     match client

@@ -103,12 +103,7 @@ async fn a_re_drive_restores_the_whole_budget() {
         ActivityStatus::Failed,
         "the budget was spent"
     );
-    client
-        .retry(v1::RetryRequest {
-            key: Some(key("wf", "a")),
-        })
-        .await
-        .unwrap();
+    redrive(&mut client, key("wf", "a")).await.unwrap();
     let mut task = worker.task().await;
     for attempt in 4..=5 {
         assert_eq!(task.attempt, attempt);

@@ -292,19 +292,13 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
     let dead = run_to_the_end(&mut client, "fixable", "r", 2).await;
     assert_eq!(outcome(&dead), (ActivityStatus::Failed, 2));
 
-    let err = client
-        .retry(v1::RetryRequest {
-            key: Some(key("wf", "missing")),
-        })
+    let err = redrive(&mut client, key("wf", "missing"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
 
     healthy.store(1, Ordering::SeqCst);
-    let redriven = client
-        .retry(v1::RetryRequest {
-            key: Some(key("wf", "r")),
-        })
+    let redriven = redrive(&mut client, key("wf", "r"))
         .await
         .unwrap()
         .into_inner();
@@ -314,12 +308,7 @@ async fn retry_re_drives_a_dead_letter_with_a_fresh_budget() {
     ));
     let done = wait(&mut client, key("wf", "r")).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 3));
-    let err = client
-        .retry(v1::RetryRequest {
-            key: Some(key("wf", "r")),
-        })
-        .await
-        .unwrap_err();
+    let err = redrive(&mut client, key("wf", "r")).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
 }
 

@@ -24,10 +24,7 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
     let mut client = server.client().await;
     // Beats come every 50 ms; the timeout is ten times that, so a loaded machine
     // does not time out a live attempt.
-    let mut req = request("t", "wf", "hb");
-    req.heartbeat_timeout = ms(500);
-    req.retry_policy = fast_retries(3);
-    submit(&mut client, req).await;
+    submit_beating(&mut client, "t", "hb", 500, 3).await;
     let first = raw.task().await;
     assert_eq!(first.heartbeat_timeout, ms(500));
     // Silence: the server ends attempt 1 and tells the worker.
@@ -343,10 +340,7 @@ async fn sdk_heartbeats_are_stored_and_keep_an_attempt_alive() {
         })
     });
     let mut client = server.client().await;
-    let mut req = request("progress", "wf", "p");
-    req.heartbeat_timeout = ms(600);
-    req.retry_policy = fast_retries(1);
-    submit(&mut client, req).await;
+    submit_beating(&mut client, "progress", "p", 600, 1).await;
     let done = wait(&mut client, key("wf", "p")).await;
     assert_eq!(
         outcome(&done),
@@ -390,10 +384,7 @@ async fn an_ended_attempt_and_its_retry_on_one_worker_take_two_slots() {
         })
     };
     let mut client = server.client().await;
-    let mut req = request("t", "wf", "a");
-    req.heartbeat_timeout = ms(600);
-    req.retry_policy = fast_retries(5);
-    submit(&mut client, req).await;
+    submit_beating(&mut client, "t", "a", 600, 5).await;
     let first = raw.task().await;
     // Attempt 1 times out; this worker keeps running it (it never answers), and its
     // retry, attempt 2, comes back to the same worker's second slot.
@@ -434,4 +425,19 @@ async fn an_ended_attempt_and_its_retry_on_one_worker_take_two_slots() {
         }
     }
     keepalive.abort();
+}
+
+/// Submits an activity (workflow "wf") that must heartbeat every
+/// `heartbeat_timeout_ms`, with `max_attempts` fast retries.
+async fn submit_beating(
+    client: &mut Calls,
+    activity_type: &str,
+    activity_id: &str,
+    heartbeat_timeout_ms: u64,
+    max_attempts: u32,
+) {
+    let mut req = request(activity_type, "wf", activity_id);
+    req.heartbeat_timeout = ms(heartbeat_timeout_ms);
+    req.retry_policy = fast_retries(max_attempts);
+    submit(client, req).await;
 }
