@@ -133,18 +133,18 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         (2_000_000, "t", "max_running is 2000000"),
         (2, "", "activity_type is required"),
     ] {
-        let err = admin
-            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-                concurrency_limit: Some(v1::ConcurrencyLimit {
-                    activity_type: activity_type.into(),
-                    max_running,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(err.message().contains(says), "{}", err.message());
+        invalid(
+            admin
+                .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                    concurrency_limit: Some(v1::ConcurrencyLimit {
+                        activity_type: activity_type.into(),
+                        max_running,
+                        ..Default::default()
+                    }),
+                })
+                .await,
+            says,
+        );
     }
     // What is set for one key: its limit (0, the type's) and weight, never a
     // strategy of its own; a weight only for a key.
@@ -167,21 +167,21 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
         ("k", 1, 1, 2, "strategy is the type's"),
         ("a\u{7}b", 1, 1, 0, "concurrency_key"),
     ] {
-        let err = admin
-            .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
-                concurrency_limit: Some(v1::ConcurrencyLimit {
-                    activity_type: "t".into(),
-                    concurrency_key: concurrency_key.into(),
-                    max_running,
-                    weight,
-                    strategy,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(err.message().contains(says), "{}", err.message());
+        invalid(
+            admin
+                .set_concurrency_limit(v1::SetConcurrencyLimitRequest {
+                    concurrency_limit: Some(v1::ConcurrencyLimit {
+                        activity_type: "t".into(),
+                        concurrency_key: concurrency_key.into(),
+                        max_running,
+                        weight,
+                        strategy,
+                        ..Default::default()
+                    }),
+                })
+                .await,
+            says,
+        );
     }
     let listed = concurrency_limits(&mut admin).await;
     assert!(listed.is_empty(), "nothing refused was stored: {listed:?}");
@@ -639,19 +639,19 @@ async fn a_set_fairness_weight_is_refused_out_of_range_or_unnamed() {
         ("t", "", 2, "fairness_key is required"),
         ("t", "a\u{7}b", 2, "fairness_key"),
     ] {
-        let err = admin
-            .set_fairness_weight(v1::SetFairnessWeightRequest {
-                fairness_weight: Some(v1::FairnessWeight {
-                    activity_type: activity_type.into(),
-                    fairness_key: key.into(),
-                    weight,
-                    ..Default::default()
-                }),
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(err.message().contains(says), "{}", err.message());
+        invalid(
+            admin
+                .set_fairness_weight(v1::SetFairnessWeightRequest {
+                    fairness_weight: Some(v1::FairnessWeight {
+                        activity_type: activity_type.into(),
+                        fairness_key: key.into(),
+                        weight,
+                        ..Default::default()
+                    }),
+                })
+                .await,
+            says,
+        );
     }
     let err = admin
         .set_fairness_weight(v1::SetFairnessWeightRequest::default())
@@ -791,4 +791,11 @@ async fn room_a_key_leaves_in_a_claim_goes_to_the_other_keys() {
         6,
         "6 slots, 7 rows due, and each held 3 s: only {started:?} started"
     );
+}
+
+/// Fails the test unless `answer` is INVALID_ARGUMENT saying `says`.
+fn invalid<T: std::fmt::Debug>(answer: Result<T, tonic::Status>, says: &str) {
+    let err = answer.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains(says), "{}", err.message());
 }
