@@ -161,21 +161,24 @@ async fn serve(
         builder = builder.tls_config(tls)?;
     }
     let serve = builder
-        .add_service(transport::Bounded::method(
+        .add_service(transport::Guarded::bounded_method(
             health_service,
             "Watch",
             open_streams.clone(),
         ))
-        .add_service(transport::Bounded::all(reflection, open_streams))
+        .add_service(transport::Guarded::bounded(reflection, open_streams))
         .add_service(InterceptedService::new(
-            transport::TooLarge(activity),
+            transport::Guarded::new(activity),
             auth.clone(),
         ))
         .add_service(InterceptedService::new(
-            transport::TooLarge(worker),
+            transport::Guarded::new(worker),
             auth.clone(),
         ))
-        .add_service(InterceptedService::new(transport::TooLarge(admin), auth))
+        .add_service(InterceptedService::new(
+            transport::Guarded::new(admin),
+            auth,
+        ))
         .serve_with_incoming_shutdown(
             transport::Incoming::new(listener, &config.limits),
             root.clone().cancelled_owned(),

@@ -349,92 +349,87 @@ impl AsyncWrite for Connection {
     }
 }
 
-/// Answers a message over the size limit with RESOURCE_EXHAUSTED, saying
-/// which limit, rather than tonic's OUT_OF_RANGE: a client retrying on
-/// RESOURCE_EXHAUSTED with a smaller message, or reporting it, meets the same
-/// code as for every other limit.
+/// A service behind the edge's own answers:
+/// - a message over the size limit is answered with RESOURCE_EXHAUSTED, saying
+///   which limit, rather than tonic's OUT_OF_RANGE: a client retrying on
+///   RESOURCE_EXHAUSTED with a smaller message, or reporting it, meets the same
+///   code as for every other limit;
+/// - with a bound, each call holds a permit of a shared semaphore until its
+///   response body ends: a bound on concurrent streams of services that need no
+///   token (health `Watch`, reflection).
 #[derive(Clone)]
-pub struct TooLarge<S>(pub S);
-
-impl<S: NamedService> NamedService for TooLarge<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for TooLarge<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let response = self.0.call(request);
-        Box::pin(async move {
-            let response = response.await?;
-            // A unary call's request is decoded before its handler runs; its
-            // refusal is a trailers-only answer, its status in the headers.
-            let status = Status::from_header_map(response.headers());
-            Ok(match status {
-                Some(status)
-                    if status.code() == tonic::Code::OutOfRange
-                        && status.message().contains("message length too large") =>
-                {
-                    Status::resource_exhausted(format!(
-                        "the message is larger than this server accepts (4 × --max-payload-bytes + 1 MiB): {}",
-                        status.message()
-                    ))
-                    .into_http()
-                }
-                _ => response,
-            })
-        })
-    }
-}
-
-/// A service whose calls each hold a permit of a shared semaphore until their
-/// response body ends: a bound on concurrent streams of services that need no
-/// token (health `Watch`, reflection).
-#[derive(Clone)]
-pub struct Bounded<S> {
+pub struct Guarded<S> {
     inner: S,
-    permits: Arc<Semaphore>,
+    permits: Option<Arc<Semaphore>>,
     /// The one method bounded (`None`: all of them); others pass freely, so a
     /// liveness probe's unary `Check` is never refused for want of a `Watch` slot.
     method: Option<&'static str>,
 }
 
-impl<S> Bounded<S> {
-    /// Bounds every call of `inner`.
-    pub fn all(inner: S, permits: Arc<Semaphore>) -> Self {
+impl<S> Guarded<S> {
+    /// Guards the size of `inner`'s messages, its streams unbounded.
+    pub fn new(inner: S) -> Self {
         Self {
             inner,
-            permits,
+            permits: None,
+            method: None,
+        }
+    }
+
+    /// Bounds every call of `inner` too.
+    pub fn bounded(inner: S, permits: Arc<Semaphore>) -> Self {
+        Self {
+            inner,
+            permits: Some(permits),
             method: None,
         }
     }
 
     /// Bounds the calls of `inner`'s `method` only.
-    pub fn method(inner: S, method: &'static str, permits: Arc<Semaphore>) -> Self {
+    pub fn bounded_method(inner: S, method: &'static str, permits: Arc<Semaphore>) -> Self {
         Self {
             inner,
-            permits,
+            permits: Some(permits),
             method: Some(method),
+        }
+    }
+
+    /// A permit for `request`, `Ok(None)` where it needs none; `Err` where the
+    /// bound is reached.
+    fn permit<B>(
+        &self,
+        request: &http::Request<B>,
+    ) -> Result<Option<OwnedSemaphorePermit>, Status> {
+        let Some(permits) = &self.permits else {
+            return Ok(None);
+        };
+        let bounded = self.method.is_none_or(|m| {
+            request
+                .uri()
+                .path()
+                .rsplit_once('/')
+                .is_some_and(|(_, name)| name == m)
+        });
+        if !bounded {
+            return Ok(None);
+        }
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => {
+                crate::metrics::connections_refused("max_unauthenticated_streams");
+                Err(Status::resource_exhausted(
+                    "too many health or reflection streams are open (--max-unauthenticated-streams); retry later",
+                ))
+            }
         }
     }
 }
 
-impl<S: NamedService> NamedService for Bounded<S> {
+impl<S: NamedService> NamedService for Guarded<S> {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S> Service<http::Request<Body>> for Bounded<S>
+impl<S> Service<http::Request<Body>> for Guarded<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>> + Send,
     S::Future: Send + 'static,
@@ -449,33 +444,35 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let bounded = self.method.is_none_or(|m| {
-            request
-                .uri()
-                .path()
-                .rsplit_once('/')
-                .is_some_and(|(_, name)| name == m)
-        });
-        if !bounded {
-            let response = self.inner.call(request);
-            return Box::pin(response);
-        }
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            crate::metrics::connections_refused("max_unauthenticated_streams");
-            let status = Status::resource_exhausted(
-                "too many health or reflection streams are open (--max-unauthenticated-streams); retry later",
-            );
-            return Box::pin(async move { Ok(status.into_http()) });
+        let permit = match self.permit(&request) {
+            Ok(permit) => permit,
+            Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
         };
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|body| {
-                Body::new(Permitted {
-                    body,
-                    _permit: permit,
-                })
-            }))
+            // A unary call's request is decoded before its handler runs; its
+            // refusal is a trailers-only answer, its status in the headers.
+            let status = Status::from_header_map(response.headers());
+            if let Some(status) = status.filter(|s| {
+                s.code() == tonic::Code::OutOfRange
+                    && s.message().contains("message length too large")
+            }) {
+                return Ok(Status::resource_exhausted(format!(
+                    "the message is larger than this server accepts (4 × --max-payload-bytes + 1 MiB): {}",
+                    status.message()
+                ))
+                .into_http());
+            }
+            Ok(match permit {
+                Some(permit) => response.map(|body| {
+                    Body::new(Permitted {
+                        body,
+                        _permit: permit,
+                    })
+                }),
+                None => response,
+            })
         })
     }
 }

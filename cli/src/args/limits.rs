@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use spool_proto::v1;
 
-use super::{ClientArgs, NamespaceArgs, connect, duration};
+use super::{ClientArgs, NamespaceArgs, duration};
 use crate::commands::{Error, LimitKind};
 
 #[derive(clap::Subcommand)]
@@ -23,6 +23,7 @@ impl RateLimitCommand {
     pub(crate) async fn run(self, before: &ClientArgs) -> Result<i32, Error> {
         match self {
             RateLimitCommand::Set(a) => {
+                let cli = a.of.scope.connect(before).await?;
                 let limit = v1::RateLimit {
                     namespace: a.of.scope.namespace,
                     activity_type: a.of.activity_type,
@@ -32,17 +33,9 @@ impl RateLimitCommand {
                     concurrency_key: a.key.unwrap_or_default(),
                     available: 0,
                 };
-                connect(&a.of.scope.client, before)
-                    .await?
-                    .set_rate_limit(limit)
-                    .await
+                cli.set(limit).await
             }
-            RateLimitCommand::List(n) => {
-                connect(&n.client, before)
-                    .await?
-                    .rate_limits(n.namespace)
-                    .await
-            }
+            RateLimitCommand::List(n) => n.list::<v1::RateLimit>(before).await,
             RateLimitCommand::Delete(a) => a.run(LimitKind::Rate, before).await,
         }
     }
@@ -63,6 +56,7 @@ impl ConcurrencyLimitCommand {
     pub(crate) async fn run(self, before: &ClientArgs) -> Result<i32, Error> {
         match self {
             ConcurrencyLimitCommand::Set(a) => {
+                let cli = a.of.scope.connect(before).await?;
                 let limit = v1::ConcurrencyLimit {
                     namespace: a.of.scope.namespace,
                     activity_type: a.of.activity_type,
@@ -76,17 +70,9 @@ impl ConcurrencyLimitCommand {
                     } as i32,
                     ..Default::default()
                 };
-                connect(&a.of.scope.client, before)
-                    .await?
-                    .set_concurrency_limit(limit)
-                    .await
+                cli.set(limit).await
             }
-            ConcurrencyLimitCommand::List(n) => {
-                connect(&n.client, before)
-                    .await?
-                    .concurrency_limits(n.namespace)
-                    .await
-            }
+            ConcurrencyLimitCommand::List(n) => n.list::<v1::ConcurrencyLimit>(before).await,
             ConcurrencyLimitCommand::Delete(a) => a.run(LimitKind::Concurrency, before).await,
         }
     }
@@ -107,6 +93,7 @@ impl FairnessWeightCommand {
     pub(crate) async fn run(self, before: &ClientArgs) -> Result<i32, Error> {
         match self {
             FairnessWeightCommand::Set(a) => {
+                let cli = a.of.scope.connect(before).await?;
                 let weight = v1::FairnessWeight {
                     namespace: a.of.scope.namespace,
                     activity_type: a.of.activity_type,
@@ -114,21 +101,18 @@ impl FairnessWeightCommand {
                     weight: a.weight,
                     ..Default::default()
                 };
-                connect(&a.of.scope.client, before)
-                    .await?
-                    .set_fairness_weight(weight)
-                    .await
+                cli.set(weight).await
             }
-            FairnessWeightCommand::List(n) => {
-                connect(&n.client, before)
-                    .await?
-                    .fairness_weights(n.namespace)
-                    .await
-            }
+            FairnessWeightCommand::List(n) => n.list::<v1::FairnessWeight>(before).await,
             FairnessWeightCommand::Delete(a) => {
-                connect(&a.of.scope.client, before)
+                let TypeArgs {
+                    activity_type,
+                    scope,
+                } = a.of;
+                scope
+                    .connect(before)
                     .await?
-                    .delete_fairness_weight(a.of.scope.namespace, a.of.activity_type, a.key)
+                    .delete_fairness_weight(scope.namespace, activity_type, a.key)
                     .await
             }
         }
@@ -211,7 +195,8 @@ impl LimitDeleteArgs {
             activity_type,
             scope,
         } = self.of;
-        connect(&scope.client, before)
+        scope
+            .connect(before)
             .await?
             .delete_limit(kind, scope.namespace, activity_type, self.key)
             .await

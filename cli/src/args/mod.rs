@@ -132,6 +132,20 @@ pub(crate) struct NamespaceArgs {
     pub(crate) client: ClientArgs,
 }
 
+impl NamespaceArgs {
+    pub(crate) async fn connect(&self, before: &ClientArgs) -> Result<Commands, commands::Error> {
+        connect(&self.client, before).await
+    }
+
+    /// Prints the settings of kind `S` in the namespace.
+    pub(crate) async fn list<S: commands::Setting>(
+        self,
+        before: &ClientArgs,
+    ) -> Result<i32, commands::Error> {
+        self.connect(before).await?.settings::<S>(self.namespace).await
+    }
+}
+
 #[derive(clap::Args)]
 pub(crate) struct DrainArgs {
     /// How long running activities may take to finish before they are handed back

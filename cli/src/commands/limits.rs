@@ -1,6 +1,7 @@
 //! The limits' commands: rate limits, concurrency limits and fairness weights,
 //! each set, listed and deleted.
 
+use spool_client::Client;
 use spool_proto::v1;
 
 use super::{
@@ -8,41 +9,48 @@ use super::{
     print::{print_json, table},
 };
 
+/// A setting kept per activity type (or per key of one): set and listed alike,
+/// printed as a table or as JSON.
+pub trait Setting: Sized {
+    /// The JSON field its list is printed under.
+    const LIST: &'static str;
+
+    async fn set(client: &Client, setting: Self) -> Result<Self, spool_client::Error>;
+
+    async fn list(client: &Client, namespace: String) -> Result<Vec<Self>, spool_client::Error>;
+
+    /// The table's headers; `listed`: the settings come from a listing, which
+    /// may say more than a set answers.
+    fn headers(listed: bool) -> Vec<&'static str>;
+
+    fn row(&self, listed: bool) -> Vec<String>;
+
+    fn json(&self, listed: bool) -> serde_json::Value;
+}
+
 impl Commands {
-    pub async fn set_rate_limit(&self, limit: v1::RateLimit) -> Result<i32, Error> {
-        let set = self.client.set_rate_limit(limit).await?;
-        self.print_rate_limits(std::slice::from_ref(&set));
+    /// Sets (or replaces) a setting, and prints it as stored.
+    pub async fn set<S: Setting>(&self, setting: S) -> Result<i32, Error> {
+        let set = S::set(&self.client, setting).await?;
+        self.print_settings(std::slice::from_ref(&set), false);
         Ok(exit::OK)
     }
 
-    pub async fn rate_limits(&self, namespace: String) -> Result<i32, Error> {
-        let limits = self.client.list_rate_limits(namespace).await?;
-        self.print_rate_limits(&limits);
+    /// Prints the settings of `namespace` (every namespace when empty).
+    pub async fn settings<S: Setting>(&self, namespace: String) -> Result<i32, Error> {
+        let listed = S::list(&self.client, namespace).await?;
+        self.print_settings(&listed, true);
         Ok(exit::OK)
     }
 
-    pub async fn set_concurrency_limit(&self, limit: v1::ConcurrencyLimit) -> Result<i32, Error> {
-        let set = self.client.set_concurrency_limit(limit).await?;
-        self.print_concurrency_limits(std::slice::from_ref(&set));
-        Ok(exit::OK)
-    }
-
-    pub async fn concurrency_limits(&self, namespace: String) -> Result<i32, Error> {
-        let limits = self.client.list_concurrency_limits(namespace).await?;
-        self.print_concurrency_limits(&limits);
-        Ok(exit::OK)
-    }
-
-    pub async fn set_fairness_weight(&self, weight: v1::FairnessWeight) -> Result<i32, Error> {
-        let set = self.client.set_fairness_weight(weight).await?;
-        self.print_fairness_weights(std::slice::from_ref(&set), false);
-        Ok(exit::OK)
-    }
-
-    pub async fn fairness_weights(&self, namespace: String) -> Result<i32, Error> {
-        let weights = self.client.list_fairness_weights(namespace).await?;
-        self.print_fairness_weights(&weights, true);
-        Ok(exit::OK)
+    fn print_settings<S: Setting>(&self, settings: &[S], listed: bool) {
+        if self.json {
+            let list: Vec<serde_json::Value> = settings.iter().map(|s| s.json(listed)).collect();
+            print_json(&serde_json::json!({ S::LIST: list }));
+            return;
+        }
+        let rows: Vec<Vec<String>> = settings.iter().map(|s| s.row(listed)).collect();
+        print!("{}", table(&S::headers(listed), &rows));
     }
 
     pub async fn delete_fairness_weight(
@@ -102,158 +110,160 @@ impl Commands {
             println!("{activity_type} had no {what}: nothing changed");
         }
     }
+}
 
-    fn print_concurrency_limits(&self, limits: &[v1::ConcurrencyLimit]) {
-        if self.json {
-            let list: Vec<serde_json::Value> = limits
-                .iter()
-                .map(|l| {
-                    serde_json::json!({
-                        "namespace": l.namespace, "activity_type": l.activity_type,
-                        "concurrency_key": l.concurrency_key, "max_running": l.max_running,
-                        "weight": l.weight, "keys": l.keys, "running": l.running,
-                        "strategy": strategy_label(l.strategy), "held": l.held,
-                    })
-                })
-                .collect();
-            print_json(&serde_json::json!({"concurrency_limits": list}));
-            return;
-        }
-        let rows: Vec<Vec<String>> = limits
-            .iter()
-            .map(|l| {
-                let keyed = !l.concurrency_key.is_empty();
-                vec![
-                    l.namespace.clone(),
-                    l.activity_type.clone(),
-                    key_column(&l.concurrency_key),
-                    match l.max_running {
-                        0 => "type's".to_owned(),
-                        max => max.to_string(),
-                    },
-                    if keyed {
-                        l.weight.to_string()
-                    } else {
-                        "-".to_owned()
-                    },
-                    strategy_label(l.strategy),
-                    l.keys.to_string(),
-                    l.running.to_string(),
-                    l.held.to_string(),
-                ]
-            })
-            .collect();
-        print!(
-            "{}",
-            table(
-                &[
-                    "NAMESPACE",
-                    "TYPE",
-                    "KEY",
-                    "PER_KEY",
-                    "WEIGHT",
-                    "STRATEGY",
-                    "KEYS",
-                    "RUNNING",
-                    "HELD"
-                ],
-                &rows
-            )
-        );
+impl Setting for v1::RateLimit {
+    const LIST: &'static str = "rate_limits";
+
+    async fn set(client: &Client, setting: Self) -> Result<Self, spool_client::Error> {
+        client.set_rate_limit(setting).await
     }
 
-    /// `listed`: the weights come from a listing, which counts their keys'
-    /// waiting activities (a set weight comes back without).
-    fn print_fairness_weights(&self, weights: &[v1::FairnessWeight], listed: bool) {
-        if self.json {
-            let list: Vec<serde_json::Value> = weights
-                .iter()
-                .map(|w| {
-                    let mut item = serde_json::json!({
-                        "namespace": w.namespace, "activity_type": w.activity_type,
-                        "fairness_key": w.fairness_key, "weight": w.weight,
-                    });
-                    if listed {
-                        item["waiting"] = w.waiting.into();
-                        item["waiting_truncated"] = w.waiting_truncated.into();
-                    }
-                    item
-                })
-                .collect();
-            print_json(&serde_json::json!({"fairness_weights": list}));
-            return;
-        }
-        let rows: Vec<Vec<String>> = weights
-            .iter()
-            .map(|w| {
-                let mut row = vec![
-                    w.namespace.clone(),
-                    w.activity_type.clone(),
-                    w.fairness_key.clone(),
-                    w.weight.to_string(),
-                ];
-                if listed {
-                    // Counted among the type's first 100,000 waiting activities.
-                    let more = if w.waiting_truncated { "+" } else { "" };
-                    row.push(format!("{}{more}", w.waiting));
-                }
-                row
-            })
-            .collect();
+    async fn list(client: &Client, namespace: String) -> Result<Vec<Self>, spool_client::Error> {
+        client.list_rate_limits(namespace).await
+    }
+
+    fn headers(_: bool) -> Vec<&'static str> {
+        vec!["NAMESPACE", "TYPE", "KEY", "LIMIT", "BURST", "AVAILABLE"]
+    }
+
+    fn row(&self, _: bool) -> Vec<String> {
+        vec![
+            self.namespace.clone(),
+            self.activity_type.clone(),
+            if self.concurrency_key.is_empty() {
+                "(type)".to_owned()
+            } else {
+                self.concurrency_key.clone()
+            },
+            format!("{}/{}", self.limit, rate_period(self)),
+            self.burst.to_string(),
+            self.available.to_string(),
+        ]
+    }
+
+    fn json(&self, _: bool) -> serde_json::Value {
+        serde_json::json!({
+            "namespace": self.namespace, "activity_type": self.activity_type,
+            "concurrency_key": self.concurrency_key,
+            "limit": self.limit, "period": rate_period(self), "burst": self.burst,
+            "available": self.available,
+        })
+    }
+}
+
+fn rate_period(limit: &v1::RateLimit) -> String {
+    limit
+        .period
+        .as_ref()
+        .and_then(|p| spool_proto::duration::from_proto(Some(p)).ok().flatten())
+        .map(spool_proto::duration::format)
+        .unwrap_or_default()
+}
+
+impl Setting for v1::ConcurrencyLimit {
+    const LIST: &'static str = "concurrency_limits";
+
+    async fn set(client: &Client, setting: Self) -> Result<Self, spool_client::Error> {
+        client.set_concurrency_limit(setting).await
+    }
+
+    async fn list(client: &Client, namespace: String) -> Result<Vec<Self>, spool_client::Error> {
+        client.list_concurrency_limits(namespace).await
+    }
+
+    fn headers(_: bool) -> Vec<&'static str> {
+        vec![
+            "NAMESPACE",
+            "TYPE",
+            "KEY",
+            "PER_KEY",
+            "WEIGHT",
+            "STRATEGY",
+            "KEYS",
+            "RUNNING",
+            "HELD",
+        ]
+    }
+
+    fn row(&self, _: bool) -> Vec<String> {
+        let keyed = !self.concurrency_key.is_empty();
+        vec![
+            self.namespace.clone(),
+            self.activity_type.clone(),
+            key_column(&self.concurrency_key),
+            match self.max_running {
+                0 => "type's".to_owned(),
+                max => max.to_string(),
+            },
+            if keyed {
+                self.weight.to_string()
+            } else {
+                "-".to_owned()
+            },
+            strategy_label(self.strategy),
+            self.keys.to_string(),
+            self.running.to_string(),
+            self.held.to_string(),
+        ]
+    }
+
+    fn json(&self, _: bool) -> serde_json::Value {
+        serde_json::json!({
+            "namespace": self.namespace, "activity_type": self.activity_type,
+            "concurrency_key": self.concurrency_key, "max_running": self.max_running,
+            "weight": self.weight, "keys": self.keys, "running": self.running,
+            "strategy": strategy_label(self.strategy), "held": self.held,
+        })
+    }
+}
+
+/// A listing counts each weight's key's waiting activities; a set weight comes
+/// back without.
+impl Setting for v1::FairnessWeight {
+    const LIST: &'static str = "fairness_weights";
+
+    async fn set(client: &Client, setting: Self) -> Result<Self, spool_client::Error> {
+        client.set_fairness_weight(setting).await
+    }
+
+    async fn list(client: &Client, namespace: String) -> Result<Vec<Self>, spool_client::Error> {
+        client.list_fairness_weights(namespace).await
+    }
+
+    fn headers(listed: bool) -> Vec<&'static str> {
         let mut headers = vec!["NAMESPACE", "TYPE", "FAIRNESS KEY", "WEIGHT"];
         if listed {
             headers.push("WAITING");
         }
-        print!("{}", table(&headers, &rows));
+        headers
     }
 
-    fn print_rate_limits(&self, limits: &[v1::RateLimit]) {
-        let period = |l: &v1::RateLimit| {
-            l.period
-                .as_ref()
-                .and_then(|p| spool_proto::duration::from_proto(Some(p)).ok().flatten())
-                .map(spool_proto::duration::format)
-                .unwrap_or_default()
-        };
-        if self.json {
-            let list: Vec<serde_json::Value> = limits
-                .iter()
-                .map(|l| {
-                    serde_json::json!({
-                        "namespace": l.namespace, "activity_type": l.activity_type,
-                        "concurrency_key": l.concurrency_key,
-                        "limit": l.limit, "period": period(l), "burst": l.burst,
-                        "available": l.available,
-                    })
-                })
-                .collect();
-            print_json(&serde_json::json!({"rate_limits": list}));
-            return;
+    fn row(&self, listed: bool) -> Vec<String> {
+        let mut row = vec![
+            self.namespace.clone(),
+            self.activity_type.clone(),
+            self.fairness_key.clone(),
+            self.weight.to_string(),
+        ];
+        if listed {
+            // Counted among the type's first 100,000 waiting activities.
+            let more = if self.waiting_truncated { "+" } else { "" };
+            row.push(format!("{}{more}", self.waiting));
         }
-        let rows: Vec<Vec<String>> = limits
-            .iter()
-            .map(|l| {
-                vec![
-                    l.namespace.clone(),
-                    l.activity_type.clone(),
-                    if l.concurrency_key.is_empty() {
-                        "(type)".to_owned()
-                    } else {
-                        l.concurrency_key.clone()
-                    },
-                    format!("{}/{}", l.limit, period(l)),
-                    l.burst.to_string(),
-                    l.available.to_string(),
-                ]
-            })
-            .collect();
-        print!(
-            "{}",
-            table(
-                &["NAMESPACE", "TYPE", "KEY", "LIMIT", "BURST", "AVAILABLE"],
-                &rows
-            )
-        );
+        row
+    }
+
+    fn json(&self, listed: bool) -> serde_json::Value {
+        let mut item = serde_json::json!({
+            "namespace": self.namespace, "activity_type": self.activity_type,
+            "fairness_key": self.fairness_key, "weight": self.weight,
+        });
+        if listed {
+            item["waiting"] = self.waiting.into();
+            item["waiting_truncated"] = self.waiting_truncated.into();
+        }
+        item
     }
 }
 

@@ -15,7 +15,7 @@ use spool_client::Client;
 use spool_proto::v1;
 use tonic::{Code, Status};
 
-pub(crate) use limits::LimitKind;
+pub(crate) use limits::{LimitKind, Setting};
 pub(crate) use parse::{input, parse_key, parse_status};
 use print::{activity_json, activity_text, print_json};
 

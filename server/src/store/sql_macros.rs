@@ -228,11 +228,24 @@ macro_rules! key_tokens {
     };
 }
 
-/// A key row `k`'s own rate limit `r`, joined.
-macro_rules! key_rate {
-    () => {
-        "LEFT JOIN key_rate_limits AS r ON r.namespace = k.namespace \
-         AND r.activity_type = k.activity_type AND r.concurrency_key = k.concurrency_key"
+/// `$table AS $alias` joined to a key row `k` on its key: the key's own limits
+/// (`concurrency_key_limits AS x`, see the key shares migration), its own rate
+/// limit (`key_rate_limits AS r`), a CTE of its rows.
+macro_rules! key_join {
+    ($table:literal, $alias:literal) => {
+        concat!(
+            "LEFT JOIN ",
+            $table,
+            " AS ",
+            $alias,
+            " ON ",
+            $alias,
+            ".namespace = k.namespace AND ",
+            $alias,
+            ".activity_type = k.activity_type AND ",
+            $alias,
+            ".concurrency_key = k.concurrency_key"
+        )
     };
 }
 
@@ -259,14 +272,6 @@ macro_rules! key_refill {
     };
 }
 
-/// A key row `k`'s own limits `x`, joined (see the key shares migration).
-macro_rules! key_limits {
-    () => {
-        "LEFT JOIN concurrency_key_limits AS x ON x.namespace = k.namespace \
-         AND x.activity_type = k.activity_type AND x.concurrency_key = k.concurrency_key"
-    };
-}
-
 /// The concurrency limits of namespace `$ns` (of all, when NULL): each type's,
 /// then each key's, as `rows::concurrency_limit` reads them. `$int` casts a sum
 /// back to the dialect's integer.
@@ -286,7 +291,7 @@ macro_rules! concurrency_limits {
                (SELECT COALESCE(SUM(k.waiting), 0)",
             $int,
             " FROM concurrency_keys AS k ",
-            key_limits!(),
+            key_join!("concurrency_key_limits", "x"),
             " WHERE k.namespace = l.namespace AND k.activity_type = l.activity_type \
                    AND k.running >= COALESCE(x.max_running, l.max_running)) \
              FROM concurrency_limits AS l WHERE ",
@@ -329,7 +334,7 @@ macro_rules! over_limit {
              FROM concurrency_limits AS l \
              JOIN concurrency_keys AS k ON k.namespace = l.namespace \
                AND k.activity_type = l.activity_type ",
-            key_limits!(),
+            key_join!("concurrency_key_limits", "x"),
             " WHERE l.namespace = ",
             $ns,
             " AND l.activity_type = ",

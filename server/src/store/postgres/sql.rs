@@ -255,12 +255,12 @@ macro_rules! claim_ctes {
             "), 2147483647) - (k.running - COALESCE(e.n, 0)), ",
             key_tokens!($now),
             ") AS room FROM concurrency_keys AS k ",
-            key_limits!(),
+            key_join!("concurrency_key_limits", "x"),
             " ",
-            key_rate!(),
-            " LEFT JOIN fe AS e ON e.namespace = k.namespace \
-               AND e.activity_type = k.activity_type AND e.concurrency_key = k.concurrency_key \
-             WHERE k.namespace = ",
+            key_join!("key_rate_limits", "r"),
+            " ",
+            key_join!("fe", "e"),
+            " WHERE k.namespace = ",
             $namespace,
             " AND k.activity_type = ",
             $type,

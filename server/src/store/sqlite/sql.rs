@@ -241,9 +241,9 @@ pub const READY_KEYS: &str = concat!(
     key_tokens!("?4"),
     ") AS room \
        FROM concurrency_keys AS k INDEXED BY concurrency_keys_ready ",
-    key_limits!(),
+    key_join!("concurrency_key_limits", "x"),
     " ",
-    key_rate!(),
+    key_join!("key_rate_limits", "r"),
     " WHERE k.namespace = ?1 AND k.activity_type = ?2 AND k.waiting > 0 \
          AND EXISTS (SELECT 1 FROM keyed_waiting AS w INDEXED BY keyed_waiting_due \
            JOIN main.activities AS a ON a.id = w.id \
