@@ -549,6 +549,16 @@ async fn heavy_share_of_40(server: &TestServer, heavy: u32, light: u32) -> (usiz
 /// A weight an operator sets for a fairness key replaces the weights its rows
 /// are submitted with: one slot, rows of two keys submitted with weights the
 /// other way round, the key set to weight 3 served three times as often.
+/// Every fairness weight, with its key's waiting activities.
+async fn fairness_weights(admin: &mut AdminServiceClient<Channel>) -> Vec<v1::FairnessWeight> {
+    admin
+        .list_fairness_weights(v1::ListFairnessWeightsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .fairness_weights
+}
+
 #[tokio::test]
 async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
     let server = TestServer::start().await;
@@ -571,12 +581,7 @@ async fn a_fairness_weight_set_by_an_operator_replaces_the_rows_own() {
     assert_eq!((set.namespace.as_str(), set.weight), ("default", 3));
     // The light key's rows say 5, but the operator says 1.
     admin.set_fairness_weight(weight("light", 1)).await.unwrap();
-    let listed = admin
-        .list_fairness_weights(v1::ListFairnessWeightsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .fairness_weights;
+    let listed = fairness_weights(&mut admin).await;
     let listed: Vec<(&str, u32)> = listed
         .iter()
         .map(|w| (w.fairness_key.as_str(), w.weight))
@@ -666,12 +671,7 @@ async fn a_set_fairness_weight_is_refused_out_of_range_or_unnamed() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    let listed = admin
-        .list_fairness_weights(v1::ListFairnessWeightsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .fairness_weights;
+    let listed = fairness_weights(&mut admin).await;
     assert!(listed.is_empty(), "nothing refused was stored: {listed:?}");
 }
 

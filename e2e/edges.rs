@@ -127,12 +127,7 @@ async fn a_stalled_server_does_not_evict_healthy_workers() {
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     // Keep-alives were read all along, results queued behind the stall or not.
-    let workers = admin
-        .list_workers(v1::ListWorkersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .workers;
+    let workers = workers(&mut admin).await.unwrap();
     let seen = workers[0]
         .last_seen_at
         .as_ref()

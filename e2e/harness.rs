@@ -322,13 +322,7 @@ impl TestServer {
     pub async fn workers(&self) -> Result<Vec<v1::WorkerInfo>, Status> {
         let mut workers = Vec::new();
         for mut admin in self.node_admins().await {
-            workers.extend(
-                admin
-                    .list_workers(v1::ListWorkersRequest::default())
-                    .await?
-                    .into_inner()
-                    .workers,
-            );
+            workers.extend(spool_testkit::calls::workers(&mut admin).await?);
         }
         Ok(workers)
     }
@@ -382,7 +376,7 @@ where
     spool_testkit::fixtures::eventually_for(WAIT, what, check).await
 }
 
-pub use spool_testkit::calls::{list_all, list_pages, stats, stats_until};
+pub use spool_testkit::calls::{list_all, list_pages, stats, stats_until, workers};
 
 /// A `--tokens-file` in `dir` granting `tokens` (each `{"token", "role",
 /// "namespaces"?}`).

@@ -6,8 +6,8 @@ use std::{
     time::Duration,
 };
 
-use spool_proto::v1::{self, server_message};
-use tonic::Code;
+use spool_proto::v1::{self, admin_service_client::AdminServiceClient, server_message};
+use tonic::{Code, transport::Channel};
 
 use crate::harness::*;
 
@@ -25,6 +25,16 @@ fn fifty_a_second() -> v1::RateLimit {
 /// `n` rows of type `t`; every other one has a concurrency key (of seven, with
 /// no concurrency limit), so the type's bucket must hold keyed and unkeyed rows
 /// alike.
+/// Every rate limit, with what it has available now.
+async fn rate_limits(admin: &mut AdminServiceClient<Channel>) -> Vec<v1::RateLimit> {
+    admin
+        .list_rate_limits(v1::ListRateLimitsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .rate_limits
+}
+
 async fn submit_many(server: &TestServer, n: usize) {
     let mut client = server.client().await;
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
@@ -149,12 +159,7 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
     // The rows held back wait: no attempt, no slot.
     let last = get(&mut client, key("wf", "r998")).await;
     assert_eq!(outcome(&last), (v1::ActivityStatus::Scheduled, 0));
-    let limits = admin
-        .list_rate_limits(v1::ListRateLimitsRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .rate_limits;
+    let limits = rate_limits(&mut admin).await;
     assert_eq!(limits.len(), 1);
     assert!(limits[0].available <= 5, "{limits:?}");
 }
@@ -247,13 +252,7 @@ async fn rate_limits_refuse_what_cannot_be_enforced_and_delete_once() {
         assert!(err.message().contains(says), "{limit:?}: {}", err.message());
     }
     assert!(
-        admin
-            .list_rate_limits(v1::ListRateLimitsRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .rate_limits
-            .is_empty(),
+        rate_limits(&mut admin).await.is_empty(),
         "nothing refused was stored"
     );
 

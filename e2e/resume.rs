@@ -1193,19 +1193,8 @@ async fn on_first(a: &TestServer, b: &TestServer) -> bool {
     eventually("the worker to be on a node", || {
         let (mut admin_a, mut admin_b) = (admin_a.clone(), admin_b.clone());
         async move {
-            let count = |r: Result<tonic::Response<v1::ListWorkersResponse>, tonic::Status>| {
-                r.map(|r| r.into_inner().workers.len()).unwrap_or(0)
-            };
-            let on_a = count(
-                admin_a
-                    .list_workers(v1::ListWorkersRequest::default())
-                    .await,
-            );
-            let on_b = count(
-                admin_b
-                    .list_workers(v1::ListWorkersRequest::default())
-                    .await,
-            );
+            let on_a = workers(&mut admin_a).await.map_or(0, |w| w.len());
+            let on_b = workers(&mut admin_b).await.map_or(0, |w| w.len());
             match (on_a, on_b) {
                 (1, 0) => Some(true),
                 (0, 1) => Some(false),

@@ -1,14 +1,16 @@
 //! Calls to a running server that tests make again and again: every page of a
-//! List (or its pages), the default namespace's Stats, and Stats polled until they show what a
-//! test waits for.
+//! List (or its pages), the default namespace's Stats, Stats polled until they
+//! show what a test waits for, and the admin listings of every namespace.
 
 // A test helper: what it cannot do fails the test.
 #![allow(clippy::expect_used)]
 
 use std::time::Duration;
 
-use spool_proto::v1::{self, activity_service_client::ActivityServiceClient};
-use tonic::transport::Channel;
+use spool_proto::v1::{
+    self, activity_service_client::ActivityServiceClient, admin_service_client::AdminServiceClient,
+};
+use tonic::{Status, transport::Channel};
 
 /// Every activity in the default namespace, over all pages.
 pub async fn list_all(client: &mut ActivityServiceClient<Channel>) -> Vec<v1::Activity> {
@@ -74,4 +76,15 @@ pub async fn stats_until(
         }
     })
     .await
+}
+
+/// The workers connected to the node behind `admin`, of every namespace.
+pub async fn workers(
+    admin: &mut AdminServiceClient<Channel>,
+) -> Result<Vec<v1::WorkerInfo>, Status> {
+    Ok(admin
+        .list_workers(v1::ListWorkersRequest::default())
+        .await?
+        .into_inner()
+        .workers)
 }

@@ -142,7 +142,10 @@ impl NamespaceArgs {
         self,
         before: &ClientArgs,
     ) -> Result<i32, commands::Error> {
-        self.connect(before).await?.settings::<S>(self.namespace).await
+        self.connect(before)
+            .await?
+            .settings::<S>(self.namespace)
+            .await
     }
 }
 

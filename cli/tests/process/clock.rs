@@ -13,13 +13,9 @@ use crate::support::*;
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 async fn worker_ids(url: &str) -> Vec<String> {
-    admin_of(url)
-        .await
-        .list_workers(v1::ListWorkersRequest::default())
+    workers(&mut admin_of(url).await)
         .await
         .unwrap()
-        .into_inner()
-        .workers
         .into_iter()
         .map(|w| w.worker_id)
         .collect()

@@ -247,12 +247,7 @@ impl ServerProcess {
     pub async fn await_workers(&self, client: &mut ActivityServiceClient<Channel>, n: u32) {
         let _ = client;
         self.on_each_connection("workers to connect", |channel| async move {
-            let workers = AdminServiceClient::new(channel)
-                .list_workers(v1::ListWorkersRequest::default())
-                .await
-                .ok()?
-                .into_inner()
-                .workers;
+            let workers = workers(&mut AdminServiceClient::new(channel)).await.ok()?;
             (workers.len() == n as usize).then_some(())
         })
         .await;
@@ -566,7 +561,7 @@ pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
     v1::ActivityStatus::try_from(activity.status).expect("known status")
 }
 
-pub use spool_testkit::calls::{list_all, stats, stats_until};
+pub use spool_testkit::calls::{list_all, stats, stats_until, workers};
 
 pub use spool_testkit::fixtures::eventually_for;
 
