@@ -85,8 +85,7 @@ async fn rows_ahead(
 async fn kill_9_with_rows_claimed_ahead_runs_each_once_after_the_restart() {
     let env = Env::new();
     let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
-    let mut server = env.server(&args);
-    let mut client = server.client().await;
+    let (mut server, mut client) = env.serving(&args).await;
     submit_quick_then_slow(&mut client).await;
     let worker = env.worker(SLOTS);
     let ahead = rows_ahead(&mut client, &worker).await;
@@ -99,8 +98,7 @@ async fn kill_9_with_rows_claimed_ahead_runs_each_once_after_the_restart() {
         );
     }
 
-    let server = env.server(&args);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&args).await;
     await_completed(&client, QUICK + SLOW, Duration::from_secs(40)).await;
     let log = worker.log();
     for activity in list_all(&mut client).await {
@@ -128,8 +126,7 @@ async fn kill_9_with_rows_claimed_ahead_runs_each_once_after_the_restart() {
 #[tokio::test]
 async fn sigterm_with_rows_claimed_ahead_releases_them_uncounted() {
     let env = Env::new();
-    let mut server = env.server(&["--drain-timeout", "10s"]);
-    let mut client = server.client().await;
+    let (mut server, mut client) = env.serving(&["--drain-timeout", "10s"]).await;
     submit_quick_then_slow(&mut client).await;
     let mut worker = env.worker(SLOTS);
     let ahead = rows_ahead(&mut client, &worker).await;
@@ -137,8 +134,7 @@ async fn sigterm_with_rows_claimed_ahead_releases_them_uncounted() {
     assert_eq!(server.wait_exit(Duration::from_secs(10 + 2)).await, Some(0));
     worker.kill_9();
 
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (server, mut client) = env.serving(&[]).await;
     let all = list_all(&mut client).await;
     assert_eq!(all.len(), QUICK + SLOW, "nothing lost");
     for activity in &all {

@@ -638,8 +638,7 @@ async fn a_read_only_token_cannot_redrive_from_the_dashboard() {
 async fn a_server_without_tokens_needs_no_sign_in() {
     let env = Env::new();
     let ui = format!("127.0.0.1:{}", free_port());
-    let server = env.server(&["--ui-listen", &ui]);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&["--ui-listen", &ui]).await;
     crate::support::submit(&mut client, sleep_request("open", 0, None)).await;
     let browser = Browser::start(screenshots(&env)).await;
     browser.goto(&format!("http://{ui}/#/activities")).await;

@@ -118,8 +118,7 @@ async fn timed_submit(
 #[cfg_attr(not(spool_test_strace), ignore = "needs strace: docs/TESTING.md")]
 async fn every_acknowledged_change_was_synced_to_disk_before_its_answer() {
     let env = Env::new();
-    let server = env.server(&[]);
-    let client = server.client().await;
+    let (server, client) = env.serving(&[]).await;
     let traced = Traced::attach(&env, server.pid()).await;
 
     // (what, sent, answered)

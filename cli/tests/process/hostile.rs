@@ -12,8 +12,7 @@ use super::support::*;
 async fn a_batch_repeating_one_key_holds_memory_bounded_by_its_size() {
     use prost::Message;
     let env = Env::new();
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (server, mut client) = env.serving(&[]).await;
     let first = v1::SubmitRequest {
         input: Some(v1::Payload {
             content_type: "application/octet-stream".into(),
@@ -63,8 +62,7 @@ async fn a_batch_repeating_one_key_holds_memory_bounded_by_its_size() {
 #[tokio::test]
 async fn a_batch_repeating_a_key_with_another_type_stores_nothing() {
     let env = Env::new();
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&[]).await;
     let other = v1::SubmitRequest {
         activity_type: "other".into(),
         ..sleep_request("a", 0, None)

@@ -63,8 +63,7 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
     .await;
     server.kill_9();
     let restarted = Instant::now();
-    let server = env.server(&args);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&args).await;
     await_completed(&client, 60, Duration::from_secs(30)).await;
     assert!(
         restarted.elapsed() < Duration::from_secs(60),
@@ -103,8 +102,7 @@ async fn kill_9_of_the_server_loses_nothing_and_completes_each_activity_once() {
 async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
     let env = Env::new();
     let args = ["--heartbeat-interval", "1s", "--lease-timeout", "120s"];
-    let mut server = env.server(&args);
-    let mut client = server.client().await;
+    let (mut server, mut client) = env.serving(&args).await;
     server.set_concurrency_limit("sleep", 1).await;
     let worker = env.worker(10);
     server.await_workers(&mut client, 1).await;
@@ -126,8 +124,7 @@ async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
     .await;
     server.kill_9();
     assert_eq!(worker.log().dones(), 0, "killed too late to tell");
-    let server = env.server(&args);
-    let client = server.client().await;
+    let (_server, client) = env.serving(&args).await;
     await_completed(&client, 20, Duration::from_secs(30)).await;
     let all = list_all(&mut client.clone()).await;
     assert_eq!(all.len(), 20);
@@ -142,8 +139,7 @@ async fn kill_9_with_keyed_rows_waiting_runs_each_once_after_the_restart() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_during_submits_keeps_every_acknowledged_one() {
     let env = Env::new();
-    let mut server = env.server(&[]);
-    let client = server.client().await;
+    let (mut server, client) = env.serving(&[]).await;
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut loops = Vec::new();
     for n in 0..8 {
@@ -174,8 +170,7 @@ async fn kill_9_during_submits_keeps_every_acknowledged_one() {
         let _ = l.await;
     }
     let acknowledged = acked.lock().unwrap().clone();
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&[]).await;
     for id in &acknowledged {
         client
             .get(v1::GetRequest {
@@ -334,8 +329,7 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
         "the worker was sent Drain"
     );
     assert_eq!(worker.log().dones(), 10);
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (_server, mut client) = env.serving(&[]).await;
     for activity in list_all(&mut client).await {
         assert_eq!(
             (status(&activity), activity.attempt),
@@ -365,8 +359,7 @@ async fn sigterm_releases_what_outlives_the_drain_and_it_runs_after_restart() {
     );
     worker.kill_9();
 
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (server, mut client) = env.serving(&[]).await;
     let row = get(&mut client, "forever").await;
     assert_eq!(
         status(&row),
@@ -407,11 +400,8 @@ async fn a_second_signal_exits_at_once() {
 #[tokio::test]
 #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn when_a_node_dies_another_takes_over_its_attempts_after_their_lease() {
-    let database = postgres_schema().await;
-    let (node_a, node_b) = (Env::new(), Env::new());
     let args = ["--lease-timeout", "2s", "--heartbeat-interval", "500ms"];
-    let mut a = node_a.server_on(&database, &args);
-    let b = node_b.server_on(&database, &args);
+    let (node_a, _node_b, mut a, b) = two_nodes(&args).await;
     let mut client_a = a.client().await;
     let mut client_b = b.client().await;
     let worker_on_a = node_a.worker(1);

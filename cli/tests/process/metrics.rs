@@ -86,8 +86,9 @@ fn sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
 async fn each_family_reads_what_a_known_workload_did() {
     let env = Env::new();
     let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let server = env.server(&["--metrics-listen", &metrics_addr, "--node-name", "node-m"]);
-    let mut client = server.client().await;
+    let (server, mut client) = env
+        .serving(&["--metrics-listen", &metrics_addr, "--node-name", "node-m"])
+        .await;
     let _worker = observed_worker(&server);
     server.await_workers(&mut client, 1).await;
     for id in ["e1", "e2"] {

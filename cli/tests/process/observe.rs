@@ -11,8 +11,7 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_three_attempt_history_reads_the_same_in_the_api_and_the_cli() {
     let env = Env::new();
-    let server = env.server(&["--node-name", "node-h"]);
-    let mut client = server.client().await;
+    let (server, mut client) = env.serving(&["--node-name", "node-h"]).await;
     let _worker = observed_worker(&server);
     submit(&mut client, quick_retry_request("flaky", "f", 5)).await;
     let done = wait(&mut client, "f").await;
@@ -111,8 +110,7 @@ async fn a_three_attempt_history_reads_the_same_in_the_api_and_the_cli() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bulk_retry_and_cancel_act_on_what_the_filter_matches() {
     let env = Env::new();
-    let server = env.server(&[]);
-    let mut client = server.client().await;
+    let (server, mut client) = env.serving(&[]).await;
     let worker = observed_worker(&server);
     for id in ["p1", "p2"] {
         submit(&mut client, quick_retry_request("poison", id, 5)).await;

@@ -18,12 +18,9 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not(spool_test_postgres), ignore = "needs PostgreSQL: docs/TESTING.md")]
 async fn a_worker_moves_to_another_node_when_its_node_is_killed() {
-    let database = postgres_schema().await;
-    let (node_a, node_b) = (Env::new(), Env::new());
     // A lease far longer than the test: only the resume can save the attempt fast.
     let args = ["--lease-timeout", "60s", "--resume-grace", "10s"];
-    let mut a = node_a.server_on(&database, &args);
-    let b = node_b.server_on(&database, &args);
+    let (_node_a, _node_b, mut a, b) = two_nodes(&args).await;
     let mut client_b = b.client().await;
     let mut client_a = a.client().await;
     let addr = |url: &str| {

@@ -104,7 +104,13 @@ impl Env {
         }
     }
 
-    /// Starts a worker process (this test binary, re-run as [`child::run`]).
+    /// A server started with `args`, and a client connected to it.
+    pub async fn serving(&self, args: &[&str]) -> (ServerProcess, ActivityServiceClient<Channel>) {
+        let server = self.server(args);
+        let client = server.client().await;
+        (server, client)
+    }
+
     /// A server with `args`, a client of it, and a worker process of `slots`
     /// slots once it is connected.
     pub async fn served(
@@ -112,13 +118,13 @@ impl Env {
         args: &[&str],
         slots: u32,
     ) -> (ServerProcess, ActivityServiceClient<Channel>, WorkerProcess) {
-        let server = self.server(args);
-        let mut client = server.client().await;
+        let (server, mut client) = self.serving(args).await;
         let worker = self.worker(slots);
         server.await_workers(&mut client, 1).await;
         (server, client, worker)
     }
 
+    /// Starts a worker process (this test binary, re-run as [`child::run`]).
     pub fn worker(&self, concurrency: u32) -> WorkerProcess {
         let n = std::fs::read_dir(self.dir.path())
             .map(|d| d.count())
@@ -564,6 +570,16 @@ pub fn status(activity: &v1::Activity) -> v1::ActivityStatus {
 pub use spool_testkit::calls::{list_all, stats, stats_until, workers};
 
 pub use spool_testkit::fixtures::eventually_for;
+
+/// Two nodes on one fresh PostgreSQL schema, each started with `args`; the
+/// environments are returned to outlive the servers.
+pub async fn two_nodes(args: &[&str]) -> (Env, Env, ServerProcess, ServerProcess) {
+    let database = postgres_schema().await;
+    let (node_a, node_b) = (Env::new(), Env::new());
+    let a = node_a.server_on(&database, args);
+    let b = node_b.server_on(&database, args);
+    (node_a, node_b, a, b)
+}
 
 /// A database URL for a fresh schema of its own on the PostgreSQL server the
 /// environment names (see `fixtures::postgres_schema`).
