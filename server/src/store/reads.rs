@@ -7,7 +7,24 @@
 /// committer's due times, the sweeps) on the one named `own`, so that callers
 /// holding every connection never hold up dispatch.
 macro_rules! shared_reads {
-    ($store:ty, callers: $callers:ident, own: $own:ident) => {
+    ($store:ty, row: $row:ty, callers: $callers:ident, own: $own:ident) => {
+        impl $store {
+            /// Every row `statement` answers for `namespace` (every namespace
+            /// when `None`), decoded: the limits and weights set, listed.
+            async fn in_namespace<T>(
+                &self,
+                statement: &'static str,
+                namespace: Option<&str>,
+                decode: impl Fn(&rows::Sqlx<'_, $row>) -> Result<T, Error> + Send,
+            ) -> Result<Vec<T>, Error> {
+                let rows = sqlx::query(statement)
+                    .bind(namespace)
+                    .fetch_all(&self.$callers)
+                    .await?;
+                rows.iter().map(|r| decode(&rows::Sqlx(r))).collect()
+            }
+        }
+
         #[async_trait::async_trait]
         impl crate::store::Reads for $store {
             async fn get(&self, key: &Key) -> Result<Option<ActivityRow>, Error> {
@@ -131,40 +148,31 @@ macro_rules! shared_reads {
                 namespace: Option<&str>,
                 now: UnixMillis,
             ) -> Result<Vec<rate::RateLimitUse>, Error> {
-                let rows = sqlx::query(sql::RATE_LIMITS)
-                    .bind(namespace)
-                    .fetch_all(&self.$callers)
-                    .await?;
-                rows.iter()
-                    .map(|r| rows::rate_limit_use(&rows::Sqlx(r), now))
-                    .collect()
+                self.in_namespace(sql::RATE_LIMITS, namespace, |r| {
+                    rows::rate_limit_use(r, now)
+                })
+                .await
             }
 
             async fn concurrency_limits(
                 &self,
                 namespace: Option<&str>,
             ) -> Result<Vec<crate::store::concurrency::ConcurrencyLimit>, Error> {
-                let rows = sqlx::query(sql::CONCURRENCY_LIMITS)
-                    .bind(namespace)
-                    .fetch_all(&self.$callers)
-                    .await?;
-                rows.iter()
-                    .map(|r| rows::concurrency_limit(&rows::Sqlx(r)))
-                    .collect()
+                self.in_namespace(sql::CONCURRENCY_LIMITS, namespace, |r| {
+                    rows::concurrency_limit(r)
+                })
+                .await
             }
 
             async fn fairness_weights(
                 &self,
                 namespace: Option<&str>,
             ) -> Result<Vec<crate::store::fairness::FairnessWeightUse>, Error> {
-                let rows = sqlx::query(sql::FAIRNESS_WEIGHTS)
-                    .bind(namespace)
-                    .fetch_all(&self.$callers)
+                let weights = self
+                    .in_namespace(sql::FAIRNESS_WEIGHTS, namespace, |r| {
+                        rows::fairness_weight(r)
+                    })
                     .await?;
-                let weights = rows
-                    .iter()
-                    .map(|r| rows::fairness_weight(&rows::Sqlx(r)))
-                    .collect::<Result<Vec<_>, _>>()?;
                 crate::store::fairness::with_waiting(
                     weights,
                     |namespace, activity_type| async move {

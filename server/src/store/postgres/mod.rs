@@ -352,7 +352,7 @@ fn decode(row: &PgRow) -> Result<ActivityRow, Error> {
     rows::decode(&rows::Sqlx(row))
 }
 
-shared_reads!(PostgresStore, callers: readers, own: pool);
+shared_reads!(PostgresStore, row: sqlx::postgres::PgRow, callers: readers, own: pool);
 
 #[async_trait::async_trait]
 impl Store for PostgresStore {

@@ -142,7 +142,7 @@ impl SqliteStore {
     }
 }
 
-shared_reads!(SqliteStore, callers: readers, own: internal);
+shared_reads!(SqliteStore, row: sqlx::sqlite::SqliteRow, callers: readers, own: internal);
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
