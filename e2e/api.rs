@@ -10,8 +10,7 @@ use crate::harness::*;
 
 #[tokio::test]
 async fn list_pages_through_everything_and_filters() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let batch = v1::SubmitBatchRequest {
         activities: (0..25)
             .map(|i| {
@@ -117,8 +116,7 @@ async fn stats_count_statuses_and_workers() {
 
 #[tokio::test]
 async fn a_batch_is_one_commit_and_all_or_nothing() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     submit(&mut client, request("t", "wf", "taken")).await;
     let batch = v1::SubmitBatchRequest {
         activities: vec![
@@ -183,8 +181,7 @@ async fn refused(
 
 #[tokio::test]
 async fn bad_input_is_refused_with_a_clear_status() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let negative = prost_types::Duration {
         seconds: -1,
         nanos: 0,
@@ -263,8 +260,7 @@ async fn bad_input_is_refused_with_a_clear_status() {
 
 #[tokio::test]
 async fn an_oversized_payload_is_refused_and_the_server_keeps_serving() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let mut big = request("t", "wf", "big");
     big.input = Some(Payload {
         content_type: "application/octet-stream".into(),

@@ -348,8 +348,7 @@ async fn a_backlog_of_one_fairness_key_does_not_hold_back_another() {
 /// Tenant a's backlog of 5,000 rows, then tenant b's rows one at a time, each
 /// given its tenant by `tenant`: b's rows start within 500 ms.
 async fn a_backlog_does_not_hold_back_another_tenant(tenant: fn(&mut v1::SubmitRequest, &str)) {
-    let server = TestServer::start().await;
-    let client = server.client().await;
+    let (server, client) = TestServer::serving().await;
     let activities = (0..5_000)
         .map(|i| {
             let mut req = request("t", "wf", &format!("a{i}"));
@@ -679,8 +678,7 @@ async fn a_set_fairness_weight_is_refused_out_of_range_or_unnamed() {
 /// anything is stored.
 #[tokio::test]
 async fn a_fairness_weight_is_refused_out_of_range_or_alone() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     for (key, weight, says) in [
         ("t", 1_001, "from 1 to 1000"),
         ("", 3, "give the fairness_key"),
@@ -738,8 +736,7 @@ async fn starts_within(
 /// key starts at once, however many such keys come before it.
 #[tokio::test]
 async fn keys_with_rows_due_later_do_not_hold_back_a_row_due_now() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let (_worker, mut starts) = holding_worker(&server, 2);
     server.await_workers(1).await;
     let later: Vec<_> = (0..4)
@@ -769,8 +766,7 @@ async fn keys_with_rows_due_later_do_not_hold_back_a_row_due_now() {
 /// other keys' rows take at once, not when a running row ends.
 #[tokio::test]
 async fn room_a_key_leaves_in_a_claim_goes_to_the_other_keys() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let (_worker, mut starts) = holding_worker(&server, 6);
     server.await_workers(1).await;
     let rows: Vec<_> = std::iter::once(("few", 0))

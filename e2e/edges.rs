@@ -12,8 +12,7 @@ use crate::harness::*;
 /// nothing is sent after it.
 #[tokio::test]
 async fn goodbye_is_answered_with_drain_and_nothing_follows_it() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let mut worker = RawWorker::connect(&server, &["t"], 5).await;
     submit(&mut client, request("t", "wf", "before")).await;
     let task = worker.task().await;
@@ -46,8 +45,7 @@ async fn goodbye_is_answered_with_drain_and_nothing_follows_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sdk_shutdown_under_load_loses_no_attempt() {
     const N: usize = 300;
-    let server = TestServer::start().await;
-    let client = server.client().await;
+    let (server, client) = TestServer::serving().await;
     let worker = server.worker(|w| {
         w.max_concurrency(4)
             .activity("t", |_, _| async { spool_worker::json(&"ok") })
@@ -245,8 +243,7 @@ async fn a_bare_heartbeat_keeps_the_stored_details() {
 /// Durations past what a clock holds do not panic the SDK.
 #[tokio::test]
 async fn the_sdk_survives_absurd_durations() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let worker = server.worker(|w| {
         w.shutdown_timeout(Duration::MAX)
             .reconnect_backoff(Duration::MAX, Duration::MAX)

@@ -96,6 +96,13 @@ impl TestServer {
         Self::start_with(|_| {}).await
     }
 
+    /// [`TestServer::start`], and a client of it.
+    pub async fn serving() -> (Self, ActivityServiceClient<Channel>) {
+        let server = Self::start().await;
+        let client = server.client().await;
+        (server, client)
+    }
+
     /// A server of [`nodes_wanted`] nodes: one on its own SQLite file, or several
     /// on a fresh PostgreSQL schema behind a proxy.
     pub async fn start_with(configure: impl FnOnce(&mut Config)) -> Self {

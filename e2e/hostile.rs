@@ -19,8 +19,7 @@ fn seconds(seconds: i64) -> Option<prost_types::Duration> {
 /// Every duration field of a submit refuses what would overflow a time.
 #[tokio::test]
 async fn absurd_durations_are_refused_and_nothing_is_stored() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     type Set = fn(&mut v1::SubmitRequest, Option<prost_types::Duration>);
     let fields: [(&str, Set); 6] = [
         ("schedule_to_close_timeout", |r, d| {
@@ -73,8 +72,7 @@ async fn absurd_durations_are_refused_and_nothing_is_stored() {
 /// get a huge answer.
 #[tokio::test]
 async fn a_batch_of_existing_keys_gets_a_small_answer() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let mut big = request("t", "wf", "big");
     big.input = Some(v1::Payload {
         content_type: String::new(),
@@ -127,8 +125,7 @@ async fn list_pages_fit_a_default_client() {
 
 #[tokio::test]
 async fn control_characters_from_clients_are_refused() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     submit(&mut client, request("t", "wf", "a")).await;
     let err = cancel(&mut client, key("wf", "a"), "stop\0now")
         .await

@@ -226,8 +226,7 @@ async fn every_payload_is_held_to_the_limit() {
 /// retryable `InvalidResult`.
 #[tokio::test]
 async fn a_worker_cannot_claim_server_error_kinds_or_send_no_outcome() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     for id in ["lost", "timeout", "empty"] {
         let mut req = request("t", "wf", id);
         req.retry_policy = Some(v1::RetryPolicy {

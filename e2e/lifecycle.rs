@@ -65,8 +65,7 @@ async fn submit_then_wait_round_trip() {
 
 #[tokio::test]
 async fn empty_ids_are_generated() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let a = submit(&mut client, request("t", "", ""))
         .await
         .activity
@@ -115,8 +114,7 @@ async fn idempotent_submit_is_delivered_once() {
 
 #[tokio::test]
 async fn same_key_with_another_type_is_already_exists() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     submit(&mut client, request("one", "wf", "a")).await;
     let err = client.submit(request("two", "wf", "a")).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
@@ -347,8 +345,7 @@ async fn a_restart_keeps_every_activity_and_releases_running_ones() {
 
 #[tokio::test]
 async fn delayed_rows_from_before_a_restart_each_come_due() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     for (id, ms) in [("soon", 1_500), ("later", 2_500), ("latest", 3_500)] {
         let mut req = request("delayed", "wf", id);
         req.delay = Some(prost_types_duration(Duration::from_millis(ms)));

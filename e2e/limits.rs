@@ -151,8 +151,7 @@ async fn a_unary_call_is_cut_at_the_request_timeout() {
 #[tokio::test]
 async fn a_batch_just_under_the_message_limit_is_answered() {
     use prost::Message;
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (_server, mut client) = TestServer::serving().await;
     let limit = spool_server::Config::new("sqlite://unused").max_message_bytes();
     let row = |i: usize, input: usize| v1::SubmitRequest {
         input: Some(v1::Payload {

@@ -141,8 +141,7 @@ async fn start_to_close_fails_each_attempt_as_timeout() {
 
 #[tokio::test]
 async fn schedule_to_close_fails_waiting_and_running_activities_for_good() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let mut waiting = request("unserved", "wf", "waiting");
     waiting.schedule_to_close_timeout = ms(200);
     submit(&mut client, waiting).await;

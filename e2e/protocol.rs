@@ -100,8 +100,7 @@ async fn flow_control_never_exceeds_max_concurrency() {
 
 #[tokio::test]
 async fn cancel_a_scheduled_activity() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     submit(&mut client, request("t", "wf", "c")).await;
     let cancelled = cancel(&mut client, key("wf", "c"), "not needed")
         .await
@@ -257,8 +256,7 @@ async fn the_handshake_checks_hello() {
 
 #[tokio::test]
 async fn higher_priority_first_then_oldest_first() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     for (id, priority) in [("low-1", 0), ("low-2", 0), ("high", 5), ("low-3", 0)] {
         let mut req = request("t", "wf", id);
         req.priority = priority;
@@ -432,8 +430,7 @@ async fn namespaces_do_not_mix() {
 /// and one ack per message, as before.
 #[tokio::test]
 async fn batches_carry_what_is_ready_together_and_only_to_a_worker_that_asks() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+    let (server, mut client) = TestServer::serving().await;
     let submit_all = |activity_type: &str, n: usize| v1::SubmitBatchRequest {
         activities: (0..n)
             .map(|i| request(activity_type, "wf", &format!("{activity_type}{i}")))

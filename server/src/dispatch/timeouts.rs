@@ -56,11 +56,8 @@ impl Deadlines {
             final_,
         };
         if self.schedule_to_close_at.is_some_and(|at| now >= at) {
-            return Some(timed_out(
-                "ScheduleToCloseTimeout",
-                "schedule_to_close_timeout passed before the activity finished".to_owned(),
-                true,
-            ));
+            let (error_type, message) = crate::store::SCHEDULE_TO_CLOSE;
+            return Some(timed_out(error_type, message.to_owned(), true));
         }
         if let Some(ms) = timeouts.start_to_close_ms
             && self.start_to_close_at.is_some_and(|at| now >= at)

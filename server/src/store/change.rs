@@ -150,6 +150,11 @@ impl<'a> Ending<'a> {
     }
 
     /// Finished for good at `now` (completed, failed or cancelled).
+    /// A SCHEDULED row's schedule-to-close deadline passed: it fails at `now`.
+    pub fn expired(now: UnixMillis) -> Ending<'static> {
+        Ending::finished(ActivityStatus::Failed, now, Some(schedule_to_close_error()))
+    }
+
     pub fn finished(
         status: ActivityStatus,
         now: UnixMillis,
@@ -206,13 +211,20 @@ pub(crate) fn cancelled_error(reason: &str) -> ActivityError {
     }
 }
 
+/// The error type and message of a schedule-to-close timeout, whether the row
+/// waits (an expiry) or runs (the dispatcher's timeouts).
+pub(crate) const SCHEDULE_TO_CLOSE: (&str, &str) = (
+    "ScheduleToCloseTimeout",
+    "schedule_to_close_timeout passed before the activity finished",
+);
+
 /// What a SCHEDULED row whose schedule-to-close deadline passed fails with.
-pub(crate) fn schedule_to_close_error() -> ActivityError {
-    super::server_error(
-        ErrorKind::Timeout,
-        "ScheduleToCloseTimeout",
-        "schedule_to_close_timeout passed before the activity finished".to_owned(),
-    )
+pub(crate) fn schedule_to_close_error() -> &'static ActivityError {
+    static ERROR: std::sync::LazyLock<ActivityError> = std::sync::LazyLock::new(|| {
+        let (error_type, message) = SCHEDULE_TO_CLOSE;
+        super::server_error(ErrorKind::Timeout, error_type, message.to_owned())
+    });
+    &ERROR
 }
 
 /// The values a re-drive writes: SCHEDULED now, every attempt so far uncounted
@@ -380,7 +392,7 @@ mod tests {
 
     #[test]
     fn each_transition_writes_what_it_means() {
-        let error = schedule_to_close_error();
+        let error = schedule_to_close_error().clone();
         let output = Payload::default();
         let complete = Transition::Complete {
             output: output.clone(),

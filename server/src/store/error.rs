@@ -98,21 +98,17 @@ pub(super) fn postgres_class(sqlstate: &str) -> Class {
 
 /// By primary result code (the low byte of an extended one).
 fn sqlite_class(code: i32) -> Class {
-    const BUSY: i32 = 5;
-    const LOCKED: i32 = 6;
-    const NOMEM: i32 = 7;
-    const IOERR: i32 = 10;
-    const FULL: i32 = 13;
-    const CANTOPEN: i32 = 14;
-    const PROTOCOL: i32 = 15;
-    const TOOBIG: i32 = 18;
-    const CONSTRAINT: i32 = 19;
-    const MISMATCH: i32 = 20;
-    const RANGE: i32 = 25;
+    use libsqlite3_sys as ffi;
     match code & 0xff {
-        BUSY | LOCKED | NOMEM | IOERR | FULL | CANTOPEN | PROTOCOL => Class::Transient,
-        TOOBIG | MISMATCH | RANGE => Class::InvalidInput,
-        CONSTRAINT => Class::Conflict,
+        ffi::SQLITE_BUSY
+        | ffi::SQLITE_LOCKED
+        | ffi::SQLITE_NOMEM
+        | ffi::SQLITE_IOERR
+        | ffi::SQLITE_FULL
+        | ffi::SQLITE_CANTOPEN
+        | ffi::SQLITE_PROTOCOL => Class::Transient,
+        ffi::SQLITE_TOOBIG | ffi::SQLITE_MISMATCH | ffi::SQLITE_RANGE => Class::InvalidInput,
+        ffi::SQLITE_CONSTRAINT => Class::Conflict,
         _ => Class::Internal,
     }
 }

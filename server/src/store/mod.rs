@@ -38,6 +38,7 @@ use spool_proto::time::UnixMillis;
 pub use spool_proto::v1::{ActivityError, ActivityStatus, ErrorKind, Payload};
 
 pub use change::AttemptOutcome;
+pub(crate) use change::SCHEDULE_TO_CLOSE;
 pub use error::{Class, Error};
 pub use model::*;
 pub use ops::*;

@@ -276,6 +276,14 @@ struct Inner {
 }
 
 impl Inner {
+    /// Worker `worker_id`, if the session writing to `tx` still owns it (a
+    /// resume hands it to a new stream).
+    fn owned(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>) -> Option<&Worker> {
+        self.workers
+            .get(worker_id)
+            .filter(|w| w.outbound.same_channel(tx))
+    }
+
     /// Gives up rows claimed ahead: the committer releases them uncounted.
     fn release(&mut self, rows: impl IntoIterator<Item = Ahead>) {
         for row in rows {

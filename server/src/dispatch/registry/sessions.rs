@@ -119,11 +119,7 @@ impl Registry {
         task: Task,
     ) {
         let inner = self.lock();
-        let Some(worker) = inner
-            .workers
-            .get(worker_id)
-            .filter(|w| w.outbound.same_channel(tx))
-        else {
+        let Some(worker) = inner.owned(worker_id, tx) else {
             return;
         };
         let key = attempt_key(
@@ -176,10 +172,7 @@ impl Registry {
     /// Whether the session writing to `tx` still owns the worker (a resume hands
     /// it to a new stream).
     pub fn owns(&self, worker_id: &str, tx: &mpsc::Sender<Outgoing>) -> bool {
-        self.lock()
-            .workers
-            .get(worker_id)
-            .is_some_and(|w| w.outbound.same_channel(tx))
+        self.lock().owned(worker_id, tx).is_some()
     }
 
     /// The stream of the session writing to `tx` dropped: keep the worker, its

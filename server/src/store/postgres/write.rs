@@ -615,8 +615,7 @@ async fn expire_scheduled(
     limit: u32,
     now: UnixMillis,
 ) -> Result<Vec<Key>, Error> {
-    let error = change::schedule_to_close_error();
-    let ending = Ending::finished(ActivityStatus::Failed, now, Some(&error));
+    let ending = Ending::expired(now);
     let rows = Endings::of(&ending)
         .bind(sqlx::query(sql::EXPIRE))
         .bind(now)

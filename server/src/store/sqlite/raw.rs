@@ -28,6 +28,16 @@ pub struct SqliteError {
     pub message: String,
 }
 
+impl SqliteError {
+    /// A failure this layer finds before SQLite is asked (`code` says which kind).
+    fn new(code: c_int, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, SqliteError>;
 
 /// A column that could not be read.
@@ -61,24 +71,20 @@ impl Connection {
         // Safety: a pure query of how the library was compiled.
         if unsafe { ffi::sqlite3_threadsafe() } == 0 {
             // NOMUTEX connections moved between threads need a thread-safe build.
-            return Err(SqliteError {
-                code: ffi::SQLITE_MISUSE,
-                message: "this SQLite library was built without thread safety".to_owned(),
-            });
+            return Err(SqliteError::new(
+                ffi::SQLITE_MISUSE,
+                "this SQLite library was built without thread safety",
+            ));
         }
-        let path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| SqliteError {
-            code: ffi::SQLITE_MISUSE,
-            message: "database path contains a NUL byte".to_owned(),
+        let path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| {
+            SqliteError::new(ffi::SQLITE_MISUSE, "database path contains a NUL byte")
         })?;
         let mut db = ptr::null_mut();
         let flags = ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_NOMUTEX;
         // Safety: valid C string, out-pointer to a local.
         let rc = unsafe { ffi::sqlite3_open_v2(path.as_ptr(), &mut db, flags, ptr::null()) };
         let Some(db) = NonNull::new(db) else {
-            return Err(SqliteError {
-                code: rc,
-                message: "cannot allocate a connection".to_owned(),
-            });
+            return Err(SqliteError::new(rc, "cannot allocate a connection"));
         };
         let mut conn = Self {
             db,
@@ -130,10 +136,8 @@ impl Connection {
 
     /// Runs SQL text without parameters or results (several statements allowed).
     pub fn batch(&mut self, sql: &str) -> Result<()> {
-        let sql = CString::new(sql).map_err(|_| SqliteError {
-            code: ffi::SQLITE_MISUSE,
-            message: "SQL contains a NUL byte".to_owned(),
-        })?;
+        let sql = CString::new(sql)
+            .map_err(|_| SqliteError::new(ffi::SQLITE_MISUSE, "SQL contains a NUL byte"))?;
         // Safety: open handle, valid C string, no callback.
         let rc = unsafe {
             ffi::sqlite3_exec(
@@ -163,10 +167,8 @@ impl Connection {
             Some(stmt) => *stmt,
             None => {
                 let mut stmt = ptr::null_mut();
-                let len = c_int::try_from(sql.len()).map_err(|_| SqliteError {
-                    code: ffi::SQLITE_TOOBIG,
-                    message: "SQL text too long".to_owned(),
-                })?;
+                let len = c_int::try_from(sql.len())
+                    .map_err(|_| SqliteError::new(ffi::SQLITE_TOOBIG, "SQL text too long"))?;
                 // Safety: open handle; the text lives for 'static; out-pointer to a local.
                 let rc = unsafe {
                     ffi::sqlite3_prepare_v3(
@@ -179,9 +181,8 @@ impl Connection {
                     )
                 };
                 self.check(rc)?;
-                let stmt = NonNull::new(stmt).ok_or_else(|| SqliteError {
-                    code: ffi::SQLITE_MISUSE,
-                    message: format!("no statement in {sql:?}"),
+                let stmt = NonNull::new(stmt).ok_or_else(|| {
+                    SqliteError::new(ffi::SQLITE_MISUSE, format!("no statement in {sql:?}"))
                 })?;
                 self.statements.insert(key, stmt);
                 stmt

@@ -9,8 +9,7 @@ pub(super) fn expire_scheduled(
     limit: u32,
     now: UnixMillis,
 ) -> Result<Vec<Key>, Error> {
-    let error = change::schedule_to_close_error();
-    let ending = Ending::finished(ActivityStatus::Failed, now, Some(&error));
+    let ending = Ending::expired(now);
     let q = conn.query(sql::EXPIRE).map_err(sqlite)?;
     let mut q = bind_ending(q, &ending).bind(&now).bind(&i64::from(limit));
     let mut keys = Vec::new();
