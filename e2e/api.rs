@@ -53,22 +53,24 @@ async fn list_pages_through_everything_and_filters() {
         .into_inner();
     assert!(completed.activities.is_empty());
 
-    let err = client
-        .list(v1::ListRequest {
-            page_token: "garbage".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
-    let err = client
-        .list(v1::ListRequest {
-            status: 42,
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument);
+    invalid(
+        client
+            .list(v1::ListRequest {
+                page_token: "garbage".into(),
+                ..Default::default()
+            })
+            .await,
+        "page_token",
+    );
+    invalid(
+        client
+            .list(v1::ListRequest {
+                status: 42,
+                ..Default::default()
+            })
+            .await,
+        "status",
+    );
 }
 
 #[tokio::test]
@@ -339,17 +341,13 @@ async fn tokens_have_roles_and_namespaces() {
     const CLIENT: &str = "client-orders-0123456789";
     const WORKER: &str = "worker-orders-0123456789";
     const ADMIN: &str = "admin-everything-0123456";
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = tokens_file(
-        dir.path(),
-        serde_json::json!([
-            {"token": CLIENT, "role": "client", "namespaces": ["orders"]},
-            {"token": WORKER, "role": "worker", "namespaces": ["orders"]},
-            {"token": ADMIN, "role": "admin"},
-        ]),
-    );
+    let tokens = tokens_file(serde_json::json!([
+        {"token": CLIENT, "role": "client", "namespaces": ["orders"]},
+        {"token": WORKER, "role": "worker", "namespaces": ["orders"]},
+        {"token": ADMIN, "role": "admin"},
+    ]));
     // The admin token's ListWorkers is the node's own.
-    let server = TestServer::one_node_with(|c| c.tokens_file = Some(tokens.clone())).await;
+    let server = TestServer::one_node_with(|c| c.tokens_file = Some(tokens.path.clone())).await;
     let mut client = server.client().await;
     let in_orders = || {
         let mut r = request("t", "wf", "a");

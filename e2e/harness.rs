@@ -385,13 +385,19 @@ where
 
 pub use spool_testkit::calls::{list_all, list_pages, stats, stats_until, workers};
 
-/// A `--tokens-file` in `dir` granting `tokens` (each `{"token", "role",
-/// "namespaces"?}`).
-pub fn tokens_file(dir: &std::path::Path, tokens: serde_json::Value) -> PathBuf {
-    let path = dir.join("tokens.json");
+/// A `--tokens-file` granting `tokens` (each `{"token", "role",
+/// "namespaces"?}`), in a directory of its own that lives as long as it.
+pub struct TokensFile {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+pub fn tokens_file(tokens: serde_json::Value) -> TokensFile {
+    let dir = tempfile::tempdir().expect("a directory for the tokens file");
+    let path = dir.path().join("tokens.json");
     std::fs::write(&path, serde_json::json!({ "tokens": tokens }).to_string())
         .expect("write the tokens file");
-    path
+    TokensFile { _dir: dir, path }
 }
 
 /// `message` as a request carrying `token` as its bearer token.
@@ -512,6 +518,13 @@ pub async fn redrive(
     key: v1::ActivityKey,
 ) -> Result<tonic::Response<v1::Activity>, Status> {
     client.retry(v1::RetryRequest { key: Some(key) }).await
+}
+
+/// Fails the test unless `answer` is INVALID_ARGUMENT saying `says`.
+pub fn invalid<T: std::fmt::Debug>(answer: Result<T, Status>, says: &str) {
+    let err = answer.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains(says), "{}", err.message());
 }
 
 /// The status of a `Get` that was refused (it panics if the call succeeded).

@@ -192,17 +192,13 @@ async fn a_batch_just_under_the_message_limit_is_answered() {
 async fn parked_waits_are_capped_per_token_and_in_total() {
     const A: &str = "client-a-0123456789abcdef";
     const B: &str = "client-b-0123456789abcdef";
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = tokens_file(
-        dir.path(),
-        serde_json::json!([
-            {"token": A, "role": "client"},
-            {"token": B, "role": "client"},
-        ]),
-    );
+    let tokens = tokens_file(serde_json::json!([
+        {"token": A, "role": "client"},
+        {"token": B, "role": "client"},
+    ]));
     // The caps are each node's.
     let server = TestServer::one_node_with(|c| {
-        c.tokens_file = Some(tokens.clone());
+        c.tokens_file = Some(tokens.path.clone());
         c.limits.max_waits_per_token = 2;
         c.limits.max_waits = 3;
     })
