@@ -93,14 +93,13 @@ async fn a_three_attempt_history_reads_the_same_in_the_api_and_the_cli() {
         .skip_while(|l| !l.starts_with("ATTEMPT"))
         .skip(1)
         .collect();
-    assert_eq!(rows.len(), 3, "{text}");
-    assert!(
-        rows[0].contains("retried") && rows[0].contains("Flaky"),
-        "{text}"
-    );
-    assert!(
-        rows[2].contains("completed") && rows[2].contains("observed@node-h"),
-        "{text}"
+    assert_rows_say(
+        &rows,
+        &[
+            &["retried", "Flaky"],
+            &["retried"],
+            &["completed", "observed@node-h"],
+        ],
     );
 }
 

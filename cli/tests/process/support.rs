@@ -571,6 +571,20 @@ pub use spool_testkit::calls::{list_all, stats, stats_until, workers};
 
 pub use spool_testkit::fixtures::eventually_for;
 
+/// Fails the test unless there is a row for each of `says`, and each row holds
+/// every text its entry names.
+pub fn assert_rows_say(rows: &[impl AsRef<str> + std::fmt::Debug], says: &[&[&str]]) {
+    assert_eq!(rows.len(), says.len(), "{rows:?}");
+    for (row, texts) in rows.iter().zip(says) {
+        for text in *texts {
+            assert!(
+                row.as_ref().contains(text),
+                "{text:?} not in {row:?}: {rows:?}"
+            );
+        }
+    }
+}
+
 /// Two nodes on one fresh PostgreSQL schema, each started with `args`; the
 /// environments are returned to outlive the servers.
 pub async fn two_nodes(args: &[&str]) -> (Env, Env, ServerProcess, ServerProcess) {
