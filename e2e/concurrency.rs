@@ -206,12 +206,8 @@ async fn concurrency_limits_refuse_what_cannot_be_enforced() {
     }
     let mut raw = RawWorker::connect(&server, &["t"], 5).await;
     let held = [raw.task().await, raw.task().await];
-    let waiting = eventually("c2 held back", || {
-        let mut client = client.clone();
-        async move {
-            let c2 = get(&mut client, key("wf", "c2")).await;
-            (!c2.waiting_reason.is_empty()).then_some(c2)
-        }
+    let waiting = row_when(&client, key("wf", "c2"), "c2 held back", |c2| {
+        !c2.waiting_reason.is_empty()
     })
     .await;
     assert_eq!(status(&waiting), ActivityStatus::Scheduled);

@@ -219,12 +219,10 @@ async fn a_bare_heartbeat_keeps_the_stored_details() {
     worker
         .send(beat(Some(json(serde_json::json!({"done": 50})))))
         .await;
-    eventually("the details to be stored", || {
-        let mut client = client.clone();
-        async move {
-            let row = get(&mut client, key("wf", "a")).await;
-            row.heartbeat_details.filter(|d| !d.data.is_empty())
-        }
+    row_when(&client, key("wf", "a"), "the details to be stored", |row| {
+        row.heartbeat_details
+            .as_ref()
+            .is_some_and(|d| !d.data.is_empty())
     })
     .await;
     worker.send(beat(None)).await;

@@ -464,6 +464,25 @@ pub async fn wait(client: &mut Calls, key: v1::ActivityKey) -> v1::Activity {
     activity
 }
 
+/// Polls `key`'s row until `ready` accepts it (see [`eventually`]), and
+/// returns the row that was.
+pub async fn row_when(
+    client: &Calls,
+    key: v1::ActivityKey,
+    what: &str,
+    ready: impl Fn(&v1::Activity) -> bool,
+) -> v1::Activity {
+    let (ready, key) = (&ready, &key);
+    eventually(what, || {
+        let mut client = client.clone();
+        async move {
+            let row = get(&mut client, key.clone()).await;
+            ready(&row).then_some(row)
+        }
+    })
+    .await
+}
+
 /// The activity once terminal, or as it is after `within`.
 pub async fn wait_within(
     client: &mut Calls,

@@ -411,13 +411,12 @@ async fn a_worker_shutting_down_finishes_what_it_runs_and_hands_back_new_work() 
     proxy.hold_upstream();
     stop.cancel();
     submit_with_retries(&mut client, "job", "y", 1).await;
-    eventually("y to be sent to the leaving worker", || {
-        let mut client = client.clone();
-        async move {
-            let y = get(&mut client, key("wf", "y")).await;
-            (status(&y) == ActivityStatus::Running).then_some(())
-        }
-    })
+    row_when(
+        &client,
+        key("wf", "y"),
+        "y to be sent to the leaving worker",
+        |y| status(y) == ActivityStatus::Running,
+    )
     .await;
     proxy.release_upstream();
     let _stayer = server.worker(|w| {

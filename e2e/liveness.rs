@@ -35,13 +35,12 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
         }
         other => panic!("expected CancelActivity, got {other:?}"),
     }
-    let row = eventually("the timeout to be recorded", || {
-        let mut client = client.clone();
-        async move {
-            let row = get(&mut client, key("wf", "hb")).await;
-            row.last_error.is_some().then_some(row)
-        }
-    })
+    let row = row_when(
+        &client,
+        key("wf", "hb"),
+        "the timeout to be recorded",
+        |row| row.last_error.is_some(),
+    )
     .await;
     assert_eq!(
         last_error(&row),
@@ -86,13 +85,12 @@ async fn heartbeat_timeout_ends_the_attempt_and_retries_it() {
         })
     };
     let started = tokio::time::Instant::now();
-    let row = eventually("heartbeat details to be stored", || {
-        let mut client = client.clone();
-        async move {
-            let row = get(&mut client, key("wf", "hb")).await;
-            row.heartbeat_details.is_some().then_some(row)
-        }
-    })
+    let row = row_when(
+        &client,
+        key("wf", "hb"),
+        "heartbeat details to be stored",
+        |row| row.heartbeat_details.is_some(),
+    )
     .await;
     let progress: serde_json::Value =
         serde_json::from_slice(&row.heartbeat_details.unwrap().data).unwrap();

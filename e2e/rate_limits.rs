@@ -143,14 +143,12 @@ async fn a_rate_limit_paces_dispatch_and_waiting_rows_use_no_attempt() {
     // While the worker takes every row the bucket gives, a due row is held back
     // by the rate limit, and Get says so.
     let mut client = server.client().await;
-    eventually("a row held back by the rate limit", || {
-        let mut client = client.clone();
-        async move {
-            let last = get(&mut client, key("wf", "r998")).await;
-            (last.waiting_reason == "rate limited: t takes 50 per 1s, and none is left now")
-                .then_some(())
-        }
-    })
+    row_when(
+        &client,
+        key("wf", "r998"),
+        "a row held back by the rate limit",
+        |last| last.waiting_reason == "rate limited: t takes 50 per 1s, and none is left now",
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(10_500)).await;
     worker.abort();
@@ -345,15 +343,15 @@ async fn a_keys_rate_limit_paces_its_rows_and_no_others() {
             }
         })
     };
-    eventually("a mail row held back by its key's rate limit", || {
-        let mut client = client.clone();
-        async move {
-            let last = get(&mut client, key("wf", "mail998")).await;
-            (last.waiting_reason
-                == r#"rate limited: key "mail" of t takes 50 per 1s, and none is left now"#)
-                .then_some(())
-        }
-    })
+    row_when(
+        &client,
+        key("wf", "mail998"),
+        "a mail row held back by its key's rate limit",
+        |last| {
+            last.waiting_reason
+                == r#"rate limited: key "mail" of t takes 50 per 1s, and none is left now"#
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(10_500)).await;
     worker.abort();

@@ -35,16 +35,21 @@ fn typed_request(workflow_id: &str, activity_id: &str, input: v1::Payload) -> v1
     }
 }
 
+/// A worker that adds, typed.
+fn adding(server: &TestServer) -> WorkerGuard {
+    server.worker(|w| {
+        w.register::<Add, _, _>(
+            |_ctx, Operands { a, b }| async move { Ok::<_, ActivityError>(a + b) },
+        )
+    })
+}
+
 /// A typed handler gets its input decoded and its output encoded; input that is
 /// not the type fails the activity for good, naming the type and serde's message.
 #[tokio::test]
 async fn a_typed_activity_round_trips_and_bad_input_is_terminal() {
     let server = TestServer::start().await;
-    let _worker = server.worker(|w| {
-        w.register::<Add, _, _>(
-            |_ctx, Operands { a, b }| async move { Ok::<_, ActivityError>(a + b) },
-        )
-    });
+    let _worker = adding(&server);
     let mut client = server.client().await;
     let input = spool_proto::activity::encode(&Operands { a: 2, b: 40 }).expect("encode");
     submit(&mut client, typed_request("wf", "sum", input)).await;
@@ -511,11 +516,7 @@ async fn headers_and_traceparent_reach_the_handler() {
 async fn a_typed_batch_and_the_list_stream() {
     use tokio_stream::StreamExt;
     let server = TestServer::start().await;
-    let _worker = server.worker(|w| {
-        w.register::<Add, _, _>(
-            |_ctx, Operands { a, b }| async move { Ok::<_, ActivityError>(a + b) },
-        )
-    });
+    let _worker = adding(&server);
     let client = spool_client::Client::builder(server.endpoint.clone())
         .connect()
         .await
