@@ -12,6 +12,20 @@ fn ms(n: u64) -> Option<prost_types::Duration> {
     Some(prost_types_duration(Duration::from_millis(n)))
 }
 
+/// Drains `server`, giving what runs `timeout_ms` to finish.
+async fn drain(server: &TestServer, timeout_ms: u64) -> v1::DrainResponse {
+    let request = v1::DrainRequest {
+        timeout: ms(timeout_ms),
+    };
+    server
+        .admin()
+        .await
+        .drain(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 fn last_error(activity: &v1::Activity) -> (ErrorKind, String) {
     let e = activity.last_error.clone().expect("a last error");
     (ErrorKind::try_from(e.kind).expect("known kind"), e.r#type)
@@ -224,13 +238,7 @@ async fn admin_drain_lets_running_work_finish_and_refuses_new_sessions() {
         submit(&mut client, request("short", "wf", &format!("d{i}"))).await;
     }
     stats_until(&client, WAIT, "3 running", |s| s.running == 3).await;
-    let report = server
-        .admin()
-        .await
-        .drain(v1::DrainRequest { timeout: ms(5_000) })
-        .await
-        .unwrap()
-        .into_inner();
+    let report = drain(&server, 5_000).await;
     assert_eq!((report.completed, report.released), (3, 0));
     for i in 0..3 {
         let row = get(&mut client, key("wf", &format!("d{i}"))).await;
@@ -285,13 +293,7 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
     let mut client = server.client().await;
     submit_with_retries(&mut client, "t", "forever", 1).await;
     raw.task().await;
-    let report = server
-        .admin()
-        .await
-        .drain(v1::DrainRequest { timeout: ms(200) })
-        .await
-        .unwrap()
-        .into_inner();
+    let report = drain(&server, 200).await;
     assert_eq!((report.completed, report.released), (0, 1));
     let mut saw_drain = false;
     let mut saw_cancel = false;
