@@ -12,19 +12,15 @@ use spool_worker::{Activity, ActivityError, CancelReason};
 
 use crate::harness::*;
 
-/// The contract both sides of the typed tests share.
-struct Add;
+spool_worker::activity_type!(
+    /// The contract both sides of the typed tests share.
+    Add = "add", Operands => i64
+);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Operands {
     a: i64,
     b: i64,
-}
-
-impl Activity for Add {
-    const NAME: &'static str = "add";
-    type Input = Operands;
-    type Output = i64;
 }
 
 fn typed_request(workflow_id: &str, activity_id: &str, input: v1::Payload) -> v1::SubmitRequest {

@@ -34,7 +34,7 @@ mod typed;
 pub use client::{Builder, Client};
 pub use error::Error;
 pub use retry::Retry;
-pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1};
+pub use spool_proto::{activity::Activity, activity_type, endpoint::ClientTls, v1};
 pub use typed::{Handle, Submit, TRACEPARENT, new_traceparent};
 
 #[cfg(test)]

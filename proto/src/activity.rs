@@ -17,6 +17,14 @@
 //! }
 //! ```
 //!
+//! [`activity_type!`](crate::activity_type) writes the same in one line:
+//!
+//! ```
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # pub struct Greeting { pub name: String }
+//! spool_proto::activity_type!(pub Greet = "greet", Greeting => String);
+//! ```
+//!
 //! Inputs and outputs travel as JSON (`application/json`).
 
 use serde::{Serialize, de::DeserializeOwned};
@@ -31,6 +39,24 @@ pub trait Activity: Send + Sync + 'static {
     type Input: Serialize + DeserializeOwned + Send + 'static;
     /// What the handler returns and the submitter gets back.
     type Output: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// Declares an activity type: a unit struct and its [`Activity`] impl.
+/// `activity_type!(pub Greet = "greet", Greeting => String)` is `pub struct Greet;`
+/// with `NAME` `"greet"`, `Input` `Greeting` and `Output` `String`; doc comments
+/// and attributes before the name go on the struct.
+#[macro_export]
+macro_rules! activity_type {
+    ($(#[$meta:meta])* $vis:vis $name:ident = $wire:literal, $input:ty => $output:ty $(;)?) => {
+        $(#[$meta])*
+        $vis struct $name;
+
+        impl $crate::activity::Activity for $name {
+            const NAME: &'static str = $wire;
+            type Input = $input;
+            type Output = $output;
+        }
+    };
 }
 
 /// The content type of typed payloads.

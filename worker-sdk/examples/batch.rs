@@ -3,16 +3,10 @@
 //! against an in-process server: `cargo run -p spool-worker --example batch`.
 
 use spool_client::Client;
-use spool_worker::{Activity, ActivityError, Worker};
+use spool_worker::{ActivityError, Worker};
 use tokio_util::sync::CancellationToken;
 
-struct Square;
-
-impl Activity for Square {
-    const NAME: &'static str = "square";
-    type Input = u64;
-    type Output = u64;
-}
+spool_worker::activity_type!(Square = "square", u64 => u64);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

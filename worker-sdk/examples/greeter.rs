@@ -4,10 +4,12 @@
 //! `spool submit greet --input '{"name":"Ada"}' --wait`. SIGTERM or Ctrl-C stops it
 //! the way a deploy should: running greetings finish and report first.
 
-use spool_worker::{Activity, ActivityError, Worker};
+use spool_worker::{ActivityError, Worker};
 
-/// The contract a service submitting greetings shares with this worker.
-struct Greet;
+spool_worker::activity_type!(
+    /// The contract a service submitting greetings shares with this worker.
+    Greet = "greet", Person => Greeting
+);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Person {
@@ -22,12 +24,6 @@ fn world() -> String {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Greeting {
     greeting: String,
-}
-
-impl Activity for Greet {
-    const NAME: &'static str = "greet";
-    type Input = Person;
-    type Output = Greeting;
 }
 
 #[tokio::main]

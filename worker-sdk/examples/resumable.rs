@@ -6,17 +6,13 @@
 use std::time::Duration;
 
 use spool_client::Client;
-use spool_worker::{Activity, ActivityError, Worker};
+use spool_worker::{ActivityError, Worker};
 use tokio_util::sync::CancellationToken;
 
-/// Processes `total` items, one at a time.
-struct Import;
-
-impl Activity for Import {
-    const NAME: &'static str = "import";
-    type Input = u32;
-    type Output = u32;
-}
+spool_worker::activity_type!(
+    /// Processes `total` items, one at a time.
+    Import = "import", u32 => u32
+);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

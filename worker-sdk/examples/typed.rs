@@ -4,11 +4,13 @@
 //! `cargo run -p spool-worker --example typed`.
 
 use spool_client::Client;
-use spool_worker::{Activity, ActivityError, Worker};
+use spool_worker::{ActivityError, Worker};
 use tokio_util::sync::CancellationToken;
 
-/// The contract: name, input and output.
-struct Resize;
+spool_worker::activity_type!(
+    /// The contract: name, input and output.
+    Resize = "image.resize", Image => Resized
+);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Image {
@@ -19,12 +21,6 @@ struct Image {
 #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
 struct Resized {
     url: String,
-}
-
-impl Activity for Resize {
-    const NAME: &'static str = "image.resize";
-    type Input = Image;
-    type Output = Resized;
 }
 
 #[tokio::main]

@@ -49,7 +49,7 @@ pub use error::{ActivityError, Error};
 /// spans over OTLP; each attempt's span joins its activity's trace.
 #[cfg(feature = "otel")]
 pub use spool_proto::otel;
-pub use spool_proto::{activity::Activity, endpoint::ClientTls, v1::Payload};
+pub use spool_proto::{activity::Activity, activity_type, endpoint::ClientTls, v1::Payload};
 use tokio_util::sync::CancellationToken;
 
 /// What a handler returns.

@@ -145,13 +145,7 @@ impl ActivityEnvironment {
 mod tests {
     use super::*;
 
-    struct Count;
-    impl Activity for Count {
-        const NAME: &'static str = "count";
-        type Input = u32;
-        type Output = u32;
-    }
-
+    spool_proto::activity_type!(Count = "count", u32 => u32);
     /// A handler resumes from what the last attempt reported, heartbeats as it goes,
     /// and stops on a cancel with its reason.
     #[tokio::test]

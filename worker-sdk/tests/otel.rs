@@ -43,13 +43,7 @@ impl TraceService for Collector {
     }
 }
 
-struct Echo;
-
-impl Activity for Echo {
-    const NAME: &'static str = "echo";
-    type Input = String;
-    type Output = String;
-}
+spool_worker::activity_type!(Echo = "echo", String => String);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_callers_trace_reaches_the_server_and_the_worker_and_is_exported() {
