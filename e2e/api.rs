@@ -313,7 +313,7 @@ async fn a_configured_token_is_required() {
     assert!(anonymous.submit(right).await.unwrap().into_inner().created);
 
     // Workers too.
-    let refused = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let refused = server.completing("t");
     let err = tokio::time::timeout(WAIT, refused.stop_when_done())
         .await
         .unwrap();

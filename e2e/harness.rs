@@ -296,6 +296,12 @@ impl TestServer {
         WorkerGuard { stop, task }
     }
 
+    /// An SDK worker that completes every activity of `activity_type` at once,
+    /// with an empty output, until the returned guard drops.
+    pub fn completing(&self, activity_type: &'static str) -> WorkerGuard {
+        self.worker(|w| w.activity(activity_type, |_, _| async { Ok(v1::Payload::default()) }))
+    }
+
     /// An admin client of each node, for what each node tells of itself only.
     async fn node_admins(&self) -> Vec<AdminServiceClient<Channel>> {
         let mut admins = Vec::new();

@@ -207,7 +207,7 @@ async fn non_retryable_type_and_terminal_error_fail_at_once() {
 #[tokio::test]
 async fn a_delay_is_respected() {
     let server = TestServer::start().await;
-    let _worker = server.worker(|w| w.activity("later", |_, _| async { Ok(Payload::default()) }));
+    let _worker = server.completing("later");
     server.await_workers(1).await;
     let mut client = server.client().await;
     let mut req = request("later", "wf", "d");
@@ -230,7 +230,7 @@ async fn a_delay_is_respected() {
 #[tokio::test]
 async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
     let server = TestServer::start().await;
-    let _other = server.worker(|w| w.activity("other", |_, _| async { Ok(Payload::default()) }));
+    let _other = server.completing("other");
     server.await_workers(1).await;
     let mut client = server.client().await;
     submit(&mut client, request("unserved", "wf", "u")).await;
@@ -238,7 +238,7 @@ async fn without_a_worker_for_its_type_an_activity_waits_with_attempt_zero() {
     assert_eq!(status(&waited), ActivityStatus::Scheduled);
     assert_eq!(waited.attempt, 0);
     // A worker for the type arrives: it runs, as attempt 1.
-    let _late = server.worker(|w| w.activity("unserved", |_, _| async { Ok(Payload::default()) }));
+    let _late = server.completing("unserved");
     let done = wait(&mut client, key("wf", "u")).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 1));
 }
@@ -329,7 +329,7 @@ async fn a_restart_keeps_every_activity_and_releases_running_ones() {
     let server = server.restart().await;
     drop(raw);
     let mut client = server.client().await;
-    let _worker = server.worker(|w| w.activity("slow", |_, _| async { Ok(Payload::default()) }));
+    let _worker = server.completing("slow");
     for id in ["running", "delayed"] {
         let done = wait(&mut client, key("wf", id)).await;
         assert_eq!(status(&done), ActivityStatus::Completed, "{id}");
@@ -354,7 +354,7 @@ async fn delayed_rows_from_before_a_restart_each_come_due() {
     // After the restart, only the store knows these rows; the worker is idle when
     // each comes due, so nothing but the timer can dispatch them.
     let server = server.restart().await;
-    let _worker = server.worker(|w| w.activity("delayed", |_, _| async { Ok(Payload::default()) }));
+    let _worker = server.completing("delayed");
     server.await_workers(1).await;
     let ready = spool_proto::time::now_millis();
     let mut client = server.client().await;

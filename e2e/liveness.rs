@@ -196,7 +196,7 @@ async fn a_silent_worker_is_lost_and_its_attempt_goes_elsewhere() {
     assert_eq!(silent.welcome.heartbeat_interval, ms(100));
     assert_eq!(silent.task().await.attempt, 1);
     let started = tokio::time::Instant::now();
-    let _healthy = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let _healthy = server.completing("t");
     let done = wait(&mut client, key("wf", "s")).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 2));
     assert_eq!(last_error(&done).0, ErrorKind::WorkerLost);
@@ -315,7 +315,7 @@ async fn a_drain_releases_what_outlives_it_without_failing_it() {
     assert!(row.last_error.is_none(), "a release is not a failure");
     // Released attempts are not counted: with max_attempts = 1 it may still run.
     let server = server.restart().await;
-    let _worker = server.worker(|w| w.activity("t", |_, _| async { Ok(Payload::default()) }));
+    let _worker = server.completing("t");
     let mut client = server.client().await;
     let done = wait(&mut client, key("wf", "forever")).await;
     assert_eq!(outcome(&done), (ActivityStatus::Completed, 2));
