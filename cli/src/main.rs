@@ -20,7 +20,7 @@ use bench::args::BenchArgs;
 use commands::exit;
 use logging::init_logging;
 use serve::ServeArgs;
-use soak::args::SoakArgs;
+use soak::args::Options as SoakArgs;
 
 #[derive(Parser)]
 #[command(

@@ -66,7 +66,7 @@ pub(super) async fn under_faults(
     let injector = tokio::spawn(inject(
         StdRng::seed_from_u64(options.seed),
         faults.to_vec(),
-        options.fault_every,
+        (options.fault_min, options.fault_max),
         cluster.clone(),
         proxy.clone(),
         options.pg_restart.clone(),

@@ -36,6 +36,7 @@ use std::{
 
 use spool_proto::v1::activity_service_client::ActivityServiceClient;
 
+use args::Options;
 use cluster::{Cluster, Disk};
 use faults::Fault;
 use history::Events;
@@ -48,39 +49,6 @@ const WORKFLOW: &str = "soak";
 /// Node settings that make faults bite within seconds.
 const LEASE: Duration = Duration::from_secs(5);
 const DRAIN: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone)]
-struct Options {
-    /// The `spool` binary the nodes and workers run.
-    pub binary: PathBuf,
-    /// `None`: one node on SQLite. `Some(url)`: `nodes` nodes sharing a fresh
-    /// schema on this PostgreSQL server.
-    pub postgres: Option<String>,
-    pub nodes: usize,
-    pub duration: Duration,
-    pub seed: u64,
-    /// Submits per second.
-    pub rate: u32,
-    pub workers: usize,
-    pub concurrency: u32,
-    /// Kinds to pick from; empty means every kind this store supports.
-    pub faults: Vec<Fault>,
-    /// A fault every `min..=max`.
-    pub fault_every: (Duration, Duration),
-    /// Run directory (logs, histories, report); a fresh one under the system's
-    /// temporary directory if `None`.
-    pub dir: Option<PathBuf>,
-    /// Breakages the nodes turn on (a build with the `breakages` feature).
-    pub breakages: Vec<String>,
-    /// Size of the filesystem the SQLite file lives on (for `disk-full`).
-    pub disk_mb: u64,
-    /// Restarts PostgreSQL (for `pg-restart`), run with `sh -c`.
-    pub pg_restart: String,
-    /// How long to wait, after the faults, for everything to finish.
-    pub settle: Duration,
-    /// The nodes' keep-alive interval: a worker silent for three is evicted.
-    pub heartbeat_interval: Duration,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
