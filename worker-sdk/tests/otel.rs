@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
     trace_service_server::{TraceService, TraceServiceServer},
 };
-use spool_worker::{Activity, ActivityError, Worker};
+use spool_worker::{ActivityError, Worker};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
