@@ -360,7 +360,14 @@ impl AsyncWrite for Connection {
 #[derive(Clone)]
 pub struct Guarded<S> {
     inner: S,
-    permits: Option<Arc<Semaphore>>,
+    /// `None`: the service's streams are not bounded.
+    bound: Option<Bound>,
+}
+
+/// A bound on a service's open streams.
+#[derive(Clone)]
+struct Bound {
+    permits: Arc<Semaphore>,
     /// The one method bounded (`None`: all of them); others pass freely, so a
     /// liveness probe's unary `Check` is never refused for want of a `Watch` slot.
     method: Option<&'static str>,
@@ -369,28 +376,30 @@ pub struct Guarded<S> {
 impl<S> Guarded<S> {
     /// Guards the size of `inner`'s messages, its streams unbounded.
     pub fn new(inner: S) -> Self {
-        Self {
-            inner,
-            permits: None,
-            method: None,
-        }
+        Self { inner, bound: None }
     }
 
     /// Bounds every call of `inner` too.
     pub fn bounded(inner: S, permits: Arc<Semaphore>) -> Self {
+        let bound = Bound {
+            permits,
+            method: None,
+        };
         Self {
             inner,
-            permits: Some(permits),
-            method: None,
+            bound: Some(bound),
         }
     }
 
     /// Bounds the calls of `inner`'s `method` only.
     pub fn bounded_method(inner: S, method: &'static str, permits: Arc<Semaphore>) -> Self {
+        let bound = Bound {
+            permits,
+            method: Some(method),
+        };
         Self {
             inner,
-            permits: Some(permits),
-            method: Some(method),
+            bound: Some(bound),
         }
     }
 
@@ -400,10 +409,10 @@ impl<S> Guarded<S> {
         &self,
         request: &http::Request<B>,
     ) -> Result<Option<OwnedSemaphorePermit>, Status> {
-        let Some(permits) = &self.permits else {
+        let Some(Bound { permits, method }) = &self.bound else {
             return Ok(None);
         };
-        let bounded = self.method.is_none_or(|m| {
+        let bounded = method.is_none_or(|m| {
             request
                 .uri()
                 .path()

@@ -149,12 +149,12 @@ impl<'a> Ending<'a> {
         }
     }
 
-    /// Finished for good at `now` (completed, failed or cancelled).
     /// A SCHEDULED row's schedule-to-close deadline passed: it fails at `now`.
     pub fn expired(now: UnixMillis) -> Ending<'static> {
         Ending::finished(ActivityStatus::Failed, now, Some(schedule_to_close_error()))
     }
 
+    /// Finished for good at `now` (completed, failed or cancelled).
     pub fn finished(
         status: ActivityStatus,
         now: UnixMillis,
