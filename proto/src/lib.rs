@@ -1,9 +1,11 @@
 //! Spool's wire contract, `spool.v1`, as generated Rust, plus the few small types the
 //! server, the worker SDK and the CLI share: duration parsing, protobuf time
-//! conversions, and the typed [`activity::Activity`] contract. The `.proto` files under `proto/` are the source of truth; nothing
+//! conversions, attempt keys looked up without allocating, and the typed
+//! [`activity::Activity`] contract. The `.proto` files under `proto/` are the source of truth; nothing
 //! here may rename what they define.
 
 pub mod activity;
+pub mod attempt;
 pub mod duration;
 pub mod endpoint;
 #[cfg(feature = "otel")]

@@ -13,6 +13,7 @@ mod attempt;
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use spool_proto::{
+    attempt::{AttemptKey, Ids},
     duration,
     v1::{
         self, ServerMessage, WorkerMessage, activity_result, server_message, worker_message,
@@ -29,9 +30,9 @@ use tonic::{
     transport::Channel,
 };
 
-use crate::{CancelReason, Error, Worker, context::Cancel};
+use crate::{CancelReason, Error, Worker, context::Cancel, telemetry::TypeMetrics};
 
-use attempt::{Attempt, too_large};
+use attempt::{Attempt, OfType, too_large};
 
 /// `after` from now; a duration too long for the clock is a year.
 fn later(after: Duration) -> tokio::time::Instant {
@@ -126,10 +127,10 @@ impl Carry {
         self.running
             .keys()
             .chain(self.unacked.keys())
-            .map(|(workflow_id, activity_id, attempt)| v1::AttemptRef {
-                workflow_id: workflow_id.clone(),
-                activity_id: activity_id.clone(),
-                attempt: *attempt,
+            .map(|key| v1::AttemptRef {
+                workflow_id: key.workflow_id.clone(),
+                activity_id: key.activity_id.clone(),
+                attempt: key.attempt,
             })
             .collect()
     }
@@ -175,8 +176,6 @@ impl Carry {
         self.cancel.cancel();
     }
 }
-
-type AttemptKey = (String, String, u32);
 
 pub(crate) async fn run(
     worker: &Worker,
@@ -334,6 +333,8 @@ struct Loop<'a> {
     max_payload: usize,
     /// The server takes several results in one message.
     batches: bool,
+    /// What each activity type's attempts share, by type.
+    types: foldhash::HashMap<String, Arc<OfType>>,
 }
 
 /// The most results one message carries, and the encoded bytes past which it
@@ -364,6 +365,7 @@ impl<'a> Loop<'a> {
             shutting_down: false,
             max_payload: 0,
             batches: false,
+            types: Default::default(),
         }
     }
 
@@ -419,7 +421,7 @@ impl<'a> Loop<'a> {
                     let mut latest: HashMap<AttemptKey, v1::Heartbeat> = HashMap::new();
                     let mut next = Some(heartbeat);
                     while let Some(beat) = next {
-                        latest.insert((beat.workflow_id.clone(), beat.activity_id.clone(), beat.attempt), beat);
+                        latest.insert(AttemptKey::new(&beat.workflow_id, &beat.activity_id, beat.attempt), beat);
                         next = self.carry.heartbeats.1.try_recv().ok();
                     }
                     for mut beat in latest.into_values() {
@@ -495,12 +497,11 @@ impl<'a> Loop<'a> {
     /// An attempt's result leaves it running; it is kept until acknowledged, to be
     /// sent again after a resume.
     fn finished(&mut self, result: v1::ActivityResult) -> v1::ActivityResult {
-        let key = (
-            result.workflow_id.clone(),
-            result.activity_id.clone(),
-            result.attempt,
-        );
-        self.carry.running.remove(&key);
+        let ids = Ids::new(&result.workflow_id, &result.activity_id, result.attempt);
+        let key = match self.carry.running.remove_entry(ids.key()) {
+            Some((key, _)) => key,
+            None => AttemptKey::new(&result.workflow_id, &result.activity_id, result.attempt),
+        };
         self.carry.unacked.insert(key, result.clone());
         result
     }
@@ -552,11 +553,8 @@ impl<'a> Loop<'a> {
             server_message::Message::Task(task) => self.start(task),
             server_message::Message::Cancel(cancel) => {
                 let reason = CancelReason::from_wire(&cancel);
-                if let Some(running) = self.carry.running.get(&(
-                    cancel.workflow_id,
-                    cancel.activity_id,
-                    cancel.attempt,
-                )) {
+                let ids = Ids::new(&cancel.workflow_id, &cancel.activity_id, cancel.attempt);
+                if let Some(running) = self.carry.running.get(ids.key()) {
                     running.cancel(reason);
                 }
             }
@@ -577,11 +575,8 @@ impl<'a> Loop<'a> {
     }
 
     fn on_ack(&mut self, ack: v1::ResultAck) {
-        self.carry.unacked.remove(&(
-            ack.workflow_id.clone(),
-            ack.activity_id.clone(),
-            ack.attempt,
-        ));
+        let ids = Ids::new(&ack.workflow_id, &ack.activity_id, ack.attempt);
+        self.carry.unacked.remove(ids.key());
         if !ack.accepted {
             tracing::debug!(workflow_id = %ack.workflow_id, activity_id = %ack.activity_id, attempt = ack.attempt, "result not accepted");
         }
@@ -602,23 +597,26 @@ impl<'a> Loop<'a> {
             self.hand_back(task);
             return;
         }
-        let key: AttemptKey = (
-            task.workflow_id.clone(),
-            task.activity_id.clone(),
-            task.attempt,
-        );
+        let key = AttemptKey::new(&task.workflow_id, &task.activity_id, task.attempt);
         let cancel = Arc::new(Cancel::child_of(&self.carry.cancel));
         self.carry.running.insert(key, cancel.clone());
-        crate::telemetry::task_received(&task.activity_type);
-        let handler = self.worker.handlers.get(&task.activity_type).cloned();
-        let limit = self.worker.type_limits.get(&task.activity_type).cloned();
+        let of = self.of_type(&task.activity_type);
+        of.metrics.task_received();
         let attempt = Attempt::new(task, cancel, self.carry.heartbeats.0.clone());
-        tokio::spawn(attempt.run(
-            handler,
-            limit,
-            self.carry.results.0.clone(),
-            self.max_payload,
-        ));
+        tokio::spawn(attempt.run(of, self.carry.results.0.clone(), self.max_payload));
+    }
+
+    fn of_type(&mut self, activity_type: &str) -> Arc<OfType> {
+        if let Some(of) = self.types.get(activity_type) {
+            return of.clone();
+        }
+        let of = Arc::new(OfType {
+            handler: self.worker.handlers.get(activity_type).cloned(),
+            limit: self.worker.type_limits.get(activity_type).cloned(),
+            metrics: TypeMetrics::new(activity_type),
+        });
+        self.types.insert(activity_type.to_owned(), of.clone());
+        of
     }
 }
 

@@ -612,7 +612,9 @@ pub fn held(
     }
     Ok(held
         .into_iter()
-        .map(|a| (a.workflow_id, a.activity_id, a.attempt))
+        .map(|a| {
+            crate::dispatch::registry::AttemptKey::new(a.workflow_id, a.activity_id, a.attempt)
+        })
         .collect())
 }
 

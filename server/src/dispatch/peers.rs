@@ -77,10 +77,11 @@ impl Peers {
         self.remote.is_some()
     }
 
-    /// Queues an event of the batch being applied, if anyone is there to hear it.
-    pub fn tell(&mut self, event: Event) {
+    /// Queues an event of the batch being applied, if anyone is there to hear it;
+    /// made only then (a node alone would copy its keys for nobody).
+    pub fn tell(&mut self, event: impl FnOnce() -> Event) {
         if self.sharing() {
-            self.outgoing.push(event);
+            self.outgoing.push(event());
         }
     }
 
@@ -199,7 +200,7 @@ mod tests {
         let stalled: Publish = Arc::new(|_| Box::pin(std::future::pending()));
         let mut peers = Peers::with_publisher(Some(stalled), 4, None);
         for at in 0..100 {
-            peers.tell(Event::Due {
+            peers.tell(|| Event::Due {
                 namespace: "default".into(),
                 activity_type: "t".into(),
                 at,

@@ -15,7 +15,18 @@ use tracing::Instrument;
 use crate::{
     ActivityContext, ActivityError, ActivityInfo, Handler, HandlerResult, Payload,
     context::{Cancel, system_time},
+    telemetry::{Ended, TypeMetrics},
 };
+
+/// What every attempt of one activity type shares, looked up at a session's first
+/// task of the type rather than at every task.
+pub(super) struct OfType {
+    /// `None`: this worker has no handler for the type.
+    pub(super) handler: Option<Handler>,
+    /// The type's own concurrency limit, if it has one.
+    pub(super) limit: Option<Arc<Semaphore>>,
+    pub(super) metrics: TypeMetrics,
+}
 
 /// What an attempt's future holds of its task. The future is allocated and moved
 /// once per activity, so it keeps only the task's ids, not the whole task.
@@ -77,9 +88,8 @@ impl Attempt {
         }
     }
 
-    /// Runs `handler` (`None`: this worker has none for the type), once `limit`,
-    /// the type's own concurrency limit if it has one, gives a permit, and reports
-    /// the result on `results`.
+    /// Runs the type's handler once its limit, if it has one, gives a permit, and
+    /// reports the result on `results`.
     // A block rather than an `async fn`, and fields used in place rather than
     // destructured: either would keep a second copy of them in the future, which
     // is allocated once per activity.
@@ -89,34 +99,36 @@ impl Attempt {
     )]
     pub(super) fn run(
         self,
-        handler: Option<Handler>,
-        limit: Option<Arc<Semaphore>>,
+        of: Arc<OfType>,
         results: mpsc::Sender<v1::ActivityResult>,
         max_payload: usize,
     ) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            let permit = permit(limit, &self.cancelled).await;
-            let activity_type = self.ctx.info().activity_type.clone();
+            let permit = permit(of.limit.clone(), &self.cancelled).await;
             let started = permit.is_ok();
             if started {
-                crate::telemetry::handler_started(&activity_type, self.ctx.info().scheduled_at);
+                of.metrics.handler_started(self.ctx.info().scheduled_at);
             }
             let began = std::time::Instant::now();
-            let outcome = match (permit, handler) {
+            let outcome = match (permit, &of.handler) {
                 (Err(()), _) => Err(ActivityError::retryable(
                     "Cancelled",
                     format!(
                         "cancelled before it started, while it waited for a handler of \
-                         {activity_type:?} to end (type_concurrency): {:?}",
+                         {:?} to end (type_concurrency): {:?}",
+                        self.ctx.info().activity_type,
                         self.ctx.cancel_reason()
                     ),
                 )),
                 (Ok(_permit), Some(handler)) => {
-                    call(&handler, self.ctx, self.input, &self.span).await
+                    call(handler, self.ctx, self.input, &self.span).await
                 }
                 (Ok(_), None) => Err(ActivityError::retryable(
                     "NoHandler",
-                    format!("this worker has no handler for {activity_type:?}"),
+                    format!(
+                        "this worker has no handler for {:?}",
+                        self.ctx.info().activity_type
+                    ),
                 )),
             };
             let outcome = as_sent(outcome, max_payload);
@@ -125,11 +137,8 @@ impl Attempt {
                     .in_scope(|| tracing::info!(error_type = %e.r#type, "attempt failed"));
             }
             if started {
-                crate::telemetry::handler_ended(
-                    &activity_type,
-                    ended_as(&outcome, &self.cancelled),
-                    began.elapsed(),
-                );
+                of.metrics
+                    .handler_ended(ended_as(&outcome, &self.cancelled), began.elapsed());
             }
             // A reserved slot, then the result: `send` would hold the result inside
             // its own future, beside the outcome already held here.
@@ -198,11 +207,11 @@ fn as_sent(outcome: HandlerResult, max_payload: usize) -> activity_result::Outco
 }
 
 /// How a handler that started ended, as its metrics count it.
-fn ended_as(outcome: &activity_result::Outcome, cancelled: &CancellationToken) -> &'static str {
+fn ended_as(outcome: &activity_result::Outcome, cancelled: &CancellationToken) -> Ended {
     match outcome {
-        activity_result::Outcome::Output(_) => "completed",
-        _ if cancelled.is_cancelled() => "cancelled",
-        _ => "failed",
+        activity_result::Outcome::Output(_) => Ended::Completed,
+        _ if cancelled.is_cancelled() => Ended::Cancelled,
+        _ => Ended::Failed,
     }
 }
 

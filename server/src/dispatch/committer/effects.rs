@@ -163,7 +163,7 @@ impl Loop {
 
     /// Tells the other nodes only: this node already knows.
     pub(super) fn tell_due(&mut self, namespace: &str, activity_type: &str, at: UnixMillis) {
-        self.peers.tell(Event::Due {
+        self.peers.tell(|| Event::Due {
             namespace: namespace.to_owned(),
             activity_type: activity_type.to_owned(),
             at,
@@ -199,7 +199,7 @@ impl Loop {
             // The worker may be connected here, or to another node.
             self.registry
                 .cancel_running(worker_id, &row.key, row.attempt, reason);
-            self.peers.tell(Event::Cancelled {
+            self.peers.tell(|| Event::Cancelled {
                 worker_id: worker_id.to_string(),
                 key: row.key.clone(),
                 attempt: row.attempt,
@@ -212,7 +212,7 @@ impl Loop {
     /// on other nodes.
     pub(super) fn finished(&mut self, key: &Key) {
         self.pending.notify(key);
-        self.peers.tell(Event::Finished { key: key.clone() });
+        self.peers.tell(|| Event::Finished { key: key.clone() });
     }
 
     /// Tells the other nodes what the last batch changed, without holding up the

@@ -6,7 +6,9 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{AttemptKey, CancelKind, Registry, SilencePaused, Sweep, Worker, attempt_key};
+use spool_proto::attempt::Ids;
+
+use super::{AttemptKey, CancelKind, Registry, SilencePaused, Sweep, Worker};
 use crate::dispatch::timeouts::TimedOut;
 use crate::store::{HeartbeatDetails, Payload};
 
@@ -36,7 +38,7 @@ impl Registry {
         worker.last_seen = now;
         match worker
             .inflight
-            .get_mut(&attempt_key(workflow_id, activity_id, attempt))
+            .get_mut(Ids::new(workflow_id, activity_id, attempt).key())
         {
             Some(i) if !i.cancel_sent => {
                 i.last_heartbeat = now;
@@ -123,7 +125,7 @@ impl Registry {
                 });
                 sweep.flushed.push((
                     worker.id.clone(),
-                    attempt_key(
+                    AttemptKey::new(
                         &attempt.key.workflow_id,
                         &attempt.key.activity_id,
                         attempt.attempt,

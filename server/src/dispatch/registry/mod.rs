@@ -40,7 +40,8 @@ mod liveness;
 mod sessions;
 mod worker;
 
-use worker::{Ahead, Inflight, Worker, attempt_key, wall_of};
+use spool_proto::attempt::Ids;
+use worker::{Ahead, Inflight, Worker, wall_of};
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -201,7 +202,7 @@ pub enum Answer {
 type GroupKey = (Arc<str>, Vec<Arc<str>>);
 
 /// An attempt as a worker names it: `(workflow_id, activity_id, attempt)`.
-pub type AttemptKey = (String, String, u32);
+pub use spool_proto::attempt::AttemptKey;
 
 /// What one liveness sweep found; the caller writes it.
 #[derive(Debug, Default)]
@@ -600,9 +601,9 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return Answer::Unknown;
         };
-        let key = attempt_key(workflow_id, activity_id, attempt);
-        let Some(inflight) = worker.inflight.remove(&key) else {
-            return if worker.ended_away.remove(&key) {
+        let ids = Ids::new(workflow_id, activity_id, attempt);
+        let Some(inflight) = worker.inflight.remove(ids.key()) else {
+            return if worker.ended_away.remove(ids.key()) {
                 Answer::EndedAway
             } else {
                 Answer::Unknown
@@ -649,10 +650,9 @@ impl Registry {
         worker
             .ahead
             .retain(|a| !(a.attempt.key == *key && a.attempt.attempt == attempt));
-        let Some(inflight) =
-            worker
-                .inflight
-                .get_mut(&attempt_key(&key.workflow_id, &key.activity_id, attempt))
+        let Some(inflight) = worker
+            .inflight
+            .get_mut(Ids::new(&key.workflow_id, &key.activity_id, attempt).key())
         else {
             return;
         };

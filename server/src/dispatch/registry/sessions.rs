@@ -122,12 +122,12 @@ impl Registry {
         let Some(worker) = inner.owned(worker_id, tx) else {
             return;
         };
-        let key = attempt_key(
+        let ids = Ids::new(
             &attempt.key.workflow_id,
             &attempt.key.activity_id,
             attempt.attempt,
         );
-        let stopped = match worker.inflight.get(&key) {
+        let stopped = match worker.inflight.get(ids.key()) {
             Some(inflight) if !inflight.cancel_sent => {
                 let _ = worker
                     .outbound
@@ -154,12 +154,12 @@ impl Registry {
         let Some(worker) = inner.workers.get_mut(worker_id) else {
             return;
         };
-        let key = attempt_key(
+        let ids = Ids::new(
             &attempt.key.workflow_id,
             &attempt.key.activity_id,
             attempt.attempt,
         );
-        if worker.inflight.remove(&key).is_none() {
+        if worker.inflight.remove(ids.key()).is_none() {
             return;
         }
         worker.fill(paused);
@@ -302,11 +302,7 @@ impl Registry {
         // they go back, uncounted, for any worker (the rows read for a takeover
         // carry no payloads to send them with).
         let (has, lacks): (Vec<_>, Vec<_>) = rows.into_iter().partition(|row| {
-            held.contains(&attempt_key(
-                &row.key.workflow_id,
-                &row.key.activity_id,
-                row.attempt,
-            ))
+            held.contains(Ids::new(&row.key.workflow_id, &row.key.activity_id, row.attempt).key())
         });
         let mut unsent = Vec::new();
         for row in has.into_iter().chain(lacks) {
@@ -317,7 +313,7 @@ impl Registry {
             }
             let span = claims::attempt_span(&row, &id);
             inflight.insert(
-                attempt_key(&row.key.workflow_id, &row.key.activity_id, row.attempt),
+                AttemptKey::new(&row.key.workflow_id, &row.key.activity_id, row.attempt),
                 Inflight::new(attempt, now, now_wall, span),
             );
         }
@@ -408,9 +404,9 @@ fn reconcile(
                 worker.ended_away.insert(key.clone());
             }
             cancels.push(Cancel {
-                workflow_id: key.0.clone(),
-                activity_id: key.1.clone(),
-                attempt: key.2,
+                workflow_id: key.workflow_id.clone(),
+                activity_id: key.activity_id.clone(),
+                attempt: key.attempt,
                 reason: "the attempt ended while the worker was disconnected".to_owned(),
                 kind: CancelKind::EndedElsewhere,
             });

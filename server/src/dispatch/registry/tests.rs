@@ -239,7 +239,7 @@ fn a_taken_over_session_releases_the_rows_claimed_ahead_elsewhere() {
         .map(|(i, name)| row(i as i64 + 1, name, id))
         .collect();
     // It holds a; b was sent and lost on the way; c and d were ahead.
-    let held: HashSet<AttemptKey> = [attempt_key("wf", "a", 1)].into();
+    let held: HashSet<AttemptKey> = [AttemptKey::new("wf", "a", 1)].into();
     let resumed = registry.adopt(id, registration(2), rows, &held, 0);
     assert_eq!(resumed.reattached, 1);
     assert_eq!(
@@ -282,7 +282,8 @@ fn a_session_taken_back_keeps_the_rows_the_worker_runs() {
     assert_eq!(registry.claimed_ahead(None), 1);
     // The worker ran both elsewhere, and comes back holding both.
     let rows = vec![row(1, "a", &id), row(2, "b", &id)];
-    let held: HashSet<AttemptKey> = [attempt_key("wf", "a", 1), attempt_key("wf", "b", 1)].into();
+    let held: HashSet<AttemptKey> =
+        [AttemptKey::new("wf", "a", 1), AttemptKey::new("wf", "b", 1)].into();
     let resumed = registry.adopt(&id, registration(2), rows, &held, 0);
     assert_eq!(resumed.reattached, 2);
     assert!(take_released(&registry).is_empty(), "nothing released");
@@ -295,7 +296,7 @@ fn a_session_taken_back_keeps_the_rows_the_worker_runs() {
     let ops = registry.assign(&claim, vec![row(3, "c", &other), row(4, "d", &other)]);
     assert!(ops.is_empty());
     let rows = vec![row(3, "c", &other)];
-    let held: HashSet<AttemptKey> = [attempt_key("wf", "c", 1)].into();
+    let held: HashSet<AttemptKey> = [AttemptKey::new("wf", "c", 1)].into();
     registry.adopt(&other, registration(1), rows, &held, 0);
     let released: Vec<(i64, Option<Arc<str>>)> = take_released(&registry)
         .iter()

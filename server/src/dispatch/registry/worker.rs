@@ -17,10 +17,6 @@ use crate::{
     store::{Attempt, Payload},
 };
 
-pub(super) fn attempt_key(workflow_id: &str, activity_id: &str, attempt: u32) -> AttemptKey {
-    (workflow_id.to_owned(), activity_id.to_owned(), attempt)
-}
-
 pub(super) struct Inflight {
     pub(super) attempt: Arc<Attempt>,
     /// The server ended the attempt and told the worker to stop.
@@ -339,7 +335,7 @@ impl Worker {
         let now_wall = attempt.started_at.saturating_add(waited);
         span.in_scope(|| tracing::debug!(waited_ms = waited, "dispatched"));
         self.inflight.insert(
-            attempt_key(
+            AttemptKey::new(
                 &attempt.key.workflow_id,
                 &attempt.key.activity_id,
                 attempt.attempt,
