@@ -123,7 +123,7 @@ impl From<CommitError> for Error {
     fn from(e: CommitError) -> Self {
         match e {
             CommitError::Closed => Error::Unavailable("the server is shutting down".to_owned()),
-            CommitError::Store(e) => Error::Store(e),
+            CommitError::Store { why, .. } => Error::Store(why),
         }
     }
 }

@@ -29,16 +29,16 @@ pub(super) struct OfType {
 }
 
 /// What an attempt's future holds of its task. The future is allocated and moved
-/// once per activity, so it keeps only the task's ids, not the whole task.
+/// once per activity, so it keeps only what it needs, not the whole task.
 pub(super) struct Attempt {
     ctx: ActivityContext,
+    /// The context's too: the result takes its ids from it, moved out when the
+    /// handler let its context go (copied when it kept it).
+    info: Arc<ActivityInfo>,
     input: Payload,
     /// The context's cancellation, watched while the attempt waits for a permit.
     cancelled: CancellationToken,
     span: tracing::Span,
-    workflow_id: String,
-    activity_id: String,
-    attempt: u32,
 }
 
 impl Attempt {
@@ -49,9 +49,9 @@ impl Attempt {
     ) -> Self {
         let info = Arc::new(ActivityInfo {
             namespace: task.namespace,
-            workflow_id: task.workflow_id.clone(),
-            activity_id: task.activity_id.clone(),
-            activity_type: task.activity_type.clone(),
+            workflow_id: task.workflow_id,
+            activity_id: task.activity_id,
+            activity_type: task.activity_type,
             attempt: task.attempt,
             max_attempts: task.max_attempts,
             counted_attempts: task.counted_attempts,
@@ -76,15 +76,18 @@ impl Attempt {
         );
         spool_proto::trace::join_trace(&span, &info.headers);
         let cancelled = cancel.token.clone();
-        let ctx = ActivityContext::new(info, cancel, task.last_heartbeat_details, heartbeats);
+        let ctx = ActivityContext::new(
+            info.clone(),
+            cancel,
+            task.last_heartbeat_details,
+            heartbeats,
+        );
         Self {
             ctx,
+            info,
             input: task.input.unwrap_or_default(),
             cancelled,
             span,
-            workflow_id: task.workflow_id,
-            activity_id: task.activity_id,
-            attempt: task.attempt,
         }
     }
 
@@ -143,10 +146,15 @@ impl Attempt {
             // A reserved slot, then the result: `send` would hold the result inside
             // its own future, beside the outcome already held here.
             if let Ok(slot) = results.reserve().await {
+                let attempt = self.info.attempt;
+                let (workflow_id, activity_id) = match Arc::try_unwrap(self.info) {
+                    Ok(info) => (info.workflow_id, info.activity_id),
+                    Err(info) => (info.workflow_id.clone(), info.activity_id.clone()),
+                };
                 slot.send(v1::ActivityResult {
-                    workflow_id: self.workflow_id,
-                    activity_id: self.activity_id,
-                    attempt: self.attempt,
+                    workflow_id,
+                    activity_id,
+                    attempt,
                     outcome: Some(outcome),
                 });
             }

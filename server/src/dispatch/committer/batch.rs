@@ -162,7 +162,10 @@ impl Loop {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "request failed");
-                    Err(CommitError::Store(Arc::new(e)))
+                    Err(CommitError::Store {
+                        why: Arc::new(e),
+                        ops: ops[request.range.clone()].to_vec(),
+                    })
                 }
             };
             if let Some(reply) = request.reply {

@@ -74,9 +74,13 @@ pub enum CommitError {
     /// The committer has stopped: the server is shutting down. Retry elsewhere.
     #[error("the server is shutting down")]
     Closed,
-    /// The store failed the transaction; nothing of the request was written.
-    #[error("{0}")]
-    Store(Arc<store::Error>),
+    /// The store failed the transaction; nothing of the request was written. Its
+    /// ops come back, to be tried again without a copy kept beside every request.
+    #[error("{why}")]
+    Store {
+        why: Arc<store::Error>,
+        ops: Vec<Op>,
+    },
 }
 
 /// Called once with the request's outcomes (in op order), after the commit.

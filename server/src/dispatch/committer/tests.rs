@@ -201,7 +201,7 @@ async fn a_failing_request_neither_fails_its_neighbours_nor_stalls_dispatch() {
         );
         assert!(a.is_ok() && b.is_ok());
         let poisoned = poison_rx.await.unwrap_or_else(|_| panic!("no reply"));
-        assert!(matches!(poisoned, Err(CommitError::Store(_))));
+        assert!(matches!(poisoned, Err(CommitError::Store { .. })));
         if i == 0 {
             // The first time, both shared the failed batch (2 ops) before
             // being retried alone.

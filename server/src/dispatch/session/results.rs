@@ -159,7 +159,7 @@ pub(super) async fn retry_result(
                 recheck(core, (worker_id, namespace), unsettled, over).await;
                 return;
             }
-            Err(CommitError::Store(again)) => why = again,
+            Err(CommitError::Store { why: again, .. }) => why = again,
             Err(CommitError::Closed) => return,
         }
     }
@@ -329,7 +329,7 @@ pub(super) async fn forward_results(
                     let _ = core.committer.commit_with(ops, reply).await;
                     continue;
                 }
-                let retry = (core.clone(), ops.clone());
+                let core_again = core.clone();
                 let who = (worker_id.clone(), namespace.clone(), over.clone());
                 let reply = Box::new(move |outcome: Result<Vec<Outcome>, CommitError>| {
                     match outcome {
@@ -347,12 +347,16 @@ pub(super) async fn forward_results(
                                 permit,
                                 _committing: Some(committing),
                             };
-                            tokio::spawn(recheck(retry.0, (worker_id, namespace), unsettled, over));
+                            tokio::spawn(recheck(
+                                core_again,
+                                (worker_id, namespace),
+                                unsettled,
+                                over,
+                            ));
                         }
-                        Err(CommitError::Store(why)) => {
-                            let (core, ops) = retry;
+                        Err(CommitError::Store { why, ops }) => {
                             tokio::spawn(retry_result(
-                                core,
+                                core_again,
                                 ops,
                                 who,
                                 Unsettled {
