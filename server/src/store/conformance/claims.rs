@@ -50,6 +50,39 @@ pub(super) async fn a_claim_returns_its_rows_in_claim_order(store: &dyn Store, _
     assert_eq!(ids, ["high", "low-c", "low-a", "low-b"]);
 }
 
+/// A claim of more rows than one statement takes (SQLite claims them in chunks)
+/// takes each due row once, those first in claim order, and leaves the rest
+/// waiting.
+pub(super) async fn a_large_claim_takes_each_row_once_in_claim_order(
+    store: &dyn Store,
+    _raw: &Raw,
+) {
+    // Stored newest first: claim order (by age) is the reverse of the ids'.
+    for i in 0..75 {
+        submit(store, ranked(&format!("r{i:02}"), 0, T0 - i)).await;
+    }
+    let rows = claim(store, &["t"], 70, T0).await;
+    let ids: Vec<_> = rows.iter().map(|r| r.key.activity_id.clone()).collect();
+    let expected: Vec<_> = (5..75).rev().map(|i| format!("r{i:02}")).collect();
+    assert_eq!(ids, expected);
+    for row in &rows {
+        assert_eq!((row.status, row.attempt), (ActivityStatus::Running, 1));
+        let stored = get(store, &row.key.activity_id).await;
+        assert_eq!(
+            (stored.status, stored.attempt),
+            (ActivityStatus::Running, 1)
+        );
+    }
+    for i in 0..5 {
+        let waiting = get(store, &format!("r{i:02}")).await;
+        assert_eq!(
+            (waiting.status, waiting.attempt),
+            (ActivityStatus::Scheduled, 0)
+        );
+    }
+    assert_eq!(claim(store, &["t"], 100, T0).await.len(), 5);
+}
+
 /// A claim hands out its rows as they are stored once claimed, every column: a
 /// store that builds them rather than read them back must build them right.
 pub(super) async fn a_claimed_row_is_what_the_store_holds(store: &dyn Store, _raw: &Raw) {

@@ -160,6 +160,7 @@ conformance!(
     claims: [
         claim_takes_due_rows_by_priority_then_age,
         a_claim_returns_its_rows_in_claim_order,
+        a_large_claim_takes_each_row_once_in_claim_order,
         a_claimed_row_is_what_the_store_holds,
         claim_respects_limit_types_and_namespace,
         claims_skip_rows_past_schedule_to_close,

@@ -156,7 +156,7 @@ pub(super) fn run_claim(
     Ok(())
 }
 
-/// A row read before [`sql::CLAIM_ROW`] as that update left it.
+/// A row read before [`sql::CLAIM_ROWS`] as that update left it.
 pub(super) fn claimed_as(
     mut row: ActivityRow,
     claim: &Claim,
@@ -174,7 +174,7 @@ pub(super) fn claimed_as(
 }
 
 /// Claims up to `limit` due rows of one type without a concurrency key onto
-/// `claimed`, in claim order: picked in one read, then taken one by one
+/// `claimed`, in claim order: picked in one read, then taken a chunk at a time
 /// (`sql::CLAIM_PICK`).
 pub(super) fn claim_unkeyed(
     conn: &mut Connection,
@@ -205,22 +205,26 @@ pub(super) fn claim_unkeyed(
         }
     }
     claimed.reserve(picked.len());
-    for (id, row) in picked {
+    for chunk in picked.chunks(sql::CLAIM_ROWS_AT_ONCE) {
         let taken = conn
-            .run(sql::CLAIM_ROW, |q| {
-                q.bind(&now)
+            .run(sql::CLAIM_ROWS, |q| {
+                let q = q
+                    .bind(&now)
                     .bind(&*claim.worker_id)
                     .bind(&claim.lease_expires_at)
                     .bind(&*claim.identity)
-                    .bind(&*claim.node)
-                    .bind(&id)
+                    .bind(&*claim.node);
+                chunk.iter().fold(q, |q, (id, _)| q.bind(id))
             })
             .map_err(sqlite)?;
-        if taken == 0 {
+        if taken != chunk.len() as u64 {
             return Err(Error::Corrupt(format!(
-                "row {id} was picked as due and could not be claimed"
+                "{} rows were picked as due and {taken} could be claimed",
+                chunk.len()
             )));
         }
+    }
+    for (id, row) in picked {
         // An unreadable row stays RUNNING, undelivered, until its lease lapses;
         // it must not stop every other claim. A read that failed (out of memory)
         // fails the batch instead, to be tried again.
