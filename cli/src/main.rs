@@ -138,6 +138,11 @@ async fn client_command(before: &ClientArgs, command: Command) -> Result<i32, co
     }
 }
 
+// See the dependency's note in Cargo.toml: a drain's CPU per activity.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
