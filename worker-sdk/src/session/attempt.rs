@@ -32,8 +32,8 @@ pub(super) struct OfType {
 /// once per activity, so it keeps only what it needs, not the whole task.
 pub(super) struct Attempt {
     ctx: ActivityContext,
-    /// The context's too: the result takes its ids from it, moved out when the
-    /// handler let its context go (copied when it kept it).
+    /// The activity's info, shared with the context: the result's ids are moved
+    /// out of it once the handler has let its context go (copied if it kept it).
     info: Arc<ActivityInfo>,
     input: Payload,
     /// The context's cancellation, watched while the attempt waits for a permit.
