@@ -18,7 +18,8 @@ use metrics::{Counter, Histogram};
 
 /// One activity type's metric handles, made at a session's first task of the
 /// type: building and hashing the labels at every task cost three allocations an
-/// activity. A recorder installed later counts from the next session.
+/// activity. A recorder installed later counts from the next session; so does a
+/// type whose series an exporter's idle timeout removed meanwhile.
 pub(crate) struct TypeMetrics {
     activity_type: String,
     received: Counter,
