@@ -289,3 +289,87 @@ pub(super) async fn endings_and_the_claim_that_refills_their_slots_share_a_batch
         );
     }
 }
+
+/// A run of completions longer than one statement ends (SQLite ends up to 32 in
+/// one), with refused ones among them: a stale attempt, a row already ended, the
+/// same attempt completed twice in the run, one guarded by a lease that has not
+/// lapsed. Each is judged as alone and each row keeps its own output.
+pub(super) async fn a_long_run_of_completions_judges_each_alone(store: &dyn Store, _raw: &Raw) {
+    let ids: Vec<String> = (0..40).map(|i| format!("c{i:02}")).collect();
+    for id in &ids {
+        submit(store, new(id, "t")).await;
+    }
+    let rows = claim(store, &["t"], 40, T0).await;
+    assert_eq!(rows.len(), 40);
+    assert!(finish(store, &by_id(&rows, "c05"), output("first"), T0 + 1).await);
+
+    let mut run = Vec::new();
+    let mut expected = Vec::new();
+    for id in &ids {
+        let mut row = by_id(&rows, id);
+        let accepted = match id.as_str() {
+            "c05" => false,
+            "c07" => {
+                row.attempt = 9;
+                false
+            }
+            _ => true,
+        };
+        run.push(Op::finish(Arc::new(Attempt::from_row(&row)), output(id)));
+        expected.push(accepted);
+        if id == "c11" {
+            run.push(Op::finish(
+                Arc::new(Attempt::from_row(&row)),
+                output("twice"),
+            ));
+            expected.push(false);
+        }
+        if id == "c30" {
+            let lost =
+                crate::store::server_error(ErrorKind::WorkerLost, "WorkerLost", "gone".into());
+            run.push(Op::Finish {
+                attempt: Arc::new(Attempt::from_row(&by_id(&rows, "c31"))),
+                transition: Transition::Fail { error: lost },
+                lease_expired_by: Some(T0 + 2),
+            });
+            expected.push(false);
+        }
+    }
+    run.push(Op::finish(
+        Arc::new(Attempt::from_row(&by_id(&rows, "c20"))),
+        output("late"),
+    ));
+    expected.push(false);
+
+    let accepted: Vec<bool> = apply(store, run, T0 + 2)
+        .await
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Finished { accepted } => accepted,
+            other => panic!("expected Finished, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(accepted, expected);
+    for id in &ids {
+        let row = get(store, id).await;
+        let (status, output) = match id.as_str() {
+            "c05" => (ActivityStatus::Completed, Some("first")),
+            "c07" => (ActivityStatus::Running, None),
+            id => (ActivityStatus::Completed, Some(id)),
+        };
+        assert_eq!(row.status, status, "{id}");
+        assert_eq!(
+            row.output.map(|o| o.data),
+            output.map(|o| o.as_bytes().to_vec()),
+            "{id}"
+        );
+        if status == ActivityStatus::Completed {
+            let at = if id == "c05" { T0 + 1 } else { T0 + 2 };
+            assert_eq!(
+                (row.finished_at, row.lease_expires_at),
+                (Some(at), None),
+                "{id}"
+            );
+        }
+    }
+}

@@ -185,6 +185,7 @@ conformance!(
     batches: [
         runs_of_like_ops_behave_as_op_by_op,
         endings_and_the_claim_that_refills_their_slots_share_a_batch,
+        a_long_run_of_completions_judges_each_alone,
     ],
     reads: [
         list_pages_and_filters,

@@ -210,22 +210,11 @@ fn run_batch(conn: &mut Connection, ops: &[Op], now: UnixMillis) -> Result<Vec<O
         .and_then(|q| q.execute())
         .map_err(sqlite)?;
     let mut moves = KeyMoves::default();
-    let result = ops
-        .iter()
-        .map(|op| {
-            // Every other op may read the keys' counts: they are brought up to date
-            // first.
-            if !matches!(op, Op::Finish { .. }) {
-                moves.write(conn)?;
-            }
-            apply_one(conn, op, now, &mut moves)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .and_then(|outcomes| {
-            moves.write(conn)?;
-            commit(conn)?;
-            Ok(outcomes)
-        });
+    let result = apply_all(conn, ops, now, &mut moves).and_then(|outcomes| {
+        moves.write(conn)?;
+        commit(conn)?;
+        Ok(outcomes)
+    });
     if result.is_err() {
         rollback(conn);
     }
@@ -303,6 +292,34 @@ impl KeyMoves {
         }
         Ok(())
     }
+}
+
+/// Applies `ops` in order, each answered in its place; a run of alike endings
+/// shares one statement.
+fn apply_all(
+    conn: &mut Connection,
+    ops: &[Op],
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+) -> Result<Vec<Outcome>, Error> {
+    let mut outcomes = Vec::with_capacity(ops.len());
+    let mut rest = ops;
+    while let Some(op) = rest.first() {
+        let alike = alike_endings_ahead(rest, now);
+        if alike > 1 {
+            finish_many(conn, &rest[..alike], now, moves, &mut outcomes)?;
+            rest = &rest[alike..];
+            continue;
+        }
+        // Every other op may read the keys' counts: they are brought up to date
+        // first.
+        if !matches!(op, Op::Finish { .. }) {
+            moves.write(conn)?;
+        }
+        outcomes.push(apply_one(conn, op, now, moves)?);
+        rest = &rest[1..];
+    }
+    Ok(outcomes)
 }
 
 fn apply_one(

@@ -194,6 +194,104 @@ pub(super) fn lean(e: &Ending<'_>) -> bool {
     e.next_at.is_none() && e.error.is_none() && e.uncounted == 0
 }
 
+/// How many ops from the start of `ops` [`finish_many`] can end in one statement:
+/// lean endings (see [`lean`]) alike but for their rows, attempts and outputs,
+/// none guarded by its lease, each of another row (so that each returned id
+/// answers one op).
+pub(super) fn alike_endings_ahead(ops: &[Op], now: UnixMillis) -> usize {
+    let mut first = None;
+    let mut ids = Vec::new();
+    for op in ops.iter().take(sql::COMPLETE_ROWS_AT_ONCE) {
+        let Op::Finish {
+            attempt,
+            transition,
+            lease_expired_by: None,
+        } = op
+        else {
+            break;
+        };
+        let ending = Ending::of(transition, now);
+        let like = (
+            ending.status,
+            ending.outcome,
+            ending.finished_at,
+            ending.ended_at,
+            attempt.owner_node.as_deref(),
+        );
+        if !lean(&ending) || first.is_some_and(|first| first != like) || ids.contains(&attempt.id) {
+            break;
+        }
+        first = Some(like);
+        ids.push(attempt.id);
+    }
+    ids.len()
+}
+
+/// Ends the attempts of `run`, endings [`alike_endings_ahead`] found alike, in one
+/// [`sql::COMPLETE_ROWS`]; each is judged as [`finish`] would judge it alone.
+pub(super) fn finish_many(
+    conn: &mut Connection,
+    run: &[Op],
+    now: UnixMillis,
+    moves: &mut KeyMoves,
+    outcomes: &mut Vec<Outcome>,
+) -> Result<(), Error> {
+    let endings: Vec<(&Attempt, Ending<'_>)> = run
+        .iter()
+        .filter_map(|op| match op {
+            Op::Finish {
+                attempt,
+                transition,
+                ..
+            } => Some((attempt.as_ref(), Ending::of(transition, now))),
+            _ => None,
+        })
+        .collect();
+    let Some((first, like)) = endings.first() else {
+        return Ok(());
+    };
+    let mut slots = endings.clone();
+    slots.sort_unstable_by_key(|(attempt, _)| attempt.id);
+    let Some(&last) = slots.last() else {
+        return Ok(());
+    };
+    slots.resize(sql::COMPLETE_ROWS_AT_ONCE, last);
+    let mut q = conn
+        .query(&sql::COMPLETE_ROWS)
+        .map_err(sqlite)?
+        .bind(&(like.status as i64))
+        .bind(&like.finished_at)
+        .bind(&like.outcome.name())
+        .bind(&like.ended_at)
+        .bind(&first.owner_node.as_deref());
+    for (attempt, ending) in &slots {
+        let (output_type, output) = ending.output_columns();
+        q = q
+            .bind(&attempt.id)
+            .bind(&i64::from(attempt.attempt))
+            .bind(&output_type)
+            .bind(&output);
+    }
+    let mut ended = Vec::with_capacity(endings.len());
+    while q.step().map_err(sqlite)? {
+        ended.push(q.int(0));
+    }
+    drop(q);
+    for (attempt, ending) in &endings {
+        let accepted = ended.contains(&attempt.id);
+        if accepted && let Some(key) = &attempt.concurrency_key {
+            moves.record(
+                attempt.key.namespace.clone(),
+                attempt.activity_type.clone(),
+                key.to_string(),
+                ending.status == ActivityStatus::Scheduled,
+            );
+        }
+        outcomes.push(Outcome::Finished { accepted });
+    }
+    Ok(())
+}
+
 /// Ends an attempt by `transition`, fenced by its attempt, its status and (when
 /// set) its node; the key's counts follow an accepted ending.
 pub(super) fn finish(
