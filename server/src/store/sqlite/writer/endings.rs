@@ -279,17 +279,25 @@ pub(super) fn finish_many(
     drop(q);
     for (attempt, ending) in &endings {
         let accepted = ended.contains(&attempt.id);
-        if accepted && let Some(key) = &attempt.concurrency_key {
-            moves.record(
-                attempt.key.namespace.clone(),
-                attempt.activity_type.clone(),
-                key.to_string(),
-                ending.status == ActivityStatus::Scheduled,
-            );
+        if accepted {
+            ended_keyed(moves, attempt, ending);
         }
         outcomes.push(Outcome::Finished { accepted });
     }
     Ok(())
+}
+
+/// Counts an accepted ending's move out of its key's running rows. The row was
+/// RUNNING with this attempt, so its key is the attempt's.
+fn ended_keyed(moves: &mut KeyMoves, attempt: &Attempt, ending: &Ending<'_>) {
+    if let Some(key) = &attempt.concurrency_key {
+        moves.record(
+            attempt.key.namespace.clone(),
+            attempt.activity_type.clone(),
+            key.to_string(),
+            ending.status == ActivityStatus::Scheduled,
+        );
+    }
 }
 
 /// Ends an attempt by `transition`, fenced by its attempt, its status and (when
@@ -317,14 +325,8 @@ pub(super) fn finish(
         .execute()
         .map_err(sqlite)?;
     let accepted = changed == 1;
-    // The row was RUNNING with this attempt, so its key is the attempt's.
-    if accepted && let Some(key) = &attempt.concurrency_key {
-        moves.record(
-            attempt.key.namespace.clone(),
-            attempt.activity_type.clone(),
-            key.to_string(),
-            ending.status == ActivityStatus::Scheduled,
-        );
+    if accepted {
+        ended_keyed(moves, attempt, &ending);
     }
     Ok(Outcome::Finished { accepted })
 }
