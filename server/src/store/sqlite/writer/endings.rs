@@ -247,44 +247,75 @@ pub(super) fn finish_many(
             _ => None,
         })
         .collect();
-    let Some((first, like)) = endings.first() else {
-        return Ok(());
-    };
-    let mut slots = endings.clone();
-    slots.sort_unstable_by_key(|(attempt, _)| attempt.id);
-    let Some(&last) = slots.last() else {
-        return Ok(());
-    };
-    slots.resize(sql::COMPLETE_ROWS_AT_ONCE, last);
-    let mut q = conn
-        .query(&sql::COMPLETE_ROWS)
-        .map_err(sqlite)?
-        .bind(&(like.status as i64))
-        .bind(&like.finished_at)
-        .bind(&like.outcome.name())
-        .bind(&like.ended_at)
-        .bind(&first.owner_node.as_deref());
-    for (attempt, ending) in &slots {
-        let (output_type, output) = ending.output_columns();
-        q = q
-            .bind(&attempt.id)
-            .bind(&i64::from(attempt.attempt))
-            .bind(&output_type)
-            .bind(&output);
+    // The rows still running with these attempts: the endings accepted. Nothing
+    // else writes between this read and the update.
+    let mut running = Vec::with_capacity(endings.len());
+    {
+        let q = conn.query(&sql::COMPLETE_ROWS_RUNNING).map_err(sqlite)?;
+        let mut q = bind_completions(q, &endings, false);
+        while q.step().map_err(sqlite)? {
+            running.push(q.int(0));
+        }
     }
-    let mut ended = Vec::with_capacity(endings.len());
-    while q.step().map_err(sqlite)? {
-        ended.push(q.int(0));
+    let accepted: Vec<_> = endings
+        .iter()
+        .filter(|(attempt, _)| running.contains(&attempt.id))
+        .copied()
+        .collect();
+    if !accepted.is_empty() {
+        let q = conn.query(&sql::COMPLETE_ROWS).map_err(sqlite)?;
+        let changed = bind_completions(q, &accepted, true)
+            .execute()
+            .map_err(sqlite)?;
+        if changed != accepted.len() as u64 {
+            return Err(Error::Corrupt(format!(
+                "{} rows were found running and {changed} could be ended",
+                accepted.len()
+            )));
+        }
     }
-    drop(q);
     for (attempt, ending) in &endings {
-        let accepted = ended.contains(&attempt.id);
+        let accepted = running.contains(&attempt.id);
         if accepted {
             ended_keyed(moves, attempt, ending);
         }
         outcomes.push(Outcome::Finished { accepted });
     }
     Ok(())
+}
+
+/// Binds `endings` (alike, each of another row, at least one) as
+/// [`sql::COMPLETE_ROWS`] takes them: in ascending order of their rows, the slots
+/// after the last filled with the last again. Their outputs only `with_outputs`
+/// (NULL for [`sql::COMPLETE_ROWS_RUNNING`], which reads none: a bound output is
+/// copied).
+fn bind_completions<'c>(
+    q: Query<'c>,
+    endings: &[(&Attempt, Ending<'_>)],
+    with_outputs: bool,
+) -> Query<'c> {
+    let mut slots = endings.to_vec();
+    slots.sort_unstable_by_key(|(attempt, _)| attempt.id);
+    let (Some(&(first, like)), Some(&last)) = (slots.first(), slots.last()) else {
+        return q;
+    };
+    slots.resize(sql::COMPLETE_ROWS_AT_ONCE, last);
+    let q = q
+        .bind(&(like.status as i64))
+        .bind(&like.finished_at)
+        .bind(&like.outcome.name())
+        .bind(&like.ended_at)
+        .bind(&first.owner_node.as_deref());
+    slots.iter().fold(q, |q, (attempt, ending)| {
+        let (output_type, output) = match with_outputs {
+            true => ending.output_columns(),
+            false => (None, None),
+        };
+        q.bind(&attempt.id)
+            .bind(&output_type)
+            .bind(&output)
+            .bind(&i64::from(attempt.attempt))
+    })
 }
 
 /// Counts an accepted ending's move out of its key's running rows. The row was
