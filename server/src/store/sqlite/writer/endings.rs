@@ -194,10 +194,10 @@ pub(super) fn lean(e: &Ending<'_>) -> bool {
     e.next_at.is_none() && e.error.is_none() && e.uncounted == 0
 }
 
-/// How many ops from the start of `ops` [`finish_many`] can end in one statement:
-/// lean endings (see [`lean`]) alike but for their rows, attempts and outputs,
-/// none guarded by its lease, each of another row (so that each returned id
-/// answers one op).
+/// How many ops from the start of `ops` [`finish_many`] can end together: lean
+/// endings (see [`lean`]) alike but for their rows, attempts and outputs, none
+/// guarded by its lease, each of another row (so that each id read back answers
+/// one op).
 pub(super) fn alike_endings_ahead(ops: &[Op], now: UnixMillis) -> usize {
     let mut first = None;
     let mut ids = Vec::new();
@@ -227,8 +227,10 @@ pub(super) fn alike_endings_ahead(ops: &[Op], now: UnixMillis) -> usize {
     ids.len()
 }
 
-/// Ends the attempts of `run`, endings [`alike_endings_ahead`] found alike, in one
-/// [`sql::COMPLETE_ROWS`]; each is judged as [`finish`] would judge it alone.
+/// Ends the attempts of `run`, endings [`alike_endings_ahead`] found alike: one
+/// [`sql::COMPLETE_ROWS_RUNNING`] finds those still running, one
+/// [`sql::COMPLETE_ROWS`] ends them. Each is judged as [`finish`] would judge it
+/// alone.
 pub(super) fn finish_many(
     conn: &mut Connection,
     run: &[Op],
