@@ -390,7 +390,7 @@ pub static COMPLETE_ROWS_RUNNING: LazyLock<String> =
 /// The fence of [`COMPLETE_ROWS`] and [`COMPLETE_ROWS_RUNNING`], as `finish_where!`.
 fn completions_running() -> String {
     let ids: Vec<String> = (0..COMPLETE_ROWS_AT_ONCE)
-        .map(|k| format!("?{}", 6 + 4 * k))
+        .map(|k| format!("?{}", completion_slot(k)))
         .collect();
     format!(
         "id IN ({}) AND status = 2 AND attempt = {} AND (?5 IS NULL OR worker_node = ?5)",
@@ -399,17 +399,22 @@ fn completions_running() -> String {
     )
 }
 
+/// The parameter of the row of the k-th [`COMPLETE_ROWS`] slot (from 0); its
+/// output type, output and attempt follow it.
+const fn completion_slot(k: usize) -> usize {
+    6 + 4 * k
+}
+
 /// The parameter `of` after the row's own among the [`COMPLETE_ROWS`] slots
 /// `slots`, found by halving them (their rows ascend).
 fn slot_value(slots: std::ops::Range<usize>, of: usize) -> String {
-    let param = |k: usize| 6 + 4 * k;
     if slots.len() == 1 {
-        return format!("?{}", param(slots.start) + of);
+        return format!("?{}", completion_slot(slots.start) + of);
     }
     let mid = slots.start + slots.len() / 2;
     format!(
         "CASE WHEN id < ?{} THEN {} ELSE {} END",
-        param(mid),
+        completion_slot(mid),
         slot_value(slots.start..mid, of),
         slot_value(mid..slots.end, of)
     )
