@@ -351,6 +351,37 @@ impl Query<'_> {
 
     /// Runs to completion, ignoring rows; returns the rows changed.
     pub fn execute(mut self) -> Result<u64> {
+        self.execute_in_place()
+    }
+
+    /// Runs to completion, as [`Query::execute`], and appends to `rowids` the rowid
+    /// of every row of the main database's `table` it updated, in the order it
+    /// updated them: what a `RETURNING id` would give, without its cost. SQLite
+    /// runs a `RETURNING` as a trigger, and an `UPDATE` with a trigger goes in
+    /// two passes (every changed row copied into a temporary table first); an
+    /// update hook is told of each row as it is written, in the one pass.
+    pub fn execute_updated(mut self, table: &CStr, rowids: &mut Vec<i64>) -> Result<u64> {
+        let db = self.conn.db.as_ptr();
+        let mut noted = Noted { table, rowids };
+        // Safety: the hook's argument is `noted`, which lives on this frame and is
+        // not touched while the statement steps; the hook is removed below before
+        // `noted` goes, whatever the steps returned.
+        unsafe {
+            ffi::sqlite3_update_hook(
+                db,
+                Some(note_updated),
+                (&raw mut noted).cast::<std::ffi::c_void>(),
+            );
+        }
+        let done = self.execute_in_place();
+        // Safety: open handle; removing the hook.
+        unsafe {
+            ffi::sqlite3_update_hook(db, None, ptr::null_mut());
+        }
+        done
+    }
+
+    fn execute_in_place(&mut self) -> Result<u64> {
         while self.step()? {}
         Ok(self.conn.changes())
     }
@@ -444,6 +475,37 @@ impl Query<'_> {
     }
 }
 
+/// What [`Query::execute_updated`] lends its update hook: the table watched, and
+/// where the rowids of its updated rows go.
+struct Noted<'a> {
+    table: &'a CStr,
+    rowids: &'a mut Vec<i64>,
+}
+
+/// The update hook of [`Query::execute_updated`]. It must not unwind into
+/// SQLite: it only compares two C strings and pushes an integer (which can
+/// abort on out of memory, never unwind).
+unsafe extern "C" fn note_updated(
+    noted: *mut std::ffi::c_void,
+    op: c_int,
+    db: *const std::ffi::c_char,
+    table: *const std::ffi::c_char,
+    rowid: ffi::sqlite3_int64,
+) {
+    if op != ffi::SQLITE_UPDATE || noted.is_null() || db.is_null() || table.is_null() {
+        return;
+    }
+    // Safety: `noted` is the `Noted` `execute_updated` lent for as long as this
+    // hook is set, and nothing else uses it meanwhile; SQLite passes the names
+    // as NUL-terminated strings valid for the call.
+    unsafe {
+        let noted = &mut *noted.cast::<Noted<'_>>();
+        if CStr::from_ptr(db) == c"main" && CStr::from_ptr(table) == noted.table {
+            noted.rowids.push(rowid);
+        }
+    }
+}
+
 impl Drop for Query<'_> {
     fn drop(&mut self) {
         // Safety: a live statement; reset ends any step in progress.
@@ -457,6 +519,42 @@ impl Drop for Query<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `execute_updated` notes the rows of its table the statement updated, and
+    /// only those: not the rows its `WHERE` passed over, not a trigger's rows of
+    /// another table, and nothing once it returned, even with an error.
+    #[test]
+    fn execute_updated_notes_the_rows_it_updated() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("hook.db");
+        std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        conn.batch(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL); \
+             CREATE TABLE u (id INTEGER PRIMARY KEY, n INTEGER NOT NULL); \
+             INSERT INTO t VALUES (1, 0), (2, 0), (3, 0), (4, 0), (5, 0); \
+             INSERT INTO u VALUES (7, 0); \
+             CREATE TRIGGER t_counted AFTER UPDATE ON t BEGIN \
+                 UPDATE u SET n = n + 1 WHERE id = 7; END;",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut rowids = Vec::new();
+        let changed = conn
+            .query("UPDATE t SET v = v + 1 WHERE id IN (4, 2, 9)")
+            .and_then(|q| q.execute_updated(c"t", &mut rowids))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(changed, 2);
+        rowids.sort_unstable();
+        assert_eq!(rowids, [2, 4]);
+
+        let failed = conn
+            .query("UPDATE t SET v = NULL WHERE id = 3")
+            .and_then(|q| q.execute_updated(c"t", &mut rowids));
+        assert!(failed.is_err(), "a NOT NULL column was set to NULL");
+        conn.run("UPDATE t SET v = 5 WHERE id = 5", |q| q)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(rowids, [2, 4], "rows noted outside execute_updated");
+    }
 
     /// Reading a value SQLite runs out of memory handing over is an error, not an
     /// empty value: run again in a process of its own, whose heap limit only it

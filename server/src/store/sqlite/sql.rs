@@ -354,50 +354,37 @@ pub const FINISH_LEAN: &str = concat!(
 pub const COMPLETE_ROWS_AT_ONCE: usize = 32;
 
 /// [`FINISH_LEAN`] of up to [`COMPLETE_ROWS_AT_ONCE`] endings alike but for their
-/// rows, attempts and outputs, none guarded by its lease, each of another row
-/// and each found by [`COMPLETE_ROWS_RUNNING`] first: `?1` the status, `?2`
-/// `finished_at`, `?3` the attempt's outcome, `?4` its end, `?5` the node (as
-/// `?18` of [`FINISH`]); then the k-th ending's (from 0) row `?(6+4k)`, output
-/// type `?(7+4k)`, output `?(8+4k)` and attempt `?(9+4k)` (last, so that both
-/// statements take the same parameters). The rows are bound in
-/// ascending order and the slots after the last filled with the last again: a
-/// row's values are then found by halving the slots (five comparisons a value,
-/// where a `CASE` of every slot took sixteen on average).
+/// rows, attempts and outputs, none guarded by its lease and each of another
+/// row: `?1` the status, `?2` `finished_at`, `?3` the attempt's outcome, `?4` its
+/// end, `?5` the node (as `?18` of [`FINISH`]); then the k-th ending's (from 0)
+/// row `?(6+4k)`, output type `?(7+4k)`, output `?(8+4k)` and attempt `?(9+4k)`.
+/// The rows are bound in ascending order and the slots after the last filled
+/// with the last again: a row's values are then found by halving the slots (five
+/// comparisons a value, where a `CASE` of every slot took sixteen on average).
 ///
 /// One statement for many rather than one a row, as [`CLAIM_ROWS`] (a statement's
 /// binding, cursors and halt), and `OR IGNORE` for the same reason: no constraint
-/// can fail here (no column it sets is `NOT NULL` but `status`). No `RETURNING`:
-/// it is run as a trigger, and a statement with one updates in two passes, first
-/// copying every row it changes into a temporary table (measured: more than the
-/// statements it saved).
+/// can fail here (no column it sets is `NOT NULL` but `status`). The endings
+/// accepted are the rows it updates, which the writer is told of as they are
+/// written (`raw::Query::execute_updated`). Not by `RETURNING`: SQLite runs one
+/// as a trigger, and a statement with one updates in two passes, first copying
+/// every row it changes into a temporary table; nor by reading the rows still
+/// running first, a second seek of every row.
 pub static COMPLETE_ROWS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "UPDATE OR IGNORE activities SET status = ?1, finished_at = ?2, \
-         lease_expires_at = NULL, output_type = {}, output = {}, attempt_outcome = ?3, \
-         attempt_ended_at = ?4 WHERE {}",
-        slot_value(0..COMPLETE_ROWS_AT_ONCE, 1),
-        slot_value(0..COMPLETE_ROWS_AT_ONCE, 2),
-        completions_running(),
-    )
-});
-
-/// The ids of the rows of [`COMPLETE_ROWS`]'s slots (bound the same way) that are
-/// RUNNING with the attempt of their slot (and, with `?5`, that node's): the
-/// endings it then accepts, the writer being the only one writing.
-pub static COMPLETE_ROWS_RUNNING: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT id FROM activities WHERE {}", completions_running()));
-
-/// The fence of [`COMPLETE_ROWS`] and [`COMPLETE_ROWS_RUNNING`], as `finish_where!`.
-fn completions_running() -> String {
     let ids: Vec<String> = (0..COMPLETE_ROWS_AT_ONCE)
         .map(|k| format!("?{}", completion_slot(k)))
         .collect();
     format!(
-        "id IN ({}) AND status = 2 AND attempt = {} AND (?5 IS NULL OR worker_node = ?5)",
+        "UPDATE OR IGNORE activities SET status = ?1, finished_at = ?2, \
+         lease_expires_at = NULL, output_type = {}, output = {}, attempt_outcome = ?3, \
+         attempt_ended_at = ?4 \
+         WHERE id IN ({}) AND status = 2 AND attempt = {} AND (?5 IS NULL OR worker_node = ?5)",
+        slot_value(0..COMPLETE_ROWS_AT_ONCE, 1),
+        slot_value(0..COMPLETE_ROWS_AT_ONCE, 2),
         ids.join(", "),
         slot_value(0..COMPLETE_ROWS_AT_ONCE, 3),
     )
-}
+});
 
 /// The parameter of the row of the k-th [`COMPLETE_ROWS`] slot (from 0); its
 /// output type, output and attempt follow it.

@@ -227,10 +227,9 @@ pub(super) fn alike_endings_ahead(ops: &[Op], now: UnixMillis) -> usize {
     ids.len()
 }
 
-/// Ends the attempts of `run`, endings [`alike_endings_ahead`] found alike: one
-/// [`sql::COMPLETE_ROWS_RUNNING`] finds those still running, one
-/// [`sql::COMPLETE_ROWS`] ends them. Each is judged as [`finish`] would judge it
-/// alone.
+/// Ends the attempts of `run`, endings [`alike_endings_ahead`] found alike, in
+/// one [`sql::COMPLETE_ROWS`]; the rows it updated are the endings accepted. Each
+/// is judged as [`finish`] would judge it alone.
 pub(super) fn finish_many(
     conn: &mut Connection,
     run: &[Op],
@@ -249,35 +248,19 @@ pub(super) fn finish_many(
             _ => None,
         })
         .collect();
-    // The rows still running with these attempts: the endings accepted. Nothing
-    // else writes between this read and the update.
-    let mut running = Vec::with_capacity(endings.len());
-    {
-        let q = conn.query(&sql::COMPLETE_ROWS_RUNNING).map_err(sqlite)?;
-        let mut q = bind_completions(q, &endings, false);
-        while q.step().map_err(sqlite)? {
-            running.push(q.int(0));
-        }
-    }
-    let accepted: Vec<_> = endings
-        .iter()
-        .filter(|(attempt, _)| running.contains(&attempt.id))
-        .copied()
-        .collect();
-    if !accepted.is_empty() {
-        let q = conn.query(&sql::COMPLETE_ROWS).map_err(sqlite)?;
-        let changed = bind_completions(q, &accepted, true)
-            .execute()
-            .map_err(sqlite)?;
-        if changed != accepted.len() as u64 {
-            return Err(Error::Corrupt(format!(
-                "{} rows were found running and {changed} could be ended",
-                accepted.len()
-            )));
-        }
+    let mut ended = Vec::with_capacity(endings.len());
+    let q = conn.query(&sql::COMPLETE_ROWS).map_err(sqlite)?;
+    let changed = bind_completions(q, &endings)
+        .execute_updated(c"activities", &mut ended)
+        .map_err(sqlite)?;
+    if changed != ended.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "{changed} rows were ended and {} were seen ending",
+            ended.len()
+        )));
     }
     for (attempt, ending) in &endings {
-        let accepted = running.contains(&attempt.id);
+        let accepted = ended.contains(&attempt.id);
         if accepted {
             ended_keyed(moves, attempt, ending);
         }
@@ -288,14 +271,8 @@ pub(super) fn finish_many(
 
 /// Binds `endings` (alike, each of another row, at least one) as
 /// [`sql::COMPLETE_ROWS`] takes them: in ascending order of their rows, the slots
-/// after the last filled with the last again. Their outputs only `with_outputs`
-/// (NULL for [`sql::COMPLETE_ROWS_RUNNING`], which reads none: a bound output is
-/// copied).
-fn bind_completions<'c>(
-    q: Query<'c>,
-    endings: &[(&Attempt, Ending<'_>)],
-    with_outputs: bool,
-) -> Query<'c> {
+/// after the last filled with the last again.
+fn bind_completions<'c>(q: Query<'c>, endings: &[(&Attempt, Ending<'_>)]) -> Query<'c> {
     let mut slots = endings.to_vec();
     slots.sort_unstable_by_key(|(attempt, _)| attempt.id);
     let (Some(&(first, like)), Some(&last)) = (slots.first(), slots.last()) else {
@@ -309,10 +286,7 @@ fn bind_completions<'c>(
         .bind(&like.ended_at)
         .bind(&first.owner_node.as_deref());
     slots.iter().fold(q, |q, (attempt, ending)| {
-        let (output_type, output) = match with_outputs {
-            true => ending.output_columns(),
-            false => (None, None),
-        };
+        let (output_type, output) = ending.output_columns();
         q.bind(&attempt.id)
             .bind(&output_type)
             .bind(&output)
