@@ -425,9 +425,10 @@ impl Query<'_> {
     /// A text column, or `None` for NULL; bytes that are not UTF-8 are an error
     /// (a damaged row), not repaired.
     pub fn opt_text(&self, i: c_int) -> std::result::Result<Option<String>, ColumnError> {
-        self.opt_bytes(i, true)?
-            .map(|bytes| String::from_utf8(bytes).map_err(|_| ColumnError::NotUtf8 { column: i }))
-            .transpose()
+        if self.is_null(i) {
+            return Ok(None);
+        }
+        self.utf8(i).map(Some)
     }
 
     /// A text column; NULL reads as empty.
@@ -435,15 +436,15 @@ impl Query<'_> {
         Ok(self.opt_text(i)?.unwrap_or_default())
     }
 
-    pub fn opt_blob(&self, i: c_int) -> std::result::Result<Option<Vec<u8>>, ColumnError> {
-        self.opt_bytes(i, false)
+    /// A column's text, for a caller that has already read the column's type, as
+    /// [`Query::opt_text`] reads it.
+    pub fn utf8(&self, i: c_int) -> std::result::Result<String, ColumnError> {
+        String::from_utf8(self.bytes(i, true)?).map_err(|_| ColumnError::NotUtf8 { column: i })
     }
 
-    /// A column's bytes, as TEXT (`text`) or as a BLOB, copied; `None` for NULL.
-    fn opt_bytes(&self, i: c_int, text: bool) -> std::result::Result<Option<Vec<u8>>, ColumnError> {
-        if self.is_null(i) {
-            return Ok(None);
-        }
+    /// A column's bytes, as TEXT (`text`) or as a BLOB, copied, for a caller that
+    /// has already read the column's type (a NULL reads as empty).
+    pub fn bytes(&self, i: c_int, text: bool) -> std::result::Result<Vec<u8>, ColumnError> {
         let stmt = self.stmt.as_ptr();
         // Safety: the pointer and the byte count are read back to back (the
         // pointer first, as SQLite asks) and copied at once.
@@ -458,9 +459,9 @@ impl Query<'_> {
                 // A zero-length value is a null pointer too; out of memory is
                 // told apart by the connection's error code.
                 self.out_of_memory()?;
-                return Ok(Some(Vec::new()));
+                return Ok(Vec::new());
             }
-            Ok(Some(std::slice::from_raw_parts(ptr, len).to_vec()))
+            Ok(std::slice::from_raw_parts(ptr, len).to_vec())
         }
     }
 

@@ -547,7 +547,8 @@ impl rows::Columns for Query<'_> {
         let c = column(i)?;
         match self.column_type(c) {
             libsqlite3_sys::SQLITE_NULL => Ok(None),
-            libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_text(c)?),
+            // The type is read once: `raw::Query::opt_text` would read it again.
+            libsqlite3_sys::SQLITE_TEXT => Ok(Some(self.utf8(c)?)),
             _ => Err(wrong_class(i, "text")),
         }
     }
@@ -556,7 +557,9 @@ impl rows::Columns for Query<'_> {
         let c = column(i)?;
         match self.column_type(c) {
             libsqlite3_sys::SQLITE_NULL => Ok(None),
-            libsqlite3_sys::SQLITE_BLOB | libsqlite3_sys::SQLITE_TEXT => Ok(self.opt_blob(c)?),
+            libsqlite3_sys::SQLITE_BLOB | libsqlite3_sys::SQLITE_TEXT => {
+                Ok(Some(self.bytes(c, false)?))
+            }
             _ => Err(wrong_class(i, "bytes")),
         }
     }
