@@ -361,23 +361,10 @@ impl Query<'_> {
     /// two passes (every changed row copied into a temporary table first); an
     /// update hook is told of each row as it is written, in the one pass.
     pub fn execute_updated(mut self, table: &CStr, rowids: &mut Vec<i64>) -> Result<u64> {
-        let db = self.conn.db.as_ptr();
         let mut noted = Noted { table, rowids };
-        // Safety: the hook's argument is `noted`, which lives on this frame and is
-        // not touched while the statement steps; the hook is removed below before
-        // `noted` goes, whatever the steps returned.
-        unsafe {
-            ffi::sqlite3_update_hook(
-                db,
-                Some(note_updated),
-                (&raw mut noted).cast::<std::ffi::c_void>(),
-            );
-        }
+        let hook = UpdateHook::set(self.conn.db, &mut noted);
         let done = self.execute_in_place();
-        // Safety: open handle; removing the hook.
-        unsafe {
-            ffi::sqlite3_update_hook(db, None, ptr::null_mut());
-        }
+        drop(hook);
         done
     }
 
@@ -483,6 +470,42 @@ struct Noted<'a> {
     rowids: &'a mut Vec<i64>,
 }
 
+/// The update hook set on a connection for as long as this lives: it borrows
+/// what the hook writes to, so nothing else can touch it meanwhile, and removes
+/// the hook when dropped (so also if a step unwound).
+struct UpdateHook<'n> {
+    db: NonNull<ffi::sqlite3>,
+    _noted: std::marker::PhantomData<&'n mut Noted<'n>>,
+}
+
+impl<'n> UpdateHook<'n> {
+    fn set(db: NonNull<ffi::sqlite3>, noted: &'n mut Noted<'n>) -> Self {
+        // Safety: an open handle; the hook's argument is `noted`, borrowed by the
+        // guard returned, which removes the hook before the borrow ends.
+        unsafe {
+            ffi::sqlite3_update_hook(
+                db.as_ptr(),
+                Some(note_updated),
+                ptr::from_mut(noted).cast::<std::ffi::c_void>(),
+            );
+        }
+        Self {
+            db,
+            _noted: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for UpdateHook<'_> {
+    fn drop(&mut self) {
+        // Safety: an open handle (the guard lives within a `Query`'s use of it);
+        // removing the hook.
+        unsafe {
+            ffi::sqlite3_update_hook(self.db.as_ptr(), None, ptr::null_mut());
+        }
+    }
+}
+
 /// The update hook of [`Query::execute_updated`]. It must not unwind into
 /// SQLite: it only compares two C strings and pushes an integer (which can
 /// abort on out of memory, never unwind).
@@ -496,9 +519,9 @@ unsafe extern "C" fn note_updated(
     if op != ffi::SQLITE_UPDATE || noted.is_null() || db.is_null() || table.is_null() {
         return;
     }
-    // Safety: `noted` is the `Noted` `execute_updated` lent for as long as this
-    // hook is set, and nothing else uses it meanwhile; SQLite passes the names
-    // as NUL-terminated strings valid for the call.
+    // Safety: `noted` is the `Noted` an `UpdateHook` borrows for as long as this
+    // hook is set, so nothing else uses it meanwhile; SQLite passes the names as
+    // NUL-terminated strings valid for the call.
     unsafe {
         let noted = &mut *noted.cast::<Noted<'_>>();
         if CStr::from_ptr(db) == c"main" && CStr::from_ptr(table) == noted.table {
