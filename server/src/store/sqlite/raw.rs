@@ -5,13 +5,15 @@
 //! and each statement and each returned row is a cross-thread hand-off. The writer
 //! runs a whole batch on its own thread instead, so a batch costs one hand-off.
 //!
-//! Safety rests on three rules this module enforces (and `open` refuses a library
+//! Safety rests on four rules this module enforces (and `open` refuses a library
 //! built without thread safety): a [`Connection`] is owned by one
 //! thread at a time (it is `Send`, not `Sync`, and every method takes `&mut self`),
 //! and a statement is only used through a [`Query`] that mutably borrows the
 //! connection, so no two statements step at once and none outlives the connection
-//! (statements are finalized before the connection is closed, in `Drop`); and a
-//! value is bound only through a [`Slot`], which only [`Query::bind`] can make.
+//! (statements are finalized before the connection is closed, in `Drop`); a
+//! value is bound only through a [`Slot`], which only [`Query::bind`] can make;
+//! and an update hook is set only by a guard that borrows what the hook writes to
+//! and removes it when dropped.
 
 use std::{
     ffi::{CStr, CString, c_int},
