@@ -572,14 +572,24 @@ mod tests {
         assert_eq!(changed, 2);
         rowids.sort_unstable();
         assert_eq!(rowids, [2, 4]);
+        assert_no_update_hook(&mut conn);
 
         let failed = conn
             .query("UPDATE t SET v = NULL WHERE id = 3")
             .and_then(|q| q.execute_updated(c"t", &mut rowids));
         assert!(failed.is_err(), "a NOT NULL column was set to NULL");
+        assert_no_update_hook(&mut conn);
         conn.run("UPDATE t SET v = 5 WHERE id = 5", |q| q)
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(rowids, [2, 4], "rows noted outside execute_updated");
+    }
+
+    /// No update hook is left set on `conn` (SQLite hands back the argument of the
+    /// hook it replaces).
+    fn assert_no_update_hook(conn: &mut Connection) {
+        // Safety: an open handle; setting no hook in place of whatever was set.
+        let left = unsafe { ffi::sqlite3_update_hook(conn.db.as_ptr(), None, ptr::null_mut()) };
+        assert!(left.is_null(), "an update hook was left set");
     }
 
     /// Reading a value SQLite runs out of memory handing over is an error, not an
